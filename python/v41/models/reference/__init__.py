@@ -1,0 +1,12 @@
+"""The reference (oracle) forward of DeepSeek-V4 / V4.1: dense, unbatched, obvious (DESIGN.md §4).
+
+``load(path, dtype=torch.float32, device="cpu", numerics="exact")`` returns a :class:`Transformer` whose call
+on input ids [B, T] gives logits [B, T, vocab]; :meth:`Transformer.forward_chunk` is the incremental path
+and :meth:`Transformer.draft` runs one DSpark draft block.
+"""
+
+from .loader import load
+from .model import Transformer
+from .state import RequestCache
+
+__all__ = ["load", "Transformer", "RequestCache"]

@@ -1,0 +1,147 @@
+"""V4.1 "CSA2" attention: compressed KV shared from kv-source layers, gated ratio-2 or plain ratio-1
+compressor, index keys from latents, two-level (candidate-block) indexer (v41-architecture.md §3.6, §3.7).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ... import quant
+from ...config import LayerPlan, ModelConfig
+from .attention import Attention, ChunkContext, index_scores, select_topk, selection_mask
+from .ops import Linear, RMSNorm, Rope, stable_topk
+from .state import LayerState, append_rows
+
+
+class Compressor(nn.Module):
+    """KV-source compressor. ``wkv [hd, D]`` (+ ``wgate [hd, D]`` at ratio 2), ``norm [hd]``, all BF16 on disk.
+
+    Ratio 2: ``a = wkv·x``, ``b = wgate·x`` in ≥ FP32; entry j pools positions 2j, 2j+1 with a per-channel
+    softmax over the two gates; the pooled sum is cast to BF16 (``deployed`` only) and RMS-normalized.
+    A chunk ending on an even position leaves that token's ``(a, b)`` pending in the request state.
+    Ratio 1: ``latent_t = norm(wkv·x_t)``.
+    """
+
+    def __init__(self, cfg: ModelConfig, ratio: int):
+        super().__init__()
+        self.ratio = ratio
+        self.wkv = Linear(cfg.hidden_size, cfg.head_dim)
+        if ratio == 2:
+            self.wgate = Linear(cfg.hidden_size, cfg.head_dim)
+        self.norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.deployed = False
+
+    def forward(self, x: torch.Tensor, st: LayerState) -> torch.Tensor:
+        """x: [T, D] this chunk → pre-RoPE latents [n_new, hd] of the entries closed by this chunk."""
+        if self.ratio == 1:
+            return self.norm(self.wkv(x))
+        ctype = torch.promote_types(x.dtype, torch.float32)
+        a = self.wkv(x.to(ctype)).to(ctype)
+        b = self.wgate(x.to(ctype)).to(ctype)
+        pend = st.carry.pop("pending", None)
+        if pend is not None:
+            a, b = torch.cat([pend[0], a]), torch.cat([pend[1], b])
+        n_full = a.shape[0] // 2
+        if a.shape[0] % 2:
+            st.carry["pending"] = (a[-1:], b[-1:])
+        d = a.shape[-1]
+        a2, b2 = a[: 2 * n_full].view(n_full, 2, d), b[: 2 * n_full].view(n_full, 2, d)
+        pooled = (torch.softmax(b2, dim=1) * a2).sum(dim=1)
+        if self.deployed:
+            pooled = pooled.to(torch.bfloat16)
+        return self.norm(pooled.to(x.dtype))
+
+
+class Indexer(nn.Module):
+    """Lightning indexer of an index-source layer: ``wq_b [Hi·di, q_lora]`` FP8, ``weights_proj [Hi, D]`` BF16;
+    at KV sources also ``wk [di, hd]`` and ``k_norm [di]`` producing the shared index keys."""
+
+    def __init__(self, cfg: ModelConfig, owns_keys: bool):
+        super().__init__()
+        hi, di = cfg.index_n_heads, cfg.index_head_dim
+        self.wq_b = Linear(cfg.q_lora_rank, hi * di, fp8_input=True)
+        self.weights_proj = Linear(cfg.hidden_size, hi)
+        if owns_keys:
+            self.wk = Linear(cfg.head_dim, di)
+            self.k_norm = RMSNorm(di, cfg.rms_norm_eps)
+        self.n_heads, self.head_dim = hi, di
+
+
+class CSA2Attention(Attention):
+    """A V4.1 layer with ``compress_ratio > 0`` (§3.5–§3.7). Sources compress and write entries before any
+    scoring reads them; index sources publish their top-k list; consumers reuse their index source's list
+    and their kv source's compressed cache."""
+
+    def __init__(self, cfg: ModelConfig, plan: LayerPlan):
+        super().__init__(cfg, plan, q_head_norm=False)
+        if plan.owns_compressor:
+            self.compressor = Compressor(cfg, plan.ratio)
+        if plan.is_index_source:
+            self.indexer = Indexer(cfg, plan.owns_index_keys)
+        self.index_rope = Rope(cfg.qk_rope_head_dim, *cfg.layer_rope(plan.ratio))
+
+    def _write_entries(self, x: torch.Tensor, st: LayerState) -> None:
+        n_old = 0 if st.ckv is None else st.ckv.shape[0]
+        latent = self.compressor(x, st)
+        if latent.shape[0] == 0 and st.ckv is not None:
+            return
+        pos = (torch.arange(latent.shape[0], device=x.device) + n_old) * self.plan.ratio
+        k = self.index_rope(self.indexer.k_norm(self.indexer.wk(latent)), pos)  # from the pre-RoPE latent
+        c = self.rope(latent, pos)
+        if self.deployed:
+            k = quant.mxfp4_qdq(k, 32)
+            c = quant.fp4_e4m3_qdq(c, 16)
+        st.idx_k, st.ckv = append_rows(st.idx_k, k), append_rows(st.ckv, c)
+
+    def _select(self, x: torch.Tensor, qr: torch.Tensor, ctx: ChunkContext, src: LayerState) -> torch.Tensor:
+        cfg, ix = self.cfg, self.indexer
+        q = self.index_rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), ctx.pos)
+        if self.deployed:
+            q = quant.mxfp4_qdq(q, 32)
+        w = ix.weights_proj(x) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+        scores = index_scores(q, src.idx_k, w)
+        n = scores.shape[1]
+        n_t = (ctx.pos + 1) // self.plan.ratio
+        visible = torch.arange(n, device=x.device)[None, :] < n_t[:, None]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        if self.plan.is_candidate_source:
+            ctx.cand_mask = candidate_mask(scores, n_t, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+        elif self.plan.uses_candidate_filter:
+            scores = scores.masked_fill(~ctx.cand_mask[:, :n], float("-inf"))
+        return select_topk(scores, cfg.index_topk)
+
+    def compressed(self, x, qr, ctx):
+        if self.plan.owns_compressor:
+            self._write_entries(x, ctx.cache.layer(self.plan.layer_id))
+        src = ctx.cache.layer(self.plan.kv_src)
+        if src.ckv is None or src.ckv.shape[0] == 0:
+            ckv = x.new_zeros(0, self.head_dim)
+            return ckv, torch.zeros(x.shape[0], 0, dtype=torch.bool, device=x.device)
+        if self.plan.is_index_source:
+            ctx.topk[self.plan.layer_id] = self._select(x, qr, ctx, src)
+        topk = ctx.topk[self.plan.idx_src]
+        return src.ckv, selection_mask(topk, src.ckv.shape[0])
+
+
+def candidate_mask(scores: torch.Tensor, n_t: torch.Tensor, block: int, topk_blocks: int) -> torch.Tensor:
+    """Level-1 candidate positions (§3.7 step 5): scores [T, N] (−inf where not visible), n_t [T].
+
+    Block score = max over its ``block`` positions (partial last block padded with −inf); the block holding
+    the newest visible entry is forced to +inf; keep the top ``min(topk_blocks, ceil(N/block))`` blocks
+    whose score is not −inf (ties to the lower block); expand to a [T, N] bool mask.
+    """
+    t, n = scores.shape
+    n_blocks = -(-n // block)
+    padded = torch.full((t, n_blocks * block), float("-inf"), dtype=scores.dtype, device=scores.device)
+    padded[:, :n] = scores
+    bscore = padded.view(t, n_blocks, block).amax(dim=-1)
+    newest = ((n_t - 1) // block).clamp(min=0)
+    has_any = n_t > 0
+    bscore[has_any, newest[has_any]] = float("inf")
+    k = min(topk_blocks, n_blocks)
+    keep = stable_topk(bscore, k)
+    keep_ok = ~torch.isneginf(bscore.gather(1, keep))
+    bmask = torch.zeros(t, n_blocks, dtype=torch.bool, device=scores.device)
+    bmask.scatter_(1, keep, keep_ok)
+    return bmask.repeat_interleave(block, dim=1)[:, :n]

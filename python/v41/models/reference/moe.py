@@ -1,0 +1,103 @@
+"""Mixture of experts: sqrtsoftplus router with the noaux selection bias, V4 hash routing, SwiGLU experts
+with clamps (v41-architecture.md §3.8, §4 "MoE").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .ops import Linear, stable_topk
+
+ROUTER_RENORM_EPS = 1e-20
+
+
+class Expert(nn.Module):
+    """SwiGLU expert ``w2(silu(min(w1 x, L)) · clamp(w3 x, ±L) · weight)`` (§3.8).
+
+    w1/w3: [inter, D], w2: [D, inter]. The routing weight multiplies ``h`` before ``w2``, as in the V4.1
+    reference (transformers V4 multiplies after ``down_proj``: equal in exact arithmetic).
+    """
+
+    def __init__(self, dim: int, inter: int, limit: float):
+        super().__init__()
+        self.w1 = Linear(dim, inter, fp8_input=True)
+        self.w2 = Linear(inter, dim, fp8_input=True)
+        self.w3 = Linear(dim, inter, fp8_input=True)
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        g = self.w1(x).clamp(max=self.limit)
+        u = self.w3(x).clamp(min=-self.limit, max=self.limit)
+        h = F.silu(g) * u
+        if weight is not None:
+            h = h * weight.unsqueeze(-1).to(h.dtype)
+        return self.w2(h)
+
+
+class Gate(nn.Module):
+    """Router. ``weight [E, D]``; ``bias [E]`` (selection only, noaux_tc); V4.1 also ``bias_vl [E]`` for image
+    tokens; V4 hash layers carry ``tid2eid [vocab, k]`` int64 instead of a bias."""
+
+    def __init__(self, dim: int, n_experts: int, top_k: int, *, hash_vocab: int = 0, bias_vl: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_experts, dim), requires_grad=False)
+        self.top_k = top_k
+        if hash_vocab:
+            self.register_buffer("tid2eid", torch.zeros(hash_vocab, top_k, dtype=torch.int64))
+        else:
+            self.bias = nn.Parameter(torch.zeros(n_experts), requires_grad=False)
+            if bias_vl:
+                self.bias_vl = nn.Parameter(torch.zeros(n_experts), requires_grad=False)
+
+    @property
+    def is_hash(self) -> bool:
+        return hasattr(self, "tid2eid")
+
+
+def route(gate: Gate, x: torch.Tensor, token_ids: torch.Tensor, *, gate_temp: float, norm_topk_prob: bool,
+          scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Routing (§3.8): scores ``s = sqrt(softplus(x·Wgᵀ / gate_temp))`` in ≥ float32.
+
+    x: [T, D]; token_ids: [T] int64 (hash layers). Returns (ids [T, k] int64 in descending selection-score
+    order, ties to the lower id; weights [T, k]). The renormalization is epsilon-floored, so rows whose scores
+    all underflow still get finite weights.
+    """
+    ctype = torch.promote_types(x.dtype, torch.float32)
+    logits = F.linear(x.to(ctype), gate.weight.to(ctype)) / gate_temp
+    scores = torch.sqrt(F.softplus(logits))
+    if gate.is_hash:
+        ids = gate.tid2eid[token_ids]
+    else:
+        ids = stable_topk(scores + gate.bias.to(ctype), gate.top_k)
+    weights = scores.gather(1, ids)
+    if gate.is_hash or (norm_topk_prob and ids.shape[1] > 1):
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + ROUTER_RENORM_EPS)
+    return ids, weights * scaling
+
+
+class MoE(nn.Module):
+    """Routed experts + one shared expert; ``out = Σ_k expert_k(x, w_k) + shared(x)`` (§3.8)."""
+
+    def __init__(self, dim: int, inter: int, n_experts: int, top_k: int, n_shared: int, limit: float, *,
+                 gate_temp: float, norm_topk_prob: bool, scaling: float, hash_vocab: int = 0,
+                 bias_vl: bool = False):
+        super().__init__()
+        self.gate = Gate(dim, n_experts, top_k, hash_vocab=hash_vocab, bias_vl=bias_vl)
+        self.experts = nn.ModuleList(Expert(dim, inter, limit) for _ in range(n_experts))
+        self.shared_experts = Expert(dim, inter, limit) if n_shared else None
+        self.gate_temp, self.norm_topk_prob, self.scaling = gate_temp, norm_topk_prob, scaling
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """x: [T, D], token_ids: [T] → [T, D]."""
+        ids, weights = route(self.gate, x, token_ids, gate_temp=self.gate_temp,
+                             norm_topk_prob=self.norm_topk_prob, scaling=self.scaling)
+        out = torch.zeros_like(x)
+        for e in torch.unique(ids).tolist():
+            rows, slot = torch.nonzero(ids == e, as_tuple=True)
+            out.index_add_(0, rows, self.experts[e](x[rows], weights[rows, slot]).to(x.dtype))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
