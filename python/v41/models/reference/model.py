@@ -43,7 +43,8 @@ class Transformer(nn.Module):
             ffn = MoE(d, cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.num_experts_per_tok,
                       cfg.n_shared_experts, cfg.swiglu_limit, gate_temp=cfg.gate_temp,
                       norm_topk_prob=cfg.norm_topk_prob, scaling=cfg.routed_scaling_factor,
-                      hash_vocab=cfg.vocab_size if plan.hash_moe else 0, bias_vl=cfg.is_v41)
+                      hash_vocab=cfg.vocab_size if plan.hash_moe else 0, bias_vl=cfg.is_v41,
+                      always_renorm=not cfg.is_v41)
             block = Block(cfg, make_attention(cfg, plan), ffn, delayed=cfg.is_v41)
             if plan.engram:
                 if hasher is None:

@@ -57,12 +57,13 @@ class Gate(nn.Module):
 
 
 def route(gate: Gate, x: torch.Tensor, token_ids: torch.Tensor, *, gate_temp: float, norm_topk_prob: bool,
-          scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+          scaling: float, always_renorm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Routing (§3.8): scores ``s = sqrt(softplus(x·Wgᵀ / gate_temp))`` in ≥ float32.
 
     x: [T, D]; token_ids: [T] int64 (hash layers). Returns (ids [T, k] int64 in descending selection-score
     order, ties to the lower id; weights [T, k]). The renormalization is epsilon-floored, so rows whose scores
-    all underflow still get finite weights.
+    all underflow still get finite weights. V4.1 renormalizes only when ``norm_topk_prob`` and k > 1 (the
+    reference); V4 (``always_renorm``, as transformers does) and hash layers always.
     """
     ctype = torch.promote_types(x.dtype, torch.float32)
     logits = F.linear(x.to(ctype), gate.weight.to(ctype)) / gate_temp
@@ -72,7 +73,7 @@ def route(gate: Gate, x: torch.Tensor, token_ids: torch.Tensor, *, gate_temp: fl
     else:
         ids = stable_topk(scores + gate.bias.to(ctype), gate.top_k)
     weights = scores.gather(1, ids)
-    if gate.is_hash or (norm_topk_prob and ids.shape[1] > 1):
+    if always_renorm or gate.is_hash or (norm_topk_prob and ids.shape[1] > 1):
         weights = weights / (weights.sum(dim=-1, keepdim=True) + ROUTER_RENORM_EPS)
     return ids, weights * scaling
 
@@ -82,17 +83,19 @@ class MoE(nn.Module):
 
     def __init__(self, dim: int, inter: int, n_experts: int, top_k: int, n_shared: int, limit: float, *,
                  gate_temp: float, norm_topk_prob: bool, scaling: float, hash_vocab: int = 0,
-                 bias_vl: bool = False):
+                 bias_vl: bool = False, always_renorm: bool = False):
         super().__init__()
         self.gate = Gate(dim, n_experts, top_k, hash_vocab=hash_vocab, bias_vl=bias_vl)
         self.experts = nn.ModuleList(Expert(dim, inter, limit) for _ in range(n_experts))
         self.shared_experts = Expert(dim, inter, limit) if n_shared else None
         self.gate_temp, self.norm_topk_prob, self.scaling = gate_temp, norm_topk_prob, scaling
+        self.always_renorm = always_renorm
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """x: [T, D], token_ids: [T] → [T, D]."""
         ids, weights = route(self.gate, x, token_ids, gate_temp=self.gate_temp,
-                             norm_topk_prob=self.norm_topk_prob, scaling=self.scaling)
+                             norm_topk_prob=self.norm_topk_prob, scaling=self.scaling,
+                             always_renorm=self.always_renorm)
         out = torch.zeros_like(x)
         for e in torch.unique(ids).tolist():
             rows, slot = torch.nonzero(ids == e, as_tuple=True)

@@ -1,0 +1,175 @@
+"""The ``v41`` command line.
+
+``v41 init-tiny DIR --arch deepseek_v41|deepseek_v4 [--seed N]`` writes a tiny random checkpoint;
+``v41 generate [--model DIR] --prompt TEXT ...`` runs the reference model token by token and streams the
+completion (the embedded tiny V4.1 model when ``--model`` is left out); ``v41 --version`` prints the package
+version and how the Rust extension was built. Usage errors and bad inputs print ``v41: error: ...`` and
+exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence, TextIO
+
+PROG = "v41"
+DTYPES = ("float32", "float64")
+NUMERICS = ("exact", "deployed")
+ARCHES = ("deepseek_v41", "deepseek_v4")
+
+
+class CliError(Exception):
+    """A user-facing error: printed as ``v41: error: <message>``, exit status 2."""
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from . import __version__
+
+        print(f"{PROG} {__version__}")
+        try:
+            from . import _native
+
+            info = _native.build_info()
+            print("native: " + " ".join(f"{k}={v}" for k, v in info.items()))
+        except ImportError as e:
+            print(f"native: unavailable ({e})")
+        parser.exit(0)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="DeepSeek-V4.1 / V4 inference engine.")
+    p.add_argument("--version", action=_VersionAction, help="print the version and build info, then exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    s = sub.add_parser("init-tiny", help="write a tiny random checkpoint (random weights: gibberish)")
+    s.add_argument("dir", metavar="DIR", help="output directory")
+    s.add_argument("--arch", choices=ARCHES, default="deepseek_v41")
+    s.add_argument("--seed", type=int, default=0)
+
+    g = sub.add_parser("generate", help="generate a completion with the reference model")
+    g.add_argument("--model", metavar="DIR", default=None,
+                   help="checkpoint directory (default: the embedded tiny V4.1 model, random weights)")
+    g.add_argument("--prompt", required=True, help="prompt text (raw, no chat template)")
+    g.add_argument("--max-tokens", type=int, default=64, help="maximum number of new tokens (default 64)")
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature: samples softmax(logits / T) (Gumbel-max, the reference rule); "
+                        "0 = greedy argmax (default)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    g.add_argument("--numerics", choices=NUMERICS, default="exact")
+    g.add_argument("--dtype", choices=DTYPES, default="float32")
+    return p
+
+
+def _init_tiny(args: argparse.Namespace, out: TextIO) -> None:
+    from .testing.tiny import make_tiny
+
+    path = make_tiny(Path(args.dir), args.arch, seed=args.seed)
+    print(path, file=out)
+
+
+class _Detokenizer:
+    """Incremental detokenization: decode everything generated so far and emit only the new suffix, holding
+    back text that ends in U+FFFD (an incomplete UTF-8 sequence that later tokens may finish)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.emitted = tokenizer, [], ""
+
+    def _decode(self) -> str:
+        return self.tokenizer.decode(self.ids, skip_special_tokens=False)
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self._decode()
+        if text.endswith("\ufffd"):
+            return ""
+        return self._take(text)
+
+    def finish(self) -> str:
+        return self._take(self._decode()) if self.ids else ""
+
+    def _take(self, text: str) -> str:
+        new = text[len(self.emitted):]  # byte-level decoding keeps emitted text a prefix (held-back U+FFFD aside)
+        self.emitted = text
+        return new
+
+
+def _generate(args: argparse.Namespace, out: TextIO) -> None:
+    if not args.prompt:
+        raise CliError("--prompt must not be empty")
+    if args.max_tokens < 1:
+        raise CliError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if not args.temperature >= 0 or args.temperature == float("inf"):
+        raise CliError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+
+    import torch
+    from tokenizers import Tokenizer
+
+    from .models.reference import load
+    from .models.reference.dspark import sample_logits
+
+    if args.model is None:
+        from .testing.embedded import embedded_model_dir
+
+        model_dir = embedded_model_dir()
+    else:
+        model_dir = Path(args.model)
+        if not model_dir.is_dir():
+            raise CliError(f"model directory not found: {model_dir}")
+    tok_path = model_dir / "tokenizer.json"
+    if not tok_path.is_file():
+        raise CliError(f"{model_dir} has no tokenizer.json")
+    try:
+        tokenizer = Tokenizer.from_file(str(tok_path))
+    except Exception as e:  # the tokenizers library raises plain Exception on a malformed file
+        raise CliError(f"cannot read {tok_path}: {e}") from e
+    model = load(model_dir, dtype=getattr(torch, args.dtype), numerics=args.numerics)
+    cfg = model.cfg
+
+    prompt_ids = [cfg.bos_token_id] + tokenizer.encode(args.prompt, add_special_tokens=False).ids
+    eos = set(cfg.eos_token_ids)
+    gen = torch.Generator().manual_seed(args.seed)
+    detok = _Detokenizer(tokenizer)
+    cache = model.new_cache()
+    logits = model.forward_chunk(torch.tensor(prompt_ids, dtype=torch.int64), cache)
+    for i in range(args.max_tokens):
+        token = sample_logits(logits[-1], args.temperature, gen)
+        if token in eos:
+            break
+        piece = detok.push(token)
+        if piece:
+            out.write(piece)
+            out.flush()
+        if i + 1 < args.max_tokens:
+            logits = model.forward_chunk(torch.tensor([token], dtype=torch.int64), cache)
+    out.write(detok.finish() + "\n")
+    out.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``v41`` console script. Returns 0; exits with status 2 on errors."""
+    args = _parser().parse_args(argv)
+    out = sys.stdout
+    try:
+        if args.command == "init-tiny":
+            _init_tiny(args, out)
+        elif args.command == "generate":
+            _generate(args, out)
+    except (CliError, ValueError, OSError) as e:
+        out.flush()
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        out.flush()
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
