@@ -51,18 +51,22 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("init-tiny", help="write a tiny random checkpoint (random weights: gibberish)")
     s.add_argument("dir", metavar="DIR", help="output directory")
     s.add_argument("--arch", choices=ARCHES, default="deepseek_v41")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, metavar="N", help="weight seed (default 0)")
 
     g = sub.add_parser("generate", help="generate a completion with the reference model")
     g.add_argument("--model", metavar="DIR", default=None,
                    help="checkpoint directory (default: the embedded tiny V4.1 model, random weights)")
-    g.add_argument("--prompt", required=True, help="prompt text (raw, no chat template)")
-    g.add_argument("--max-tokens", type=int, default=64, help="maximum number of new tokens (default 64)")
-    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature: samples softmax(logits / T) (Gumbel-max, the reference rule); "
+    g.add_argument("--prompt", required=True, metavar="TEXT", help="prompt text (raw, no chat template)")
+    g.add_argument("--max-tokens", type=int, default=64, metavar="N", help="maximum number of new tokens (default 64)")
+    g.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sampling temperature: sample softmax(logits / T) (Gumbel-max, the reference rule); "
                         "0 = greedy argmax (default)")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    g.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
     g.add_argument("--numerics", choices=NUMERICS, default="exact")
     g.add_argument("--dtype", choices=DTYPES, default="float32")
+    g.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="CPU threads for torch (default 1: the reference model's small unbatched ops run "
+                        "fastest single-threaded)")
     return p
 
 
@@ -94,7 +98,7 @@ class _Detokenizer:
         return self._take(self._decode()) if self.ids else ""
 
     def _take(self, text: str) -> str:
-        new = text[len(self.emitted):]  # byte-level decoding keeps emitted text a prefix (held-back U+FFFD aside)
+        new = text[len(self.emitted):]  # byte-level decoding keeps emitted text a prefix of later text
         self.emitted = text
         return new
 
@@ -106,12 +110,11 @@ def _generate(args: argparse.Namespace, out: TextIO) -> None:
         raise CliError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if not args.temperature >= 0 or args.temperature == float("inf"):
         raise CliError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.threads < 1:
+        raise CliError(f"--threads must be at least 1, got {args.threads}")
 
     import torch
     from tokenizers import Tokenizer
-
-    from .models.reference import load
-    from .models.reference.dspark import sample_logits
 
     if args.model is None:
         from .testing.embedded import embedded_model_dir
@@ -128,6 +131,21 @@ def _generate(args: argparse.Namespace, out: TextIO) -> None:
         tokenizer = Tokenizer.from_file(str(tok_path))
     except Exception as e:  # the tokenizers library raises plain Exception on a malformed file
         raise CliError(f"cannot read {tok_path}: {e}") from e
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        _stream(args, model_dir, tokenizer, out)
+    finally:
+        torch.set_num_threads(threads)  # main() may run in-process (tests): leave torch as it was
+
+
+def _stream(args: argparse.Namespace, model_dir: Path, tokenizer, out: TextIO) -> None:
+    """Load the model, then sample and print the completion token by token."""
+    import torch
+
+    from .models.reference import load
+    from .models.reference.dspark import sample_logits
+
     model = load(model_dir, dtype=getattr(torch, args.dtype), numerics=args.numerics)
     cfg = model.cfg
 

@@ -1,0 +1,199 @@
+"""Tests for the ``v41`` command line (``v41.cli``) and the embedded tiny model (``v41.testing.embedded``).
+
+``main`` runs in-process; the race test runs real processes. Generations stay short (16 tokens).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import v41
+from v41.cli import _Detokenizer, main
+from v41.testing.embedded import MARKER, embedded_model_dir
+from v41.testing.tiny import GENERATOR_VERSION
+from v41.testing.tokenizer_files import TOKENIZER_DIR, load_tiny_tokenizer
+
+EMBEDDED_NAME = f"tiny-deepseek_v41-g{GENERATOR_VERSION}-s0"
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """``main(argv)`` → (exit status, stdout, stderr)."""
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture(scope="module", params=["deepseek_v41", "deepseek_v4"])
+def tiny_dir(request, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp(request.param) / "ckpt"
+    assert main(["init-tiny", str(path), "--arch", request.param]) == 0
+    return path
+
+
+def generate(capsys, model: Path, *extra: str) -> str:
+    rc, out, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "Hello, world",
+                           "--max-tokens", "16", *extra)
+    assert rc == 0, err
+    assert out.endswith("\n")
+    return out
+
+
+# -- init-tiny / generate -------------------------------------------------------------------------------
+def test_init_tiny_prints_path(capsys, tmp_path):
+    rc, out, _ = run_cli(capsys, "init-tiny", str(tmp_path / "m"), "--arch", "deepseek_v4", "--seed", "3")
+    assert rc == 0
+    assert out.strip() == str(tmp_path / "m")
+    assert (tmp_path / "m" / "config.json").is_file()
+    assert (tmp_path / "m" / "model.safetensors.index.json").is_file()
+
+
+def test_generate_produces_text(capsys, tiny_dir):
+    assert generate(capsys, tiny_dir).strip()
+
+
+def test_greedy_is_deterministic(capsys, tiny_dir):
+    assert generate(capsys, tiny_dir) == generate(capsys, tiny_dir)
+
+
+def test_sampling_is_reproducible_per_seed(capsys, tiny_dir):
+    a = generate(capsys, tiny_dir, "--temperature", "1.0", "--seed", "7")
+    b = generate(capsys, tiny_dir, "--temperature", "1.0", "--seed", "7")
+    c = generate(capsys, tiny_dir, "--temperature", "1.0", "--seed", "8")
+    assert a == b
+    assert a != c
+
+
+def test_generate_deployed_float64(capsys, tiny_dir):
+    assert generate(capsys, tiny_dir, "--numerics", "deployed", "--dtype", "float64").strip()
+
+
+def test_generate_embedded_default(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("V41_CACHE_DIR", str(tmp_path))
+    rc, out, err = run_cli(capsys, "generate", "--prompt", "Hello", "--max-tokens", "8")
+    assert rc == 0, err
+    assert out.strip()
+    assert (tmp_path / EMBEDDED_NAME / MARKER).is_file()
+
+
+def test_version(capsys):
+    rc, out, _ = run_cli(capsys, "--version")
+    assert rc == 0
+    assert v41.__version__ in out
+    assert "profile=" in out
+
+
+# -- errors: `v41: error: ...`, status 2, no traceback ---------------------------------------------------
+@pytest.mark.parametrize("argv,message", [
+    (["generate", "--model", "{tmp}/missing", "--prompt", "hi"], "not found"),
+    (["generate", "--model", "{bad}", "--prompt", "hi", "--max-tokens", "0"], "--max-tokens"),
+    (["generate", "--model", "{bad}", "--prompt", ""], "--prompt"),
+    (["generate", "--model", "{bad}", "--prompt", "hi", "--temperature", "-1"], "--temperature"),
+    (["generate", "--model", "{bad}", "--prompt", "hi"], ""),
+    (["init-tiny", "{file}"], ""),
+])
+def test_errors_exit_2(capsys, tmp_path, argv, message):
+    bad = tmp_path / "bad"  # has a tokenizer but no config or weights
+    bad.mkdir()
+    shutil.copyfile(TOKENIZER_DIR / "tokenizer.json", bad / "tokenizer.json")
+    (tmp_path / "file").write_text("not a directory")
+    argv = [a.format(tmp=tmp_path, bad=bad, file=tmp_path / "file") for a in argv]
+    rc, _, err = run_cli(capsys, *argv)
+    assert rc == 2
+    assert err.startswith("v41: error: ")
+    assert message in err
+    assert "Traceback" not in err
+
+
+# -- incremental detokenization ---------------------------------------------------------------------------
+def test_detokenizer_holds_back_partial_utf8():
+    tok = load_tiny_tokenizer()
+    text = " naïve 😀 今天 façade 👨‍👩‍👧"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    detok = _Detokenizer(tok)
+    pieces = [detok.push(i) for i in ids]
+    assert not any(p.endswith("\ufffd") for p in pieces)
+    assert "".join(pieces) + detok.finish() == tok.decode(ids) == text
+
+
+# -- embedded model ---------------------------------------------------------------------------------------
+def test_embedded_model_dir_created_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("V41_CACHE_DIR", str(tmp_path))
+    first = embedded_model_dir()
+    assert first == tmp_path / EMBEDDED_NAME
+    assert (first / MARKER).is_file()
+    assert (first / "config.json").is_file()
+    stamps = {p.name: p.stat().st_mtime_ns for p in first.iterdir()}
+    dir_stamp = first.stat().st_mtime_ns
+    assert embedded_model_dir() == first
+    assert {p.name: p.stat().st_mtime_ns for p in first.iterdir()} == stamps
+    assert first.stat().st_mtime_ns == dir_stamp
+    assert sorted(p.name for p in tmp_path.iterdir()) == [EMBEDDED_NAME]
+
+
+def test_embedded_model_dir_cache_locations(tmp_path, monkeypatch):
+    from v41.testing.embedded import cache_dir
+
+    monkeypatch.delenv("V41_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "v41"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "v41"
+
+
+def test_embedded_model_dir_replaces_incomplete_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("V41_CACHE_DIR", str(tmp_path))
+    (tmp_path / EMBEDDED_NAME).mkdir()
+    (tmp_path / EMBEDDED_NAME / "config.json").write_text("{}")  # no marker: an interrupted writer
+    path = embedded_model_dir()
+    assert (path / MARKER).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [EMBEDDED_NAME]
+
+
+RACER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    ready, n = Path(sys.argv[1]), int(sys.argv[2])
+    from v41.testing.embedded import embedded_model_dir
+    ready.joinpath(sys.argv[3]).touch()
+    deadline = time.monotonic() + 60
+    while len(list(ready.iterdir())) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print(embedded_model_dir())
+""")
+
+
+def test_embedded_model_dir_race(tmp_path):
+    cache, ready = tmp_path / "cache", tmp_path / "ready"
+    ready.mkdir()
+    env = dict(os.environ, V41_CACHE_DIR=str(cache), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    n = 2
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(ready), str(n), f"p{i}"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+             for i in range(n)]
+    try:
+        results = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err
+        assert out.strip() == str(cache / EMBEDDED_NAME)
+    assert sorted(p.name for p in cache.iterdir()) == [EMBEDDED_NAME]  # no leftover temp dirs
+    assert (cache / EMBEDDED_NAME / MARKER).is_file()
+    assert sorted(p.name for p in (cache / EMBEDDED_NAME).iterdir()) == sorted([
+        MARKER, "config.json", "generation_config.json", "model.safetensors.index.json",
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "tokenizer.json",
+        "tokenizer_config.json"])
