@@ -19,8 +19,11 @@ from safetensors.torch import save_file
 
 from .. import quant
 from ..checkpoint_names import fp8_block, storage_format
-from ..config import ModelConfig
-from ..models.engram_hash import build_compressed_token_map
+from ..config import LayerPlan, ModelConfig
+from ..models.engram_hash import build_compressed_token_map, engram_table_rows
+from ..models.reference.attention import Attention
+from ..models.reference.block import Block
+from ..models.reference.moe import MoE
 from ..models.reference.loader import build
 from .tokenizer_files import TOKENIZER_DIR, load_tiny_tokenizer
 
@@ -103,8 +106,6 @@ def _finish_engram(raw: dict) -> None:
     text = raw.get("text_config", raw)
     if not text.get("engram_layer_ids"):
         return
-    from ..models.engram_hash import engram_table_rows
-
     token_map = build_compressed_token_map(load_tiny_tokenizer())
     text["engram_compressed_vocab_size"] = int(token_map.max()) + 1
     text["engram_num_embeddings"] = engram_table_rows(
@@ -153,11 +154,6 @@ def _encode(name: str, value: torch.Tensor, cfg: ModelConfig) -> dict[str, torch
 
 def _v4_mtp_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Shapes of V4's single MTP layer ``mtp.0.*`` (loaded and ignored; §4 "MTP")."""
-    from ..config import LayerPlan
-    from ..models.reference.attention import Attention
-    from ..models.reference.block import Block
-    from ..models.reference.moe import MoE
-
     d = cfg.hidden_size
     plan = LayerPlan(layer_id=cfg.num_hidden_layers, ratio=0, attn_type="swa")
     ffn = MoE(d, cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.num_experts_per_tok, 1, 10.0,

@@ -105,14 +105,3 @@ class V4Attention(Attention):
         ctx.topk[self.plan.layer_id] = topk
         return st.ckv, selection_mask(topk, n)
 
-
-def make_attention(cfg: ModelConfig, plan: LayerPlan) -> Attention:
-    """The attention module for a backbone layer of either architecture."""
-    if cfg.is_v41:
-        from .csa2 import CSA2Attention
-
-        return CSA2Attention(cfg, plan) if plan.ratio > 0 else Attention(cfg, plan, q_head_norm=False)
-    return V4Attention(cfg, plan)
-
-
-__all__ = ["V4Attention", "WindowCompressor", "IndexerV4", "make_attention", "Rope"]

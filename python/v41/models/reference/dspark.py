@@ -22,6 +22,10 @@ class DSparkAttention(Attention):
     of context KV written from ``main_x``; block queries see the last ``sliding_window`` context rows
     up to the anchor's predecessor plus every block token (non-causal)."""
 
+    def __init__(self, cfg: ModelConfig, plan: LayerPlan, stage: int):
+        super().__init__(cfg, plan, q_head_norm=False)
+        self.stage = stage
+
     def forward(self, x: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:
         q, _ = self.project_q(x, ctx.pos)
         block_kv = self.window_kv(x, ctx.pos)
@@ -61,8 +65,7 @@ class DSparkStage(Block):
     def __init__(self, cfg: ModelConfig, stage: int):
         layer_id = cfg.num_hidden_layers + stage
         plan = LayerPlan(layer_id=layer_id, ratio=0, attn_type="swa")
-        attn = DSparkAttention(cfg, plan, q_head_norm=False)
-        attn.stage = stage
+        attn = DSparkAttention(cfg, plan, stage)
         ffn = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.dspark_n_routed_experts,
                   cfg.dspark_num_experts_per_tok, cfg.n_shared_experts, cfg.swiglu_limit,
                   gate_temp=cfg.gate_temp, norm_topk_prob=cfg.norm_topk_prob,

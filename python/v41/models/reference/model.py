@@ -12,16 +12,25 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...config import ModelConfig
+from ...config import LayerPlan, ModelConfig
 from ..engram_hash import EngramHasher
 from .attention import ChunkContext
 from .block import Block
-from .compress_v4 import make_attention
+from .attention import Attention
+from .compress_v4 import V4Attention
+from .csa2 import CSA2Attention
 from .dspark import DraftBlock, DSparkStage, sample_logits, write_context
 from .engram import Engram
 from .moe import MoE
 from .ops import NUMERICS, RMSNorm, hc_collapse, rms_norm
 from .state import RequestCache
+
+
+def make_attention(cfg: ModelConfig, plan: LayerPlan) -> Attention:
+    """The attention module of a backbone layer: V4.1 SWA or CSA2, or V4 SWA/CSA/HCA."""
+    if cfg.is_v41:
+        return CSA2Attention(cfg, plan) if plan.ratio > 0 else Attention(cfg, plan, q_head_norm=False)
+    return V4Attention(cfg, plan)
 
 
 class Transformer(nn.Module):
