@@ -137,7 +137,8 @@ def load_into(model: torch.nn.Module, path: str | Path, cfg: ModelConfig, dtype:
         _assign(targets, name, dequantize(name, tensor, scale, cfg, dtype), loaded)
     for base, slot in pending.items():
         if "weight" not in slot:
-            unexpected.append(base[: -len(".weight")] + ".scale")
+            if base not in targets:  # else the weight itself is absent: reported as missing below
+                unexpected.append(base[: -len(".weight")] + ".scale")
         else:
             raise CheckpointError(f"{base}: quantized weight without its .scale tensor")
     if unexpected:

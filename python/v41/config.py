@@ -238,6 +238,12 @@ def _rope_scaling(flat: dict[str, Any]) -> RopeScaling | None:
             flat.setdefault("rope_theta", rp["main"].get("rope_theta"))
     else:
         rs = flat.get("rope_scaling") or (rp if isinstance(rp, dict) else None)
+    if not rs and flat.get("rope_factor") is not None:
+        # Official reference spelling (§1.1): flat rope_factor / original_seq_len / beta_fast / beta_slow.
+        rs = {"rope_type": "yarn", "factor": flat["rope_factor"],
+              "beta_fast": flat.get("beta_fast", 32), "beta_slow": flat.get("beta_slow", 1)}
+        if flat.get("original_seq_len") is not None:
+            rs["original_max_position_embeddings"] = flat["original_seq_len"]
     if not rs:
         return None
     kind = rs.get("rope_type", rs.get("type", "default"))
