@@ -81,45 +81,58 @@ class CSA2Attention(Attention):
             self.indexer = Indexer(cfg, plan.owns_index_keys)
         self.index_rope = Rope(cfg.qk_rope_head_dim, *cfg.layer_rope(plan.ratio))
 
-    def _write_entries(self, x: torch.Tensor, st: LayerState) -> None:
-        n_old = 0 if st.ckv is None else st.ckv.shape[0]
-        latent = self.compressor(x, st)
-        if latent.shape[0] == 0 and st.ckv is not None:
-            return
-        pos = (torch.arange(latent.shape[0], device=x.device) + n_old) * self.plan.ratio
+    def encode_entries(self, latent: torch.Tensor, entry_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-RoPE latents [n, hd] of entries ``entry_ids`` [n] → (index keys [n, di], compressed KV [n, hd]),
+        both RoPE'd at position ``j·r`` and round-tripped through their cache formats when deployed (§3.6)."""
+        pos = entry_ids * self.plan.ratio
         k = self.index_rope(self.indexer.k_norm(self.indexer.wk(latent)), pos)  # from the pre-RoPE latent
         c = self.rope(latent, pos)
         if self.deployed:
             k = quant.mxfp4_qdq(k, 32)
             c = quant.fp4_e4m3_qdq(c, 16)
-        st.idx_k, st.ckv = append_rows(st.idx_k, k), append_rows(st.ckv, c)
+        return k, c
 
-    def _select(self, x: torch.Tensor, qr: torch.Tensor, ctx: ChunkContext, src: LayerState) -> torch.Tensor:
-        cfg, ix = self.cfg, self.indexer
-        q = self.index_rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), ctx.pos)
+    def index_query(self, x: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Index queries [T, Hi, di] (RoPE'd at ``pos``) and head weights [T, Hi] (scaled, §3.7 steps 2–3)."""
+        ix = self.indexer
+        q = self.index_rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), pos)
         if self.deployed:
             q = quant.mxfp4_qdq(q, 32)
-        w = ix.weights_proj(x) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
-        scores = index_scores(q, src.idx_k, w)
+        return q, ix.weights_proj(x) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+
+    def select(self, scores: torch.Tensor, n_t: torch.Tensor, cand_mask: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """§3.7 steps 4–7 for one request's queries: scores [T, N] over its cached entries, n_t [T] visible
+        counts, the candidate mask published earlier in this forward (filtered sources). Returns (top-k entry
+        ids [T, min(index_topk, N)] ascending, −1 = none; the candidate mask this layer publishes or the one
+        it was given)."""
+        cfg = self.cfg
         n = scores.shape[1]
-        n_t = (ctx.pos + 1) // self.plan.ratio
-        visible = torch.arange(n, device=x.device)[None, :] < n_t[:, None]
+        visible = torch.arange(n, device=scores.device)[None, :] < n_t[:, None]
         scores = scores.masked_fill(~visible, float("-inf"))
         if self.plan.is_candidate_source:
-            ctx.cand_mask = candidate_mask(scores, n_t, cfg.candidate_block_size, cfg.candidate_topk_blocks)
+            cand_mask = candidate_mask(scores, n_t, cfg.candidate_block_size, cfg.candidate_topk_blocks)
         elif self.plan.uses_candidate_filter:
-            scores = scores.masked_fill(~ctx.cand_mask[:, :n], float("-inf"))
-        return select_topk(scores, cfg.index_topk)
+            scores = scores.masked_fill(~cand_mask[:, :n], float("-inf"))
+        return select_topk(scores, cfg.index_topk), cand_mask
 
     def compressed(self, x, qr, ctx):
         if self.plan.owns_compressor:
-            self._write_entries(x, ctx.cache.layer(self.plan.layer_id))
+            st = ctx.cache.layer(self.plan.layer_id)
+            n_old = 0 if st.ckv is None else st.ckv.shape[0]
+            latent = self.compressor(x, st)
+            k, c = self.encode_entries(latent, torch.arange(latent.shape[0], device=x.device) + n_old)
+            st.idx_k, st.ckv = append_rows(st.idx_k, k), append_rows(st.ckv, c)
         src = ctx.cache.layer(self.plan.kv_src)
         if src.ckv is None or src.ckv.shape[0] == 0:
             ckv = x.new_zeros(0, self.head_dim)
             return ckv, torch.zeros(x.shape[0], 0, dtype=torch.bool, device=x.device)
         if self.plan.is_index_source:
-            ctx.topk[self.plan.layer_id] = self._select(x, qr, ctx, src)
+            q, w = self.index_query(x, qr, ctx.pos)
+            n_t = (ctx.pos + 1) // self.plan.ratio
+            ctx.topk[self.plan.layer_id], ctx.cand_mask = self.select(index_scores(q, src.idx_k, w), n_t,
+                                                                      ctx.cand_mask)
         topk = ctx.topk[self.plan.idx_src]
         return src.ckv, selection_mask(topk, src.ckv.shape[0])
 
