@@ -3,11 +3,13 @@ pre-mix, §4 for V4's own pre-mix)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from ...config import ModelConfig
-from .attention import Attention, ChunkContext
+from .attention import Attention
 from .moe import MoE
 from .ops import RMSNorm, hc_collapse, hc_expand, hc_mixes
 
@@ -35,14 +37,15 @@ class Block(nn.Module):
         return hc_mixes(h, getattr(self, f"hc_{sub}_fn"), getattr(self, f"hc_{sub}_scale"),
                         getattr(self, f"hc_{sub}_base"), c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, pre_mix: torch.Tensor | None, ctx: ChunkContext
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """h: [T, hc, D]; pre_mix: [T, hc] carried pre-mix (V4.1) or None (V4).
-        Returns (h', the FFN pre-mix [T, hc] to carry to the next block)."""
+    def forward(self, h: torch.Tensor, pre_mix: torch.Tensor | None, token_ids: torch.Tensor,
+                attend: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: [T, hc, D]; pre_mix: [T, hc] carried pre-mix (V4.1) or None (V4); token_ids: [T] (hash routing);
+        attend: the attention sub-layer applied to the normalized collapsed input [T, D] → [T, D] (dense
+        reference cache or the engine's paged one). Returns (h', the FFN pre-mix [T, hc] to carry on)."""
         pre_a, post_a, comb_a = self._mixes(h, "attn")
         x = hc_collapse(h, pre_mix if self.delayed else pre_a)
-        h = hc_expand(h, self.attn(self.attn_norm(x), ctx), post_a, comb_a)
+        h = hc_expand(h, attend(self.attn_norm(x)), post_a, comb_a)
         pre_f, post_f, comb_f = self._mixes(h, "ffn")
         x = hc_collapse(h, pre_a if self.delayed else pre_f)
-        h = hc_expand(h, self.ffn(self.ffn_norm(x), ctx.token_ids), post_f, comb_f)
+        h = hc_expand(h, self.ffn(self.ffn_norm(x), token_ids), post_f, comb_f)
         return h, pre_f

@@ -19,7 +19,8 @@ class WindowCompressor(nn.Module):
 
     ``wkv, wgate [c·width, D]``, ``ape [ratio, c·width]``, ``norm [width]`` with c = 2 when ``overlap``
     (CSA: entry w pools the A half of window w−1 and the B half of window w over 2·ratio slots) else 1.
-    Returns pre-RoPE entries; open windows and the overlap half carry across chunks in ``carry``.
+    Returns pre-RoPE entries; open windows (``buf``) and the overlap half (``overlap``) carry across chunks
+    in ``carry``; ``closed_a`` is left holding the A halves of the windows closed by this call.
     """
 
     def __init__(self, dim: int, width: int, ratio: int, overlap: bool, eps: float):
@@ -52,6 +53,7 @@ class WindowCompressor(nn.Module):
             if "overlap" in carry:
                 slots_kv[0, :r], slots_g[0, :r] = carry["overlap"]
             carry["overlap"] = (ckv[-1, :, :d], cg[-1, :, :d])
+            carry["closed_a"] = (ckv[:, :, :d], cg[:, :, :d])  # every closed window's A half [n_w, r, d]
             ckv, cg = slots_kv, slots_g
         pooled = (torch.softmax(cg, dim=1) * ckv).sum(dim=1)
         return self.norm(pooled)
@@ -81,6 +83,21 @@ class V4Attention(Attention):
             if csa:
                 self.indexer = IndexerV4(cfg, plan.ratio)
 
+    def encode_entries(self, entries: torch.Tensor, entry_ids: torch.Tensor) -> torch.Tensor:
+        """Pre-RoPE entries [n, hd] → RoPE at ``j·r`` and the cache format (deployed) → [n, hd]."""
+        return self.store_window(self.rope(entries, entry_ids * self.plan.ratio))
+
+    def encode_index_keys(self, keys: torch.Tensor, entry_ids: torch.Tensor) -> torch.Tensor:
+        """Pre-RoPE index keys [n, di] → RoPE at ``j·r`` → [n, di]."""
+        return self.rope(keys, entry_ids * self.plan.ratio)
+
+    def index_query(self, x: torch.Tensor, qr: torch.Tensor, pos: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Index queries [T, Hi, di] RoPE'd at ``pos`` and scaled head weights [T, Hi] (§4 "CSA indexer")."""
+        ix = self.indexer
+        q = self.rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), pos)
+        return q, ix.weights_proj(x) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+
     def compressed(self, x: torch.Tensor, qr: torch.Tensor, ctx: ChunkContext):
         if self.plan.ratio == 0:
             return None
@@ -88,20 +105,17 @@ class V4Attention(Attention):
         r = self.plan.ratio
         entries = self.compressor(x, st.carry.setdefault("kv", {}))
         n_old = 0 if st.ckv is None else st.ckv.shape[0]
-        pos = (torch.arange(entries.shape[0], device=x.device) + n_old) * r
-        st.ckv = append_rows(st.ckv, self.store_window(self.rope(entries, pos)))
+        ids = torch.arange(entries.shape[0], device=x.device) + n_old
+        st.ckv = append_rows(st.ckv, self.encode_entries(entries, ids))
         n = st.ckv.shape[0]
         n_t = (ctx.pos + 1) // r
         visible = torch.arange(n, device=x.device)[None, :] < n_t[:, None]
         if self.plan.attn_type == "hca":
             return st.ckv, visible
-        ix = self.indexer
-        keys = ix.compressor(x, st.carry.setdefault("index", {}))
-        st.idx_k = append_rows(st.idx_k, self.rope(keys, pos))
-        q = self.rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), ctx.pos)
-        w = ix.weights_proj(x) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+        keys = self.indexer.compressor(x, st.carry.setdefault("index", {}))
+        st.idx_k = append_rows(st.idx_k, self.encode_index_keys(keys, ids))
+        q, w = self.index_query(x, qr, ctx.pos)
         scores = index_scores(q, st.idx_k, w).masked_fill(~visible, float("-inf"))
         topk = select_topk(scores, self.cfg.index_topk)
         ctx.topk[self.plan.layer_id] = topk
         return st.ckv, selection_mask(topk, n)
-

@@ -121,7 +121,7 @@ class Transformer(nn.Module):
                 h = layer.engram(h, rows[plan.layer_id])
             if plan.dspark_target:
                 aux.append(h.mean(dim=1))
-            h, pre_mix = layer(h, pre_mix, ctx)
+            h, pre_mix = layer(h, pre_mix, token_ids, lambda x, a=layer.attn: a(x, ctx))
         x = hc_collapse(h, pre_mix) if cfg.is_v41 else self._hc_head(h)
         logits = self.head(self.norm(x))
         cache.num_tokens += t
@@ -170,7 +170,7 @@ class Transformer(nn.Module):
         pre_mix = torch.zeros(k, cfg.hc_mult, dtype=h.dtype, device=dev)
         pre_mix[:, 0] = 1
         for stage in self.mtp:
-            h, pre_mix = stage(h, pre_mix, ctx)
+            h, pre_mix = stage(h, pre_mix, ids, lambda x, a=stage.attn: a(x, ctx))
         last = self.mtp[-1]
         y = hc_collapse(h, pre_mix)
         base = self.head(last.norm(y))

@@ -1,0 +1,138 @@
+"""Cache kinds of a model (DESIGN.md §3 names) and their sizes (v41-architecture.md §6).
+
+Every token-indexed kind shares one page size ``block_tokens`` (the prefix cache's page), which every
+compression ratio divides; a kind stores ``block_tokens / tokens_per_entry`` rows per block per owning
+layer. Kinds:
+
+* ``swa``: every backbone layer's sliding-window K=V rows (one per token).
+* ``ckv{r}`` / ``idx{r}``: compressed KV and index keys at ratio r, owned by the layers that write them
+  (V4.1 KV sources; V4 compressing / CSA layers).
+* ``cov{r}`` (V4 CSA only): per closed window the A-half rows (kv and gated score, main and indexer
+  compressor) that the next window's overlapping pool needs.
+* ``cstate``: per-request compressor state rows (V4.1 ratio-2 pending token; V4 open-window rows).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..config import ModelConfig
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """One token-indexed cache kind: ``layers`` own a tensor [num_blocks, block_tokens / tokens_per_entry,
+    *row_shape] each; ``window_tokens`` bounds what a request keeps (None = unbounded)."""
+
+    name: str
+    tokens_per_entry: int
+    window_tokens: int | None
+    row_shape: tuple[int, ...]
+    layers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """Per-request state rows of one layer: a tensor [rows, *row_shape] (float32 or the compute dtype)."""
+
+    layer: int
+    row_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """All kinds of a model at a given page size (tokens per block)."""
+
+    block_tokens: int
+    kinds: tuple[KindSpec, ...]
+    states: tuple[StateSpec, ...]
+
+    def bytes_per_block(self, itemsize: int) -> int:
+        """Bytes one block id costs across every kind and owning layer."""
+        total = 0
+        for k in self.kinds:
+            rows = self.block_tokens // k.tokens_per_entry
+            total += len(k.layers) * rows * math.prod(k.row_shape) * itemsize
+        return total
+
+    def bytes_per_state_row(self, itemsize: int) -> int:
+        return sum(math.prod(s.row_shape) * itemsize for s in self.states)
+
+    def kind(self, name: str) -> KindSpec:
+        for k in self.kinds:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+
+def default_block_tokens(cfg: ModelConfig) -> int:
+    """64 tokens, rounded up to a multiple of every compression ratio (128 for V4's HCA)."""
+    ratios = [r for r in cfg.compress_ratios[: cfg.num_hidden_layers] if r > 0] or [1]
+    lcm = math.lcm(*ratios)
+    return lcm * math.ceil(64 / lcm)
+
+
+def build_layout(cfg: ModelConfig, block_tokens: int | None = None, lookahead_tokens: int = 0) -> CacheLayout:
+    """The cache layout of ``cfg``. Raises ValueError if ``block_tokens`` is not a multiple of every ratio."""
+    block_tokens = block_tokens or default_block_tokens(cfg)
+    hd, di = cfg.head_dim, cfg.index_head_dim
+    layers = range(cfg.num_hidden_layers)
+    kinds = [KindSpec("swa", 1, cfg.sliding_window + lookahead_tokens, (hd,), tuple(layers))]
+    states: list[StateSpec] = []
+    for r in sorted({p.ratio for p in cfg.plan if p.ratio > 0}):
+        if block_tokens % r:
+            raise ValueError(f"block_tokens={block_tokens} is not a multiple of compression ratio {r}")
+        owners = tuple(p.layer_id for p in cfg.plan if p.ratio == r and p.owns_compressor)
+        idx_owners = tuple(p.layer_id for p in cfg.plan if p.ratio == r and p.owns_index_keys)
+        kinds.append(KindSpec(f"ckv{r}", r, None, (hd,), owners))
+        if idx_owners:
+            kinds.append(KindSpec(f"idx{r}", r, None, (di,), idx_owners))
+        if not cfg.is_v41 and idx_owners:  # V4 CSA overlap halves: kv|score main, kv|score indexer
+            kinds.append(KindSpec(f"cov{r}", r, None, (r, 2 * hd + 2 * di), idx_owners))
+        for lid in owners:
+            if cfg.is_v41 and r == 2:
+                states.append(StateSpec(lid, (2, hd)))  # pending (a, b) of an even-position token
+            elif not cfg.is_v41:
+                c = 2 if lid in idx_owners else 1
+                width = 2 * c * hd + (4 * di if lid in idx_owners else 0)
+                states.append(StateSpec(lid, (r - 1, width)))  # open-window rows: kv|score (+ indexer)
+    return CacheLayout(block_tokens, tuple(kinds), tuple(states))
+
+
+class PagedCache:
+    """The cache tensors of every kind: ``tensors[kind][layer]`` is [num_blocks · rows_per_block, *row_shape]
+    (flat slots), ``state[layer]`` is [num_state_rows, *row_shape]. Block ids and slots come from v41-sched.
+    """
+
+    def __init__(self, layout: CacheLayout, num_blocks: int, num_state_rows: int, dtype: torch.dtype,
+                 device: torch.device | str):
+        self.layout, self.num_blocks, self.num_state_rows = layout, num_blocks, num_state_rows
+        self.tensors: dict[str, dict[int, torch.Tensor]] = {}
+        for k in layout.kinds:
+            rows = layout.block_tokens // k.tokens_per_entry
+            self.tensors[k.name] = {lid: torch.zeros(num_blocks * rows, *k.row_shape, dtype=dtype, device=device)
+                                    for lid in k.layers}
+        state_dtype = torch.promote_types(dtype, torch.float32)
+        self.state = {s.layer: torch.zeros(num_state_rows, *s.row_shape, dtype=state_dtype, device=device)
+                      for s in layout.states}
+
+    def rows_per_block(self, kind: str) -> int:
+        return self.layout.block_tokens // self.layout.kind(kind).tokens_per_entry
+
+    def scheduler_layout(self) -> list[dict]:
+        """The per-kind description v41-sched takes (name, tokens per block/entry, window, num_blocks)."""
+        return [dict(name=k.name, tokens_per_block=self.layout.block_tokens, tokens_per_entry=k.tokens_per_entry,
+                     window_tokens=k.window_tokens, num_blocks=self.num_blocks) for k in self.layout.kinds]
+
+
+def blocks_for_budget(layout: CacheLayout, budget_bytes: int, num_state_rows: int, itemsize: int) -> int:
+    """How many block ids fit ``budget_bytes`` after the state rows. Raises ValueError if not even one."""
+    free = budget_bytes - num_state_rows * layout.bytes_per_state_row(max(itemsize, 4))
+    n = free // max(1, layout.bytes_per_block(itemsize))
+    if n < 1:
+        raise ValueError(f"kv_cache_bytes={budget_bytes} is too small: one block needs "
+                         f"{layout.bytes_per_block(itemsize)} bytes plus {num_state_rows} state rows")
+    return int(n)

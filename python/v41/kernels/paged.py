@@ -1,0 +1,31 @@
+"""Paged cache reads and writes by flat slot index (slot = block · rows_per_block + row in block)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def write_slots(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """Store ``rows`` [T, *row_shape] at ``slots`` [T] int64 of ``cache`` [num_slots, *row_shape] in place;
+    slots < 0 are skipped. Raises IndexError for slots past the cache."""
+    keep = slots >= 0
+    if bool(keep.any()):
+        cache.index_copy_(0, slots[keep], rows[keep].to(cache.dtype))
+
+
+def gather_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Rows of ``cache`` [num_slots, *row_shape] at ``slots`` [...] int64 → [..., *row_shape]; slots < 0 give
+    zero rows (callers mask them)."""
+    safe = slots.clamp(min=0)
+    rows = cache[safe.flatten()].view(*slots.shape, *cache.shape[1:])
+    return rows.masked_fill((slots < 0).view(*slots.shape, *([1] * (cache.dim() - 1))), 0)
+
+
+def block_slots(block_table: torch.Tensor, index: torch.Tensor, rows_per_block: int) -> torch.Tensor:
+    """Flat slots of logical rows ``index`` [R, K] (−1 = none) through ``block_table`` [R, max_blocks]
+    (−1 = no block) → [R, K] int64, −1 where the row or its block is absent."""
+    blk = torch.div(index.clamp(min=0), rows_per_block, rounding_mode="floor")
+    inside = (index >= 0) & (blk < block_table.shape[1])
+    phys = torch.gather(block_table, 1, blk.clamp(max=block_table.shape[1] - 1))
+    slots = phys * rows_per_block + index.clamp(min=0) % rows_per_block
+    return torch.where(inside & (phys >= 0), slots, torch.full_like(slots, -1))
