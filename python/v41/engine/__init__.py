@@ -1,0 +1,1 @@
+"""The engine: scheduler-driven steps over the paged model runner, sampling, detokenization."""

@@ -1,0 +1,175 @@
+"""Incremental detokenization with stop strings (one instance per completion).
+
+Decoding uses vLLM's prefix-offset window: the text of the new tokens is
+``decode(ids[prefix:]) - decode(ids[prefix:read])``, the window starting at the last ``INITIAL_CONTEXT_TOKENS``
+prompt tokens and moving forward each time the decoded text ends on a whole character. Text that ends in
+U+FFFD (a multi-byte character whose bytes are split across tokens) is held back until the character is
+complete, so no replacement character is ever emitted for a split character.
+
+Stop strings are matched on the complete decoded text, across token boundaries (KF-11):
+
+* any suffix of the text that could be the start of a stop string is held back, and released as soon as
+  it can no longer start one;
+* when a stop string completes, the text ends just before it (or just after it with
+  ``include_stop_str_in_output``) and nothing more is emitted; when several complete on the same token,
+  the one ending first wins (then the one starting first), as if the text had arrived a character at a
+  time;
+* :meth:`IncrementalDetokenizer.flush` at the end releases held-back text that turned out not to be a
+  stop; a trailing incomplete character is dropped, never emitted.
+
+Invariant: the concatenation of every delta returned by ``push`` and ``flush`` equals
+:attr:`IncrementalDetokenizer.text`, and it is the same whatever the grouping of the ids into pushes.
+Limitation: a genuine U+FFFD at the very end of the output is indistinguishable from a split character
+and is dropped at ``flush``. Cost per token: two decodes of a short window, plus O(sum len(stop)^2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from tokenizers import Tokenizer
+
+INITIAL_CONTEXT_TOKENS = 5  # prompt tokens decoded as left context (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET)
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of generated ids into text deltas, applying stop strings.
+
+    ``tokenizer``: a ``tokenizers.Tokenizer``; ``prompt_ids``: the prompt (its last tokens are decoding
+    context only, never emitted); ``skip_special_tokens``: drop special tokens from the text; ``stop``:
+    stop strings (non-empty); ``include_stop_str_in_output``: keep the matched stop string in the text.
+
+    Errors: ``ValueError`` for an empty stop string; ``RuntimeError`` on ``push`` after ``flush``.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: Sequence[int],
+        skip_special_tokens: bool = True,
+        stop: Sequence[str] | None = None,
+        include_stop_str_in_output: bool = False,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._stops = list(stop or [])
+        if any(not s for s in self._stops):
+            raise ValueError("stop cannot contain an empty string")
+        self._include_stop = include_stop_str_in_output
+        # Decoding window: ids[0:read] decode to _prefix_text; ids[read:] are new since the last advance.
+        context = list(prompt_ids)[-INITIAL_CONTEXT_TOKENS:] if INITIAL_CONTEXT_TOKENS else []
+        self._window: list[int] = context
+        self._read = len(context)
+        self._prefix_text = self._decode(context)
+        self._window_released = 0  # chars past _prefix_text already moved into _text
+        self._text = ""  # complete decoded output text (may run past a stop until truncated)
+        self._emitted = 0  # chars of _text handed out so far
+        self._stop_hit: str | None = None
+        self._flushed = False
+        self.token_ids: list[int] = []  # ids pushed, up to and including the one completing a stop
+
+    # ----------------------------------------------------------------- public
+
+    @property
+    def text(self) -> str:
+        """Text emitted so far (the final output text once finished)."""
+        return self._text[: self._emitted]
+
+    @property
+    def stop_hit(self) -> str | None:
+        """The stop string that ended the output, or None."""
+        return self._stop_hit
+
+    @property
+    def finished(self) -> bool:
+        """True once a stop string was hit or :meth:`flush` was called."""
+        return self._stop_hit is not None or self._flushed
+
+    def push(self, token_ids: Iterable[int]) -> tuple[str, str | None]:
+        """Add generated ids; return ``(delta_text, stop_hit)``.
+
+        ``delta_text``: newly releasable text (possibly ""). ``stop_hit``: the stop string matched by this
+        push (or an earlier one), else None. Ids after the one completing a stop are ignored, and once a
+        stop is hit every later push returns ``("", stop_hit)``.
+        """
+        if self._flushed:
+            raise RuntimeError("push() after flush()")
+        if self._stop_hit is not None:
+            return "", self._stop_hit
+        for t in token_ids:
+            self.token_ids.append(int(t))
+            new = self._decode_next(int(t))
+            if not new:
+                continue
+            start = len(self._text)
+            self._text += new
+            hit = self._find_stop(start)
+            if hit is not None:
+                stop, pos = hit
+                end = pos + len(stop) if self._include_stop else pos
+                self._text = self._text[:end]
+                self._stop_hit = stop
+                return self._release(end), stop
+        return self._release(self._safe_len()), None
+
+    def flush(self) -> str:
+        """End of generation: release held-back text that is not a stop (never a partial character)."""
+        if self._flushed or self._stop_hit is not None:
+            self._flushed = True
+            return ""
+        self._flushed = True
+        return self._release(len(self._text))
+
+    # ----------------------------------------------------------------- decoding
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=self._skip_special_tokens)
+
+    def _decode_next(self, token_id: int) -> str:
+        """Append one id to the window; return the text it completes (no trailing split character)."""
+        self._window.append(token_id)
+        full = self._decode(self._window)
+        if len(full) <= len(self._prefix_text):
+            return ""  # e.g. a skipped special token
+        new = full[len(self._prefix_text) :]
+        if new.endswith(_REPLACEMENT):
+            # A character is still incomplete: release what precedes it, keep the window where it is.
+            complete = new.rstrip(_REPLACEMENT)
+            delta = complete[self._window_released :]
+            self._window_released = max(self._window_released, len(complete))
+            return delta
+        delta = new[self._window_released :]
+        # Whole characters: move the window so the tokens just read become the left context.
+        self._window = self._window[self._read :]
+        self._read = len(self._window)
+        self._prefix_text = self._decode(self._window)
+        self._window_released = 0
+        return delta
+
+    # ----------------------------------------------------------------- stop strings
+
+    def _find_stop(self, start: int) -> tuple[str, int] | None:
+        """The stop occurrence ending first among those ending past ``start``: (stop, start index)."""
+        best: tuple[int, int, str] | None = None
+        for s in self._stops:
+            i = self._text.find(s, max(0, start - len(s) + 1))
+            if i >= 0 and (best is None or (i + len(s), i) < best[:2]):
+                best = (i + len(s), i, s)
+        return None if best is None else (best[2], best[1])
+
+    def _safe_len(self) -> int:
+        """Length of the text that can no longer be part of a stop string (the rest is held back)."""
+        n = len(self._text)
+        safe = n
+        for s in self._stops:
+            for k in range(min(len(s) - 1, n), 0, -1):
+                if self._text.endswith(s[:k]):
+                    safe = min(safe, n - k)
+                    break
+        return max(safe, self._emitted)
+
+    def _release(self, end: int) -> str:
+        delta = self._text[self._emitted : end]
+        self._emitted = max(self._emitted, end)
+        return delta

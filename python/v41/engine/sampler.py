@@ -1,0 +1,388 @@
+"""Batched token sampler: one row of logits per request that samples this step.
+
+Processing order, per row (a step is skipped for rows where it is off):
+
+1. ``logit_bias``: ``l[t] += bias[t]``.
+2. ``min_tokens``: while ``len(output) < min_tokens``, every ``stop_token_ids`` id and every EOS id
+   (EOS ids not when ``ignore_eos``: then EOS does not stop generation and stays sampleable) is set to
+   ``-inf`` (KF-12).
+3. Repetition penalty over the prompt and output tokens (vLLM / HF rule): a seen token's logit is divided
+   by ``repetition_penalty`` when positive and multiplied by it otherwise.
+4. Frequency and presence penalties over output tokens only: ``l[t] -= f * count[t] + p * (count[t] > 0)``.
+5. Greedy rows (``temperature < 1e-5``) take the argmax here (lowest id on ties) and stop.
+6. Temperature: ``l / temperature``.
+7. Top-k: keep logits ``>=`` the k-th largest (ties at the boundary are kept).
+8. Top-p: sort the renormalized distribution descending (stable), keep the shortest prefix whose mass
+   reaches ``top_p``; the most likely token is always kept.
+9. Min-p: drop tokens with ``p < min_p * max(p)``.
+10. Sample by exponential race: ``argmax(p / q)``, ``q = -log(u)``, ``u = torch.rand(V, generator=g)``;
+    this picks token ``t`` with probability ``p[t]``.
+
+Randomness (KF-14): a row draws exactly one ``[V]`` uniform vector per step, and greedy rows draw none. A
+request with a seed owns a ``torch.Generator`` (:class:`SamplingState`), advanced only by its own draws,
+so its tokens are the same whatever else is in the batch; requests without a seed share the sampler's
+generator (one ``[R, V]`` draw per step for those R rows). Every other operation is row-wise.
+
+Logprobs follow vLLM's default ``raw_logprobs`` mode: ``log_softmax`` of the logits as given to the
+sampler (the model's distribution), before bias, masking, penalties, temperature, top-k/top-p/min-p.
+Ranks are vLLM's: the number of tokens whose logprob is ``>=`` the token's (1 = most likely).
+
+Cost: one ``[R, V]`` sort for rows with top-k or top-p; penalty rows rebuild ``[R, V]`` masks from the
+token lists each step (O(prompt + output) host work per penalized row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from v41.engine.params import Logprob, PromptLogprobs, SamplingParams
+
+Decode = Callable[[int], str]
+
+
+def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with ``seed`` (a request's private random stream)."""
+    g = torch.Generator(device=torch.device(device))
+    g.manual_seed(seed)
+    return g
+
+
+@dataclass(slots=True)
+class SamplingState:
+    """Per-request sampling inputs, carried across steps by the engine's request record.
+
+    ``prompt_token_ids`` / ``output_token_ids``: ids seen so far (penalties, min_tokens); the engine
+    appends each committed token to ``output_token_ids``. ``generator``: the request's own random
+    stream (seeded, non-greedy requests), None = the sampler's shared generator.
+    """
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None
+    _prompt_ids_cpu: Tensor | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def create(
+        cls, params: SamplingParams, prompt_token_ids: Sequence[int], device: torch.device | str = "cpu"
+    ) -> SamplingState:
+        """State for a new request; seeded non-greedy requests get a generator on ``device``."""
+        gen = None
+        if params.seed is not None and not params.is_greedy:
+            gen = make_generator(params.seed, device)
+        return cls(params=params, prompt_token_ids=prompt_token_ids, generator=gen)
+
+    def seen_token_ids(self) -> Tensor:
+        """Prompt + output ids, [P + O] int64 on the CPU (the prompt part is converted once)."""
+        if self._prompt_ids_cpu is None:
+            self._prompt_ids_cpu = torch.as_tensor(list(self.prompt_token_ids), dtype=torch.int64)
+        out = torch.as_tensor(self.output_token_ids, dtype=torch.int64)
+        return torch.cat([self._prompt_ids_cpu, out])
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobsTensors:
+    """Logprobs of chosen tokens plus top-n alternatives, M rows.
+
+    ``token_ids`` [M] int64; ``token_logprobs`` [M] float32; ``ranks`` [M] int64 (1 = most likely);
+    ``top_token_ids`` [M, n] int64 and ``top_logprobs`` [M, n] float32, most likely first.
+    """
+
+    token_ids: Tensor
+    token_logprobs: Tensor
+    ranks: Tensor
+    top_token_ids: Tensor
+    top_logprobs: Tensor
+
+    def to_dicts(self, num_logprobs: Sequence[int], decode: Decode | None = None) -> list[dict[int, Logprob]]:
+        """Row ``i`` as ``{id: Logprob}``: the chosen token first, then its ``num_logprobs[i]`` alternatives.
+
+        As in vLLM, an alternative that is the chosen token overwrites it in place (same position).
+        ``decode`` fills ``Logprob.decoded_token`` when given.
+        """
+        ids = self.token_ids.tolist()
+        lps = self.token_logprobs.tolist()
+        ranks = self.ranks.tolist()
+        top_ids = self.top_token_ids.tolist()
+        top_lps = self.top_logprobs.tolist()
+        rows: list[dict[int, Logprob]] = []
+        for i, n in enumerate(num_logprobs):
+            d = {ids[i]: Logprob(lps[i], ranks[i], decode(ids[i]) if decode else None)}
+            for j in range(n):
+                t = top_ids[i][j]
+                d[t] = Logprob(top_lps[i][j], j + 1, decode(t) if decode else None)
+            rows.append(d)
+        return rows
+
+
+def gather_logprobs(logprobs: Tensor, token_ids: Tensor, num_logprobs: int) -> LogprobsTensors:
+    """Logprob and rank of ``token_ids`` plus the ``num_logprobs`` best alternatives.
+
+    ``logprobs`` [M, V] float32 (a log_softmax); ``token_ids`` [M] int64; ``num_logprobs`` >= 0.
+    """
+    token_ids = token_ids.to(device=logprobs.device, dtype=torch.int64)
+    token_lp = logprobs.gather(1, token_ids[:, None])
+    ranks = (logprobs >= token_lp).sum(dim=-1)
+    k = min(num_logprobs, logprobs.shape[1])
+    top_lp, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], token_ids[:, None][:, :0])
+    return LogprobsTensors(token_ids, token_lp[:, 0], ranks, top_ids, top_lp)
+
+
+def compute_prompt_logprobs(
+    logits: Tensor, prompt_ids: Sequence[int], num_logprobs: int, decode: Decode | None = None
+) -> PromptLogprobs:
+    """Prompt logprobs (vLLM ``prompt_logprobs``) from the raw logits of a whole prompt.
+
+    ``logits``: [T, V] or [T - 1, V] (float), row ``t`` = the model's output at prompt position ``t``,
+    i.e. the distribution of token ``t + 1``; a row ``T - 1`` (predicting the first generated token) is
+    ignored. ``prompt_ids``: the T prompt ids. Returns T entries: None at position 0, then
+    ``{id: Logprob}`` with the actual prompt token (rank included) and its ``num_logprobs`` alternatives.
+
+    Errors: ``ValueError`` when the shapes do not match.
+    """
+    t_len = len(prompt_ids)
+    if logits.dim() != 2 or logits.shape[0] not in (t_len, max(t_len - 1, 0)):
+        raise ValueError(f"logits {tuple(logits.shape)} do not match a prompt of {t_len} tokens")
+    if t_len <= 1:
+        return [None] * t_len
+    lp = torch.log_softmax(logits[: t_len - 1].float(), dim=-1)
+    targets = torch.as_tensor(list(prompt_ids[1:]), dtype=torch.int64)
+    dicts = gather_logprobs(lp, targets, num_logprobs).to_dicts([num_logprobs] * (t_len - 1), decode)
+    return [None, *dicts]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerOutput:
+    """``sampled_token_ids`` [N] int64; ``logprobs``: all N rows, or None when no row asked for logprobs."""
+
+    sampled_token_ids: Tensor
+    logprobs: LogprobsTensors | None = None
+
+    def row_logprobs(
+        self, states: Sequence[SamplingState], decode: Decode | None = None
+    ) -> list[dict[int, Logprob] | None]:
+        """Per row: ``{id: Logprob}`` with ``params.logprobs`` alternatives, None for rows that did not ask."""
+        if self.logprobs is None:
+            return [None] * len(states)
+        ns = [s.params.logprobs or 0 for s in states]
+        dicts = self.logprobs.to_dicts(ns, decode)
+        return [d if s.params.logprobs is not None else None for d, s in zip(dicts, states)]
+
+
+class Sampler:
+    """Samples one token per row; see the module docstring for the order of operations.
+
+    ``eos_token_ids``: every id that ends generation as EOS (model and generation config), masked by
+    ``min_tokens`` unless ``ignore_eos``. ``seed``: seeds the shared generator of unseeded requests
+    (None = nondeterministic).
+    """
+
+    def __init__(self, eos_token_ids: Sequence[int] = (), seed: int | None = None) -> None:
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self._seed = seed
+        self._shared: dict[torch.device, torch.Generator] = {}
+
+    def shared_generator(self, device: torch.device) -> torch.Generator:
+        """The generator of unseeded requests on ``device`` (created on first use)."""
+        g = self._shared.get(device)
+        if g is None:
+            g = torch.Generator(device=device)
+            if self._seed is None:
+                g.seed()
+            else:
+                g.manual_seed(self._seed)
+            self._shared[device] = g
+        return g
+
+    def __call__(self, logits: Tensor, states: Sequence[SamplingState]) -> SamplerOutput:
+        """Sample one token per row.
+
+        ``logits``: [N, V] float (converted to float32), row ``i`` for ``states[i]``; it is not modified.
+        Returns sampled ids [N] int64 on ``logits.device`` and, when any row has ``params.logprobs`` set,
+        raw logprobs for all rows (chosen token, rank and ``max(logprobs)`` alternatives).
+
+        Errors: ``ValueError`` for a shape mismatch or a ``logit_bias`` id outside ``[0, V)``.
+        """
+        if logits.dim() != 2 or logits.shape[0] != len(states):
+            raise ValueError(f"logits {tuple(logits.shape)} do not match {len(states)} sampling rows")
+        n_rows, vocab = logits.shape
+        device = logits.device
+        raw = logits.float()
+        x = self.penalized_logits(raw, states)
+
+        sampled = torch.empty(n_rows, dtype=torch.int64, device=device)
+        greedy = [i for i, s in enumerate(states) if s.params.is_greedy]
+        rand = [i for i, s in enumerate(states) if not s.params.is_greedy]
+        if greedy:
+            g_idx = torch.tensor(greedy, device=device)
+            sampled[g_idx] = x[g_idx].argmax(dim=-1)
+        if rand:
+            r_idx = torch.tensor(rand, device=device)
+            r_states = [states[i] for i in rand]
+            probs = sampling_probs(x[r_idx], [s.params for s in r_states])
+            q = self._exponentials(r_states, vocab, device)
+            sampled[r_idx] = (probs / q).argmax(dim=-1)
+
+        asked = [s.params.logprobs for s in states if s.params.logprobs is not None]
+        lp = None
+        if asked:
+            lp = gather_logprobs(torch.log_softmax(raw, dim=-1), sampled, max(asked))
+        return SamplerOutput(sampled, lp)
+
+    def penalized_logits(self, logits: Tensor, states: Sequence[SamplingState]) -> Tensor:
+        """Steps 1-4 (bias, min_tokens, repetition, frequency/presence): [N, V] -> new [N, V] float32.
+
+        Greedy rows take the argmax of this. Errors: ``ValueError`` for a ``logit_bias`` id outside [0, V).
+        """
+        x = logits.float().clone()
+        self._apply_logit_bias(x, states)
+        self._apply_min_tokens(x, states)
+        _apply_repetition_penalty(x, states)
+        _apply_frequency_presence_penalties(x, states)
+        return x
+
+    # ----------------------------------------------------------------- steps 1-2
+
+    def _apply_logit_bias(self, x: Tensor, states: Sequence[SamplingState]) -> None:
+        rows: list[int] = []
+        toks: list[int] = []
+        vals: list[float] = []
+        vocab = x.shape[1]
+        for i, s in enumerate(states):
+            for t, b in (s.params.logit_bias or {}).items():
+                if not 0 <= t < vocab:
+                    raise ValueError(f"logit_bias token id {t} is outside the vocabulary [0, {vocab})")
+                rows.append(i)
+                toks.append(t)
+                vals.append(float(b))
+        if rows:
+            idx = (torch.tensor(rows, device=x.device), torch.tensor(toks, device=x.device))
+            x.index_put_(idx, torch.tensor(vals, dtype=x.dtype, device=x.device), accumulate=True)
+
+    def _apply_min_tokens(self, x: Tensor, states: Sequence[SamplingState]) -> None:
+        rows: list[int] = []
+        toks: list[int] = []
+        vocab = x.shape[1]
+        for i, s in enumerate(states):
+            p = s.params
+            if len(s.output_token_ids) >= p.min_tokens:
+                continue
+            ids = set(p.stop_token_id_list)
+            if not p.ignore_eos:
+                ids.update(self.eos_token_ids)
+            for t in sorted(ids):
+                if 0 <= t < vocab:
+                    rows.append(i)
+                    toks.append(t)
+        if rows:
+            x[torch.tensor(rows, device=x.device), torch.tensor(toks, device=x.device)] = float("-inf")
+
+    # ----------------------------------------------------------------- step 10 randomness
+
+    def _exponentials(self, states: Sequence[SamplingState], vocab: int, device: torch.device) -> Tensor:
+        """[R, V] float32 Exp(1) variates, one ``torch.rand(V)`` draw per row (module docstring)."""
+        u = torch.empty(len(states), vocab, dtype=torch.float32, device=device)
+        shared_rows = []
+        for j, s in enumerate(states):
+            g = s.generator
+            if g is None:
+                shared_rows.append(j)
+            else:
+                u[j] = torch.rand(vocab, generator=g, device=g.device).to(device)
+        if shared_rows:
+            g = self.shared_generator(device)
+            u[torch.tensor(shared_rows, device=device)] = torch.rand(
+                len(shared_rows), vocab, generator=g, device=device
+            )
+        # u in [0, 1) so q = -log(u) is in (0, inf]: never 0, p / q never NaN.
+        return u.log_().neg_()
+
+
+# --------------------------------------------------------------------- steps 3-4
+
+
+def _apply_repetition_penalty(x: Tensor, states: Sequence[SamplingState]) -> None:
+    rows = [i for i, s in enumerate(states) if s.params.repetition_penalty != 1.0]
+    if not rows:
+        return
+    device = x.device
+    seen_ids = [states[i].seen_token_ids() for i in rows]
+    r = torch.cat([torch.full((len(t),), j, dtype=torch.int64) for j, t in enumerate(seen_ids)])
+    seen = torch.zeros(len(rows), x.shape[1], dtype=torch.bool, device=device)
+    seen[r.to(device), torch.cat(seen_ids).to(device)] = True
+    idx = torch.tensor(rows, device=device)
+    sub = x[idx]
+    rp = torch.tensor([states[i].params.repetition_penalty for i in rows], device=device)[:, None]
+    penalized = torch.where(sub > 0, sub / rp, sub * rp)
+    x[idx] = torch.where(seen, penalized, sub)
+
+
+def _apply_frequency_presence_penalties(x: Tensor, states: Sequence[SamplingState]) -> None:
+    rows = [
+        i
+        for i, s in enumerate(states)
+        if (s.params.frequency_penalty != 0.0 or s.params.presence_penalty != 0.0) and s.output_token_ids
+    ]
+    if not rows:
+        return
+    device = x.device
+    outs = [states[i].output_token_ids for i in rows]
+    r = torch.tensor([j for j, o in enumerate(outs) for _ in o], device=device)
+    t = torch.tensor([tok for o in outs for tok in o], device=device)
+    counts = torch.zeros(len(rows), x.shape[1], dtype=x.dtype, device=device)
+    counts.index_put_((r, t), torch.ones_like(t, dtype=x.dtype), accumulate=True)
+    f = torch.tensor([states[i].params.frequency_penalty for i in rows], dtype=x.dtype, device=device)
+    p = torch.tensor([states[i].params.presence_penalty for i in rows], dtype=x.dtype, device=device)
+    idx = torch.tensor(rows, device=device)
+    x[idx] = x[idx] - f[:, None] * counts - p[:, None] * (counts > 0).to(x.dtype)
+
+
+# --------------------------------------------------------------------- steps 6-9
+
+
+def sampling_probs(x: Tensor, params: Sequence[SamplingParams]) -> Tensor:
+    """Steps 6-9: [R, V] penalized logits of non-greedy rows -> [R, V] float32 probabilities sampled from.
+
+    Row ``i`` uses ``params[i]`` (temperature > 0); each row sums to 1.
+    """
+    device = x.device
+    vocab = x.shape[1]
+    temps = torch.tensor([p.temperature for p in params], dtype=x.dtype, device=device)
+    x = x / temps[:, None]
+    use_k = any(1 <= p.top_k < vocab for p in params)
+    use_p = any(p.top_p < 1.0 for p in params)
+    if use_k or use_p:
+        x = _top_k_top_p(x, params, use_k, use_p)
+    probs = torch.softmax(x, dim=-1)
+    if any(p.min_p > 0.0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], dtype=x.dtype, device=device)
+        threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)
+        probs = probs.masked_fill(probs < threshold, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _top_k_top_p(x: Tensor, params: Sequence[SamplingParams], use_k: bool, use_p: bool) -> Tensor:
+    """Mask (-inf) what top-k, then top-p (over the top-k renormalized distribution) remove."""
+    device = x.device
+    vocab = x.shape[1]
+    neg_inf = float("-inf")
+    sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
+    if use_k:
+        ks = [p.top_k if 1 <= p.top_k < vocab else vocab for p in params]
+        kth = sorted_x.gather(1, torch.tensor(ks, device=device)[:, None] - 1)
+        sorted_x = sorted_x.masked_fill(sorted_x < kth, neg_inf)
+    if use_p:
+        # Rows without top-p get a threshold no cumulative sum reaches (rounding can reach 1.0).
+        ps = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], dtype=x.dtype, device=device)
+        probs_sorted = torch.softmax(sorted_x, dim=-1)
+        cum = probs_sorted.cumsum(dim=-1)
+        mass_before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)
+        remove = mass_before >= ps[:, None]
+        remove[:, 0] = False
+        sorted_x = sorted_x.masked_fill(remove, neg_inf)
+    return torch.empty_like(x).scatter_(1, order, sorted_x)
