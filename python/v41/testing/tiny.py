@@ -75,7 +75,7 @@ def default_config(arch: str) -> dict:
         common, model_type="deepseek_v41_text", num_hidden_layers=12, rms_norm_eps=1e-20,
         compress_ratios=[0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 0, 0, 0],
         kv_source_layer_ids=[2, 4, 6], index_source_layer_ids=[2, 4, 6, 8, 10], candidate_source_layer_id=6,
-        candidate_topk_blocks=2, candidate_block_size=4, index_topk=6,
+        candidate_topk_blocks=3, candidate_block_size=4, index_topk=6,
         rope_scaling=dict(rope_type="yarn", factor=16, beta_fast=32, beta_slow=1,
                           original_max_position_embeddings=65536),
         engram_layer_ids=[1, 4], engram_max_ngram_size=4, engram_vocab_size=101, engram_n_heads=2,

@@ -10,7 +10,7 @@ from torch import nn
 from ... import quant
 from ...config import LayerPlan, ModelConfig
 from .attention import Attention, ChunkContext, index_scores, select_topk, selection_mask
-from .ops import Linear, RMSNorm, Rope, stable_topk
+from .ops import Linear, RMSNorm, stable_topk
 from .state import LayerState, append_rows
 
 
@@ -79,13 +79,12 @@ class CSA2Attention(Attention):
             self.compressor = Compressor(cfg, plan.ratio)
         if plan.is_index_source:
             self.indexer = Indexer(cfg, plan.owns_index_keys)
-        self.index_rope = Rope(cfg.qk_rope_head_dim, *cfg.layer_rope(plan.ratio))
 
     def encode_entries(self, latent: torch.Tensor, entry_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-RoPE latents [n, hd] of entries ``entry_ids`` [n] → (index keys [n, di], compressed KV [n, hd]),
         both RoPE'd at position ``j·r`` and round-tripped through their cache formats when deployed (§3.6)."""
         pos = entry_ids * self.plan.ratio
-        k = self.index_rope(self.indexer.k_norm(self.indexer.wk(latent)), pos)  # from the pre-RoPE latent
+        k = self.rope(self.indexer.k_norm(self.indexer.wk(latent)), pos)  # from the pre-RoPE latent
         c = self.rope(latent, pos)
         if self.deployed:
             k = quant.mxfp4_qdq(k, 32)
@@ -96,7 +95,7 @@ class CSA2Attention(Attention):
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Index queries [T, Hi, di] (RoPE'd at ``pos``) and head weights [T, Hi] (scaled, §3.7 steps 2–3)."""
         ix = self.indexer
-        q = self.index_rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), pos)
+        q = self.rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), pos)
         if self.deployed:
             q = quant.mxfp4_qdq(q, 32)
         return q, ix.weights_proj(x) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)

@@ -14,9 +14,8 @@ from torch import nn
 
 from ...config import LayerPlan, ModelConfig
 from ..engram_hash import EngramHasher
-from .attention import ChunkContext
+from .attention import Attention, ChunkContext
 from .block import Block
-from .attention import Attention
 from .compress_v4 import V4Attention
 from .csa2 import CSA2Attention
 from .dspark import DraftBlock, DSparkStage, sample_logits, write_context
@@ -154,13 +153,15 @@ class Transformer(nn.Module):
         anchor: the token the target sampled for position P+1. Inputs are ``[anchor, noise×(K−1)]`` at
         positions P+1..P+K; drafts ``out_1..out_K`` follow the Markov-corrected logits (argmax at
         temperature 0, Gumbel-max otherwise). Does not modify ``cache``. Raises RuntimeError without DSpark
-        stages or before any verified position.
+        stages or before any verified position, ValueError for an anchor outside the vocabulary.
         """
         cfg = self.cfg
         if self.mtp is None:
             raise RuntimeError("this checkpoint has no DSpark stages")
         if cache.num_tokens == 0 or not cache.dspark_kv:
             raise RuntimeError("draft needs at least one verified position in the cache")
+        if not 0 <= anchor < cfg.vocab_size:
+            raise ValueError(f"anchor token {anchor} outside [0, {cfg.vocab_size})")
         k = cfg.dspark_block_size
         dev = self.embed.weight.device
         ids = torch.tensor([anchor] + [cfg.dspark_noise_token_id] * (k - 1), device=dev)

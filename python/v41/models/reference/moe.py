@@ -26,6 +26,7 @@ class Expert(nn.Module):
         self.w2 = Linear(inter, dim, fp8_input=True)
         self.w3 = Linear(dim, inter, fp8_input=True)
         self.limit = limit
+        self.deployed = False
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         g = self.w1(x).clamp(max=self.limit)
@@ -33,6 +34,8 @@ class Expert(nn.Module):
         h = F.silu(g) * u
         if weight is not None:
             h = h * weight.unsqueeze(-1).to(h.dtype)
+        if self.deployed:  # the reference casts the weighted hidden to BF16 before W2's FP8 input (§3.8)
+            h = h.to(torch.bfloat16).to(x.dtype)
         return self.w2(h)
 
 

@@ -46,7 +46,6 @@ class RequestCache:
     token_ids: list[int] = field(default_factory=list)
     layers: dict[int, LayerState] = field(default_factory=dict)
     dspark_kv: list[torch.Tensor | None] = field(default_factory=list)
-    last_aux: torch.Tensor | None = None
 
     def layer(self, i: int) -> LayerState:
         return self.layers.setdefault(i, LayerState())
