@@ -1,0 +1,57 @@
+"""Engine configuration: one validated object (vLLM's flag names where they exist)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """Options of :class:`v41.LLM` / the engine core.
+
+    model: checkpoint directory. max_model_len: context limit in tokens (default: min(config, 8192)).
+    max_num_seqs: running requests per step. max_num_batched_tokens: token budget per step.
+    long_prefill_token_threshold: cap on one request's prefill chunk (tokens). block_size: tokens per
+    KV block (default: 64 rounded to every compression ratio). kv_cache_bytes: cache budget on CPU;
+    gpu_memory_utilization: fraction of GPU memory for weights + cache on CUDA. dtype: compute dtype of the
+    PyTorch path (float32 | float64). numerics: exact | deployed (DESIGN.md §4). index_scratch_bytes: cap on
+    an indexer's score scratch. seed: seed of the shared generator of unseeded sampled requests.
+    """
+
+    model: str
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int | None = None
+    enable_prefix_caching: bool = True
+    block_size: int | None = None
+    kv_cache_bytes: int = 512 << 20
+    gpu_memory_utilization: float = 0.9
+    dtype: str = "float32"
+    device: str = "cpu"
+    numerics: str = "exact"
+    index_scratch_bytes: int = 64 << 20
+    seed: int | None = 0
+
+    def torch_dtype(self) -> torch.dtype:
+        """The compute dtype. Raises ValueError for an unsupported name."""
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        return _DTYPES[self.dtype]
+
+    def validate(self) -> None:
+        """Raises ValueError naming the first bad option."""
+        self.torch_dtype()
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_bytes", "index_scratch_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.numerics not in ("exact", "deployed"):
+            raise ValueError(f"numerics must be 'exact' or 'deployed', got {self.numerics!r}")

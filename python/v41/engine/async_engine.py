@@ -1,0 +1,150 @@
+"""``v41.AsyncEngine``: the engine core on a background thread, streamed with ``async for``.
+
+The core is single-threaded; callers talk to it through an inbox (add, abort) drained at the start of every
+step, and receive outputs on per-request asyncio queues. A stream that is closed or cancelled before its
+request finished aborts the request (KF-17), so its blocks are freed within about one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from .args import EngineArgs
+from .core import EngineCore
+from .llm import PromptLike, encode_prompt
+from .params import CompletionOutput, RequestOutput, SamplingParams
+
+log = logging.getLogger("v41.engine")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped (a crash or shutdown); in-flight requests fail with this error."""
+
+
+class AsyncEngine:
+    """Asynchronous front of :class:`EngineCore`. ``generate`` yields :class:`RequestOutput` deltas: each
+    completion's ``text`` and ``token_ids`` hold only what is new since the previous yield; the last one
+    has ``finished=True`` and a finish reason."""
+
+    def __init__(self, args: EngineArgs | None = None, core: EngineCore | None = None, **kwargs):
+        self.core = core or EngineCore(args or EngineArgs(**kwargs))
+        self._inbox: queue.Queue = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._ids = itertools.count()
+        self._wake = threading.Event()
+        self._stopped = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="v41-engine-core", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    # -- public --------------------------------------------------------------------------------------------
+    async def generate(self, prompt: PromptLike, params: SamplingParams | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream one request. Raises ValueError for a bad prompt or parameters (before any output) and
+        EngineDeadError if the engine stops while the request runs."""
+        if not self.is_running:
+            raise EngineDeadError("the engine is not running") from self.error
+        rid = request_id or f"req-{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        stream: asyncio.Queue = asyncio.Queue()
+        self._streams[rid] = (loop, stream)
+        self._send(("add", rid, prompt, params or SamplingParams()))
+        sent: dict[int, tuple[int, int]] = {}
+        finished = False
+        try:
+            while True:
+                item = await stream.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield _delta(item, sent)
+                if finished:
+                    return
+        finally:
+            self._streams.pop(rid, None)
+            if not finished:
+                self._send(("abort", rid))
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request; its stream ends with finish reason ``abort``."""
+        self._send(("abort", request_id))
+
+    def shutdown(self) -> None:
+        """Stop the loop; pending streams fail with EngineDeadError."""
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    # -- engine thread -----------------------------------------------------------------------------------
+    def _send(self, msg) -> None:
+        self._inbox.put(msg)
+        self._wake.set()
+
+    def _deliver(self, rid: str, item) -> None:
+        target = self._streams.get(rid)
+        if target is not None:
+            loop, stream = target
+            loop.call_soon_threadsafe(stream.put_nowait, item)
+
+    def _drain(self) -> None:
+        core = self.core
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if msg[0] == "add":
+                _, rid, prompt, params = msg
+                try:
+                    text, ids = encode_prompt(core, prompt)
+                    core.add_request(rid, ids, params, prompt=text)
+                except ValueError as e:
+                    self._deliver(rid, e)
+            else:
+                out = core.abort_request(msg[1])
+                if out is not None:
+                    self._deliver(msg[1], out)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopped:
+                self._drain()
+                if not self.core.has_unfinished():
+                    self._wake.wait(timeout=0.05)
+                    self._wake.clear()
+                    continue
+                for out in self.core.step():
+                    self._deliver(out.request_id, out)
+        except BaseException as e:  # noqa: BLE001 - every stream must learn that the engine died
+            log.exception("engine loop died")
+            self.error = e
+        finally:
+            err = EngineDeadError("the engine loop stopped")
+            if self.error is not None:
+                err.__cause__ = self.error
+            for rid in list(self._streams):
+                self._deliver(rid, err)
+
+
+def _delta(out: RequestOutput, sent: dict[int, tuple[int, int]]) -> RequestOutput:
+    """Turn a cumulative output into a delta against what ``sent`` records (updated in place)."""
+    outputs = []
+    for c in out.outputs:
+        n_text, n_tok = sent.get(c.index, (0, 0))
+        outputs.append(CompletionOutput(
+            index=c.index, text=c.text[n_text:], token_ids=c.token_ids[n_tok:],
+            cumulative_logprob=c.cumulative_logprob,
+            logprobs=None if c.logprobs is None else c.logprobs[n_tok:],
+            finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+        sent[c.index] = (len(c.text), len(c.token_ids))
+    return replace(out, outputs=outputs)

@@ -1,0 +1,254 @@
+"""The engine core: one loop of schedule (Rust) → run (paged model) → sample → detokenize and stop → report.
+
+Every accepted request ends with exactly one terminal output (finish reason stop, length or abort); its
+blocks are freed by the scheduler when it finishes, is aborted or is preempted (recomputed later).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer
+
+from .. import _native
+from ..cache import PagedCache, blocks_for_budget, build_layout
+from ..models.reference import load
+from .args import EngineArgs
+from .detokenizer import IncrementalDetokenizer
+from .model_runner import ModelRunner
+from .output import build_output
+from .params import RequestOutput, SamplingParams
+from .request import Sequence
+from .sampler import Sampler, SamplingState, compute_prompt_logprobs
+from .step import StepBatch
+
+log = logging.getLogger("v41.engine")
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+class EngineCore:
+    """Owns the model, the paged cache, the scheduler and every live sequence.
+
+    ``add_request`` validates and enqueues; ``step`` advances every scheduled sequence by one step and
+    returns the updated requests (cumulative :class:`RequestOutput`); ``abort_request`` ends a request now.
+    Errors: ValueError for bad requests (the message says what is wrong); nothing is enqueued then.
+    """
+
+    def __init__(self, args: EngineArgs):
+        args.validate()
+        self.args = args
+        dtype = args.torch_dtype()
+        self.model = load(args.model, dtype=dtype, device=args.device, numerics=args.numerics)
+        self.cfg = self.model.cfg
+        self.tokenizer = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
+        self.max_model_len = args.max_model_len or min(self.cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+        layout = build_layout(self.cfg, args.block_size)
+        budget = self._cache_budget(dtype)
+        num_blocks = blocks_for_budget(layout, budget, args.max_num_seqs, dtype.itemsize)
+        self.cache = PagedCache(layout, num_blocks, args.max_num_seqs, dtype, args.device)
+        self.runner = ModelRunner(self.model, self.cache, args.index_scratch_bytes)
+        sched_layout = self.cache.scheduler_layout() + [{"name": "cstate", "state_rows": args.max_num_seqs}]
+        self.scheduler = _native.Scheduler(
+            sched_layout, max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+            max_model_len=self.max_model_len, long_prefill_token_threshold=args.long_prefill_token_threshold,
+            enable_prefix_caching=args.enable_prefix_caching)
+        self.sampler = Sampler(self.cfg.eos_token_ids, seed=args.seed)
+        self.seqs: dict[int, Sequence] = {}
+        self.requests: dict[str, list[Sequence]] = {}
+        self._ids = itertools.count(1)
+        log.info("engine ready: %d blocks of %d tokens per kind, kinds %s", num_blocks, layout.block_tokens,
+                 [k.name for k in layout.kinds])
+
+    def _cache_budget(self, dtype: torch.dtype) -> int:
+        if not str(self.args.device).startswith("cuda"):
+            return self.args.kv_cache_bytes
+        free, total = torch.cuda.mem_get_info(torch.device(self.args.device))
+        used = total - free
+        return max(0, int(total * self.args.gpu_memory_utilization) - used)
+
+    # -- requests ------------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt: str | None = None) -> None:
+        """Enqueue a request (n sequences). Raises ValueError for an empty or too long prompt, ids outside
+        the vocabulary, a duplicate id or invalid sampling parameters."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        ids = [int(t) for t in prompt_token_ids]
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        if min(ids) < 0 or max(ids) >= self.cfg.vocab_size:
+            raise ValueError(f"prompt token ids must lie in [0, {self.cfg.vocab_size})")
+        params.validate(self.cfg.vocab_size)
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}")
+        room = self.max_model_len - len(ids)
+        max_tokens = room if params.max_tokens is None else params.max_tokens
+        if max_tokens > room:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
+                             f"({self.max_model_len})")
+        seqs = []
+        try:
+            for i in range(params.n):
+                p = params if params.n == 1 else params.child(i)
+                sid = next(self._ids)
+                # Prompt logprobs need every prompt position computed: no prefix hit for such sequences.
+                salt = f"\x00prompt-logprobs-{sid}" if p.prompt_logprobs is not None else None
+                self.scheduler.add_request(sid, ids, max_tokens, cache_salt=salt)
+                seqs.append(Sequence(
+                    request_id=request_id, index=i, seq_id=sid, prompt=prompt, prompt_token_ids=ids, params=p,
+                    sampling=SamplingState.create(p, ids, self.args.device),
+                    detok=IncrementalDetokenizer(self.tokenizer, ids, p.skip_special_tokens, p.stop_strings,
+                                                 p.include_stop_str_in_output),
+                    prompt_logprobs=[] if p.prompt_logprobs is not None else None,
+                    logprobs=[] if p.logprobs is not None else None))
+        except ValueError:
+            for s in seqs:
+                self.scheduler.abort_request(s.seq_id)
+            raise
+        self.requests[request_id] = seqs
+        self.seqs.update({s.seq_id: s for s in seqs})
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """End a request now (finish reason ``abort``); returns its terminal output, None if unknown."""
+        seqs = self.requests.get(request_id)
+        if seqs is None:
+            return None
+        for s in seqs:
+            if not s.finished:
+                s.finish_reason = "abort"
+                if s.seq_id in self.scheduler:
+                    self.scheduler.abort_request(s.seq_id)
+        return self._report(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- the step ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; returns the requests that changed (terminal outputs at most once)."""
+        plan = self.scheduler.step()
+        touched: set[str] = set()
+        for sid, reason in plan.finished:
+            seq = self.seqs.get(sid)
+            if seq is not None and not seq.finished:
+                seq.finish_reason = "length" if reason == "length" else reason
+                touched.add(seq.request_id)
+        if plan.num_tokens:
+            touched |= self._run(plan)
+        return [out for rid in sorted(touched) if (out := self._report(rid)) is not None]
+
+    def _run(self, plan) -> set[str]:
+        req_ids = plan.req_ids.tolist()
+        seqs = [self.seqs[sid] for sid in req_ids]
+        batch, sample_rows, prompt_rows = self._batch(plan, seqs)
+        logits = self.runner.execute(batch)
+        row_of = {int(r): i for i, r in enumerate(batch.logits_rows.tolist())}
+        touched = set()
+        for r, seq in enumerate(seqs):
+            if prompt_rows[r] is not None and seq.prompt_logprobs is not None:
+                self._prompt_logprobs(seq, logits[[row_of[x] for x in prompt_rows[r]]], int(plan.start_pos[r]))
+        sampling = [(r, seqs[r]) for r in range(len(seqs)) if sample_rows[r] is not None]
+        sampled_lists: dict[int, list[int]] = {sid: [] for sid in req_ids}
+        finished_now = []
+        if sampling:
+            out = self.sampler(logits[[row_of[sample_rows[r]] for r, _ in sampling]],
+                               [s.sampling for _, s in sampling])
+            lps = out.row_logprobs([s.sampling for _, s in sampling], self._decode_token)
+            for (r, seq), tok, lp in zip(sampling, out.sampled_token_ids.tolist(), lps):
+                if seq.finished:
+                    continue
+                self._commit(seq, tok, lp)
+                sampled_lists[seq.seq_id] = [tok]
+                touched.add(seq.request_id)
+                if seq.finished:
+                    finished_now.append(seq)
+        self.scheduler.update_from_output(req_ids, [sampled_lists[s] for s in req_ids])
+        for seq in finished_now:
+            if seq.seq_id in self.scheduler:
+                self.scheduler.finish_request(seq.seq_id)
+        return touched
+
+    def _batch(self, plan, seqs: list[Sequence]):
+        """StepBatch from the scheduler's plan, plus per request the row to sample (or None) and the rows
+        whose logits score prompt tokens (prompt_logprobs)."""
+        dev = self.args.device
+        token_ids = torch.from_numpy(plan.token_ids.astype(np.int64)).to(dev)
+        positions = torch.from_numpy(plan.positions.astype(np.int64)).to(dev)
+        counts = plan.num_scheduled.astype(np.int64)
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        starts = tuple((int(a), int(n), int(p)) for a, n, p in zip(first, counts, plan.start_pos))
+        req_index = torch.repeat_interleave(torch.arange(len(seqs)), torch.from_numpy(counts)).to(dev)
+        sample_rows, prompt_rows, rows = [], [], []
+        for (a, n, p), seq, do in zip(starts, seqs, plan.do_sample.tolist()):
+            sample_rows.append(a + n - 1 if do else None)
+            if do:
+                rows.append(a + n - 1)
+            if seq.prompt_logprobs is not None and p < len(seq.prompt_token_ids) - 1:
+                last = min(p + n, len(seq.prompt_token_ids) - 1)
+                prompt_rows.append(list(range(a, a + last - p)))
+                rows += prompt_rows[-1]
+            else:
+                prompt_rows.append(None)
+        batch = StepBatch(
+            token_ids=token_ids, positions=positions, req_index=req_index, starts=starts,
+            block_tables={k: torch.from_numpy(v.astype(np.int64)).to(dev) for k, v in plan.block_tables.items()},
+            slot_mapping={k: torch.from_numpy(v.astype(np.int64)).to(dev) for k, v in plan.slot_mappings.items()},
+            state_rows=torch.from_numpy(plan.state_rows.astype(np.int64)).to(dev),
+            engram_history=tuple(seq.history(p) for (_, _, p), seq in zip(starts, seqs)),
+            logits_rows=torch.tensor(sorted(set(rows)), dtype=torch.long, device=dev))
+        for seq, hit in zip(seqs, plan.prefix_hit_tokens.tolist()):
+            seq.num_cached_tokens = max(seq.num_cached_tokens, int(hit))
+        return batch, sample_rows, prompt_rows
+
+    def _prompt_logprobs(self, seq: Sequence, logits: torch.Tensor, start: int) -> None:
+        """Append prompt logprobs for positions start.. (each row predicts the next prompt token)."""
+        ids = seq.prompt_token_ids[start:start + logits.shape[0] + 1]
+        entries = compute_prompt_logprobs(logits, ids, seq.params.prompt_logprobs, self._decode_token)
+        if start == 0:
+            seq.prompt_logprobs.append(None)
+        seq.prompt_logprobs.extend(entries[1:])
+
+    def _commit(self, seq: Sequence, tok: int, lp) -> None:
+        """Append one sampled token and decide whether the sequence stops (EOS, stop id, stop string,
+        max_tokens)."""
+        p = seq.params
+        seq.output_token_ids.append(tok)
+        if seq.logprobs is not None and lp is not None:
+            seq.logprobs.append(lp)
+            seq.cumulative_logprob = (seq.cumulative_logprob or 0.0) + lp[tok].logprob
+        is_eos = tok in self.cfg.eos_token_ids and not p.ignore_eos
+        is_stop_id = tok in p.stop_token_id_list
+        if is_eos or is_stop_id:
+            seq.finish_reason, seq.stop_reason = "stop", (tok if is_stop_id else None)
+        else:
+            _, hit = seq.detok.push([tok])
+            if hit is not None:
+                seq.finish_reason, seq.stop_reason = "stop", hit
+        max_tokens = p.max_tokens if p.max_tokens is not None else self.max_model_len - len(seq.prompt_token_ids)
+        if not seq.finished and len(seq.output_token_ids) >= max_tokens:
+            seq.finish_reason = "length"
+        if seq.finished:
+            seq.detok.flush()
+
+    def _decode_token(self, tok: int) -> str:
+        return self.tokenizer.decode([tok], skip_special_tokens=False)
+
+    def _report(self, request_id: str) -> RequestOutput | None:
+        seqs = self.requests.get(request_id)
+        if seqs is None:
+            return None
+        out = build_output(seqs)
+        if out.finished:
+            for s in seqs:
+                self.seqs.pop(s.seq_id, None)
+            del self.requests[request_id]
+        return out
+
+    def stats(self) -> dict:
+        """Scheduler statistics (running, waiting, blocks per kind, prefix hit rate)."""
+        return self.scheduler.stats()

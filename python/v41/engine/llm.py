@@ -1,0 +1,89 @@
+"""``v41.LLM``: offline batched generation (vLLM's ``LLM`` API)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from tqdm import tqdm
+
+from .args import EngineArgs
+from .core import EngineCore
+from .params import RequestOutput, SamplingParams
+
+PromptLike = str | list[int] | dict
+
+
+def encode_prompt(core: EngineCore, prompt: PromptLike) -> tuple[str | None, list[int]]:
+    """Text (BOS prepended, no chat template), token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids":
+    ...}`` → (text or None, token ids). Raises ValueError for anything else."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+        if "prompt" in prompt:
+            prompt = prompt["prompt"]
+        else:
+            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+    if isinstance(prompt, str):
+        ids = core.tokenizer.encode(prompt, add_special_tokens=False).ids if prompt else []
+        return prompt, ([core.cfg.bos_token_id] + ids) if ids else []
+    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+        return None, list(prompt)
+    raise ValueError(f"unsupported prompt type {type(prompt).__name__}")
+
+
+class LLM:
+    """Offline engine. ``model``: checkpoint directory (None = the embedded tiny V4.1 model, random
+    weights). Other keyword arguments are :class:`EngineArgs` fields (max_model_len, max_num_seqs,
+    max_num_batched_tokens, enable_prefix_caching, dtype, device, kv_cache_bytes, ...)."""
+
+    def __init__(self, model: str | None = None, **kwargs: Any):
+        if model is None:
+            from ..testing.embedded import embedded_model_dir
+
+            model = str(embedded_model_dir())
+        self.engine = EngineCore(EngineArgs(model=str(model), **kwargs))
+
+    def get_tokenizer(self):
+        """The ``tokenizers.Tokenizer`` of the model."""
+        return self.engine.tokenizer
+
+    def generate(self, prompts: PromptLike | Seq[PromptLike],
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt; returns one finished RequestOutput per prompt, in input order.
+
+        sampling_params: one for all prompts or one per prompt (default: ``SamplingParams()``). Raises
+        ValueError (nothing is generated) if any prompt or parameter set is invalid.
+        """
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                                 and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) \
+            else list(sampling_params)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} sampling parameter sets for {len(prompts)} prompts")
+        core = self.engine
+        base = f"gen{id(self)}-{len(core.requests)}-"
+        ids = [f"{base}{i}" for i in range(len(prompts))]
+        added = []
+        try:
+            for rid, prompt, p in zip(ids, prompts, params):
+                text, tokens = encode_prompt(core, prompt)
+                core.add_request(rid, tokens, p, prompt=text)
+                added.append(rid)
+        except ValueError:
+            for rid in added:
+                core.abort_request(rid)
+            raise
+        results: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), disable=not use_tqdm, desc="Generating", unit="req") as bar:
+            while len(results) < len(ids):
+                for out in core.step():
+                    if out.finished and out.request_id in ids:
+                        results[out.request_id] = out
+                        bar.update(1)
+        return [results[rid] for rid in ids]

@@ -1,0 +1,54 @@
+"""The engine core's record of one sequence (one completion of a request; n > 1 gives n sequences)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .detokenizer import IncrementalDetokenizer
+from .params import Logprob, SamplingParams
+from .sampler import SamplingState
+
+
+@dataclass
+class Sequence:
+    """Python-side state of one scheduled sequence; the Rust scheduler owns its blocks and progress.
+
+    request_id/index: the user request and completion index. seq_id: the scheduler's u64 id.
+    prompt_token_ids / output_token_ids: committed tokens (the engine's source of Engram history too).
+    finish_reason / stop_reason: set once, when the sequence ends.
+    """
+
+    request_id: str
+    index: int
+    seq_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sampling: SamplingState
+    detok: IncrementalDetokenizer
+    arrival_s: float = field(default_factory=time.monotonic)
+    first_token_s: float | None = None
+    text: str = ""
+    logprobs: list[dict[int, Logprob]] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    cumulative_logprob: float | None = None
+    num_cached_tokens: int = 0
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.sampling.output_token_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def token_at(self, pos: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[pos] if pos < n else self.output_token_ids[pos - n]
+
+    def history(self, pos: int, n: int = 3) -> tuple[int, ...]:
+        """The ≤ n committed token ids before position ``pos`` (Engram lookback)."""
+        return tuple(self.token_at(p) for p in range(max(0, pos - n), pos))
