@@ -18,7 +18,8 @@ class EngineArgs:
     long_prefill_token_threshold: cap on one request's prefill chunk (tokens). block_size: tokens per
     KV block (default: 64 rounded to every compression ratio). kv_cache_bytes: cache budget on CPU;
     gpu_memory_utilization: fraction of GPU memory for weights + cache on CUDA. dtype: compute dtype of the
-    PyTorch path (float32 | float64). numerics: exact | deployed (DESIGN.md §4). index_scratch_bytes: cap on
+    PyTorch path (float32 | float64). num_kv_blocks: override the block count per kind (tests, tuning).
+    numerics: exact | deployed (DESIGN.md §4). index_scratch_bytes: cap on
     an indexer's score scratch. seed: seed of the shared generator of unseeded sampled requests.
     """
 
@@ -30,6 +31,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     block_size: int | None = None
     kv_cache_bytes: int = 512 << 20
+    num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
     dtype: str = "float32"
     device: str = "cpu"

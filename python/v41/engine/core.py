@@ -48,7 +48,7 @@ class EngineCore:
         self.max_model_len = args.max_model_len or min(self.cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
         layout = build_layout(self.cfg, args.block_size)
         budget = self._cache_budget(dtype)
-        num_blocks = blocks_for_budget(layout, budget, args.max_num_seqs, dtype.itemsize)
+        num_blocks = args.num_kv_blocks or blocks_for_budget(layout, budget, args.max_num_seqs, dtype.itemsize)
         self.cache = PagedCache(layout, num_blocks, args.max_num_seqs, dtype, args.device)
         self.runner = ModelRunner(self.model, self.cache, args.index_scratch_bytes)
         sched_layout = self.cache.scheduler_layout() + [{"name": "cstate", "state_rows": args.max_num_seqs}]
