@@ -27,7 +27,7 @@ from ..models.reference.moe import MoE
 from ..models.reference.loader import build
 from .tokenizer_files import TOKENIZER_DIR, load_tiny_tokenizer
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 ARCHES = ("deepseek_v41", "deepseek_v4")
 
 # Layer roles of the default V4.1 config (v41-architecture.md §1.4, scaled down):
