@@ -409,3 +409,166 @@ def test_fp8_scale_grids(ckpts, arch, block):
         if dt == "I8":
             out, half = shapes[name]
             assert shapes[name[: -len(".weight")] + ".scale"] == (out, 2 * half // 32), name
+
+
+# --------------------------------------------------------------------------------------------------
+# stored dtypes vs storage_format, scales, unindexed tensors, malformed index, tokenizer (§2, §5)
+# --------------------------------------------------------------------------------------------------
+
+
+def _replace(path: Path, victim: str, make) -> None:
+    """Rewrite ``victim`` in its shard as ``make(old tensor, all tensors of the shard)``."""
+    def edit(t):
+        t[victim] = make(t[victim], t).contiguous()
+    _rewrite_shard(path, _shard_of(path, victim), edit)
+
+
+@pytest.mark.parametrize("victim,bad,fmt", [
+    ("layers.3.attn_norm.weight", torch.float16, "bf16"),  # F16 anywhere is wrong
+    ("embed.weight", torch.float64, "bf16"),
+    ("layers.3.hc_attn_fn", torch.bfloat16, "f32"),  # f32 tensors must stay F32
+    ("layers.3.attn.attn_sink", torch.float16, "f32"),
+    ("layers.3.ffn.gate.bias", torch.bfloat16, "f32"),
+])
+def test_float_tensor_in_wrong_dtype_names_tensor_dtype_and_format(copy_of, victim, bad, fmt):
+    path = copy_of(V41)
+    _replace(path, victim, lambda t, _: t.to(bad))
+    with pytest.raises(CheckpointError) as e:
+        load(path)
+    msg = str(e.value)
+    assert victim in msg and {torch.float16: "F16", torch.float64: "F64", torch.bfloat16: "BF16"}[bad] in msg
+    assert fmt in msg
+
+
+@pytest.mark.parametrize("with_scale", [False, True])
+def test_fp8_where_bf16_expected_is_a_dtype_error(copy_of, with_scale):
+    path = copy_of(V41)
+    victim = "layers.3.attn_norm.weight"
+
+    def edit(t):
+        t[victim] = t[victim].to(torch.float8_e4m3fn)
+        if with_scale:
+            t["layers.3.attn_norm.scale"] = torch.full((1, 1), 127, dtype=torch.uint8)
+
+    _rewrite_shard(path, _shard_of(path, victim), edit)
+    with pytest.raises(CheckpointError) as e:
+        load(path)
+    msg = str(e.value)
+    assert victim in msg and "F8_E4M3" in msg and "bf16" in msg
+
+
+def test_tid2eid_stored_as_float_is_a_dtype_error(copy_of):
+    path = copy_of(V4)
+    victim = "layers.0.ffn.gate.tid2eid"
+    _replace(path, victim, lambda t, _: t.to(torch.float32))
+    with pytest.raises(CheckpointError) as e:
+        load(path)
+    assert victim in str(e.value) and "F32" in str(e.value) and "i64" in str(e.value)
+
+
+def test_dequantized_exports_load_to_the_same_weights(ckpts, copy_of):
+    """bf16-format tensors stored F32, fp8 and mxfp4 weights stored dequantized (BF16/F32, no scale)."""
+    path = copy_of(V41)
+    raw = dict(iter_raw(path))
+    fp8, mx, bf16 = "layers.5.attn.wq_a.weight", "layers.5.ffn.experts.3.w2.weight", "layers.5.attn_norm.weight"
+    fp8_s, mx_s = "layers.5.attn.wq_a.scale", "layers.5.ffn.experts.3.w2.scale"
+    new = {fp8: quant.dequant_fp8_block(raw[fp8], raw[fp8_s], (32, 32)).to(torch.bfloat16),
+           mx: quant.dequant_mxfp4(raw[mx], raw[mx_s]).float(), bf16: raw[bf16].float()}
+
+    def edit(t):
+        for k in list(t):
+            if k in (fp8_s, mx_s):
+                del t[k]
+            elif k in new:
+                t[k] = new[k].contiguous()
+
+    for shard in sorted(set(_index(path)["weight_map"].values())):
+        _rewrite_shard(path, path / shard, edit)
+    assert set(_disk_dtypes(path)[k] for k in new) == {"BF16", "F32"}
+    want, got = load(ckpts[V41]).state_dict(), load(path).state_dict()
+    assert [k for k in want if not torch.equal(want[k], got[k])] == []
+
+
+def test_scale_in_wrong_dtype_names_the_scale(copy_of):
+    path = copy_of(V41)
+    victim = "layers.0.attn.wq_a.scale"
+    _replace(path, victim, lambda t, _: quant.e8m0_to_float(t))
+    with pytest.raises(CheckpointError, match="F8_E8M0") as e:
+        load(path)
+    assert victim in str(e.value) and "F32" in str(e.value)
+
+
+def test_scale_beside_an_unquantized_weight_is_unexpected(copy_of):
+    path = copy_of(V41)
+    weight, scale = "layers.0.attn.wq_a.weight", "layers.0.attn.wq_a.scale"
+    raw = dict(iter_raw(path))
+    dense = quant.dequant_fp8_block(raw[weight], raw[scale], (32, 32)).to(torch.bfloat16)
+    _replace(path, weight, lambda t, _: dense)  # the scale stays (possibly in the other shard)
+    with pytest.raises(CheckpointError, match="unexpected") as e:
+        load(path)
+    assert scale in str(e.value)
+
+
+def test_tensor_in_shard_but_not_in_index_is_unexpected(copy_of):
+    path = copy_of(V41)
+    shard = _shard_of(path, "norm.weight")
+    tensors = load_file(str(shard))
+    tensors["layers.0.attn.stray.weight"] = torch.zeros(4)
+    save_file(tensors, str(shard), metadata={"format": "pt"})  # index not updated
+    with pytest.raises(CheckpointError, match="unexpected") as e:
+        load(path)
+    msg = str(e.value)
+    assert "layers.0.attn.stray.weight" in msg and "unindexed" in msg and shard.name in msg
+
+
+@pytest.mark.parametrize("victim,shape", [("layers.0.attn.wq_a.scale", (1, 1)),
+                                          ("layers.5.ffn.experts.3.w1.scale", (3, 3))])
+def test_scale_of_wrong_shape_names_the_weight(copy_of, victim, shape):
+    path = copy_of(V41)
+    _replace(path, victim, lambda t, _: t[: shape[0], : shape[1]])
+    with pytest.raises(CheckpointError) as e:
+        load(path)
+    assert victim.removesuffix(".scale") + ".weight" in str(e.value)
+
+
+@pytest.mark.parametrize("content", ['{"metadata": {}}', '{"weight_map": [1]}', '{"weight_map": {',
+                                     '[]', '{"weight_map": {"norm.weight": 3}}'])
+def test_malformed_index_names_the_file(copy_of, content):
+    path = copy_of(V41)
+    (path / INDEX).write_text(content)
+    with pytest.raises(CheckpointError, match=INDEX):
+        load(path)
+
+
+def test_shard_listed_in_index_but_absent_names_the_file(copy_of):
+    path = copy_of(V41)
+    shard = _shard_of(path, "norm.weight")
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=shard.name):
+        load(path)
+
+
+def test_v41_engram_checkpoint_without_tokenizer_json_is_file_not_found(copy_of):
+    path = copy_of(V41)
+    (path / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError) as e:
+        load(path)
+    assert str(path / "tokenizer.json") in str(e.value)
+
+
+def test_v41_malformed_tokenizer_json_is_a_value_error_naming_it(copy_of):
+    path = copy_of(V41)
+    (path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match="tokenizer.json"):
+        load(path)
+
+
+def test_v4_loads_without_tokenizer_json(copy_of):
+    path = copy_of(V4)
+    (path / "tokenizer.json").unlink()
+    load(path)
+
+
+def test_storage_format_follows_expert_dtype():
+    name = "layers.3.ffn.experts.0.w1.weight"
+    assert [storage_format(name, d) for d in ("fp4", "fp8", "bf16")] == ["mxfp4", "fp8", "bf16"]

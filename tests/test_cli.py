@@ -114,6 +114,73 @@ def test_errors_exit_2(capsys, tmp_path, argv, message):
     assert "Traceback" not in err
 
 
+@pytest.fixture
+def broken_copy(tiny_dir, tmp_path):
+    """A fresh copy of the module's tiny checkpoint, to break."""
+    return Path(shutil.copytree(tiny_dir, tmp_path / "ckpt"))
+
+
+def _missing_tokenizer(path: Path) -> str:
+    (path / "tokenizer.json").unlink()
+    return "tokenizer.json"
+
+
+def _corrupt_config(path: Path) -> str:
+    (path / "config.json").write_text('{"model_type": "deepseek_v4')
+    return str(path / "config.json")
+
+
+def _missing_config(path: Path) -> str:
+    (path / "config.json").unlink()
+    return str(path / "config.json")
+
+
+def _corrupt_generation_config(path: Path) -> str:
+    (path / "generation_config.json").write_text("{")
+    return str(path / "generation_config.json")
+
+
+def _index_without_weight_map(path: Path) -> str:
+    (path / "model.safetensors.index.json").write_text('{"metadata": {"total_size": 1}}')
+    return "model.safetensors.index.json"
+
+
+def _f16_tensor(path: Path) -> str:
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    shard = path / index["weight_map"]["norm.weight"]
+    tensors = load_file(str(shard))
+    tensors["norm.weight"] = tensors["norm.weight"].half()
+    save_file(tensors, str(shard))
+    return "norm.weight: stored as F16"
+
+
+@pytest.mark.parametrize("breaker", [_missing_tokenizer, _corrupt_config, _missing_config,
+                                     _corrupt_generation_config, _index_without_weight_map, _f16_tensor])
+def test_broken_checkpoint_errors_exit_2(capsys, broken_copy, breaker):
+    needle = breaker(broken_copy)
+    rc, out, err = run_cli(capsys, "generate", "--model", str(broken_copy), "--prompt", "hi", "--max-tokens", "2")
+    assert rc == 2, err
+    assert err.startswith("v41: error: ") and err.count("\n") == 1
+    assert "Traceback" not in err and "[Errno" not in err
+    assert needle in err
+    assert out == ""
+
+
+def test_bad_config_field_exits_2_naming_the_field(capsys, broken_copy):
+    import json
+
+    raw = json.loads((broken_copy / "config.json").read_text())
+    (raw.get("text_config") or raw)["hidden_size"] = "abc"
+    (broken_copy / "config.json").write_text(json.dumps(raw))
+    rc, _, err = run_cli(capsys, "generate", "--model", str(broken_copy), "--prompt", "hi")
+    assert rc == 2
+    assert err.startswith("v41: error: hidden_size: ") and "Traceback" not in err
+
+
 # -- incremental detokenization ---------------------------------------------------------------------------
 def test_detokenizer_holds_back_partial_utf8():
     tok = load_tiny_tokenizer()

@@ -486,3 +486,249 @@ def test_yarn_inv_freq_matches_independent_formula():
 def test_yarn_inv_freq_without_scaling_is_plain_rope():
     got = yarn_inv_freq(64, 10000, None)
     assert got == pytest.approx([10000 ** (-2 * i / 64) for i in range(32)], rel=1e-12)
+
+
+# --------------------------------------------------------------------------------------------------
+# typed field reads: wrong JSON types are ConfigErrors naming the field, never truncated or coerced
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,value", [
+    ("hidden_size", "abc"),
+    ("hidden_size", 64.5),  # non-integral: rejected, not truncated to 64
+    ("hidden_size", "5120"),
+    ("hidden_size", True),
+    ("num_hidden_layers", [40]),
+    ("kv_source_layer_ids", 2),  # not a list
+    ("kv_source_layer_ids", [2, "8", 14, 20]),
+    ("compress_ratios", "0,0,2"),
+    ("compress_ratios", V41_FLASH_RATIOS[:-1] + [0.5]),
+    ("rms_norm_eps", "1e-20"),
+    ("rms_norm_eps", float("nan")),
+    ("norm_topk_prob", "false"),
+    ("scoring_func", 3),
+    ("index_topk", "512"),
+    ("engram_num_embeddings", 384006168),
+    ("candidate_source_layer_id", 20.5),
+])
+def test_wrong_field_type_names_the_field(name, value):
+    with pytest.raises(ConfigError, match=rf"^{name}(\[\d+\])?:"):
+        ModelConfig.from_dict(_v41_with(**{name: value}))
+
+
+@pytest.mark.parametrize("value", ["x", ["1", 2], [1.5], {"id": 1}, True])
+def test_wrong_eos_token_id_type_names_eos_token_id(value):
+    raw = v41_flash()
+    raw["eos_token_id"] = value
+    with pytest.raises(ConfigError, match=r"^eos_token_id(\[\d+\])?:"):
+        ModelConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize("block", [[32], 32, [32, 32, 32], [32, "32"], [0, 32], [32.5, 32]])
+def test_bad_weight_block_size_names_weight_block_size(block):
+    raw = v41_flash()
+    raw["quantization_config"]["weight_block_size"] = block
+    with pytest.raises(ConfigError, match=r"^weight_block_size(\[\d+\])?:"):
+        ModelConfig.from_dict(raw)
+
+
+def test_integral_floats_are_accepted_as_integers():
+    cfg = ModelConfig.from_dict(_v41_with(hidden_size=5120.0, kv_source_layer_ids=[2.0, 8, 14, 20]))
+    assert cfg.hidden_size == 5120 and type(cfg.hidden_size) is int
+    assert cfg.kv_source_layer_ids == (2, 8, 14, 20) and all(type(i) is int for i in cfg.kv_source_layer_ids)
+    assert cfg == ModelConfig.from_dict(v41_flash())
+
+
+def test_wrong_type_under_reference_spelling_names_field_and_spelling():
+    raw = v41_flash_reference_spelling()
+    raw["text_config"]["dim"] = "abc"
+    with pytest.raises(ConfigError, match=r"^hidden_size:.*'abc'.*'dim'"):
+        ModelConfig.from_dict(raw)
+
+
+def test_bad_rope_scaling_field_type_is_named():
+    raw = v41_flash()
+    raw["text_config"]["rope_scaling"]["factor"] = "16"
+    with pytest.raises(ConfigError, match=r"^rope_scaling\.factor:"):
+        ModelConfig.from_dict(raw)
+    raw["text_config"]["rope_scaling"]["factor"] = 16
+    raw["text_config"]["rope_scaling"]["original_max_position_embeddings"] = 65536.5
+    with pytest.raises(ConfigError, match=r"^rope_scaling\.original_max_position_embeddings:"):
+        ModelConfig.from_dict(raw)
+
+
+def test_non_object_config_and_text_config_are_config_errors():
+    with pytest.raises(ConfigError, match=r"^config:"):
+        ModelConfig.from_dict([1, 2])
+    raw = v41_flash()
+    raw["text_config"] = "nope"
+    with pytest.raises(ConfigError, match=r"^text_config:"):
+        ModelConfig.from_dict(raw)
+
+
+# --------------------------------------------------------------------------------------------------
+# value checks added with the typed reads
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("changes,name", [
+    (dict(head_dim=511), "head_dim"),  # odd
+    (dict(head_dim=32), "qk_rope_head_dim"),  # < qk_rope_head_dim=64
+    (dict(index_n_heads=0), "index_n_heads"),
+    (dict(index_head_dim=0), "index_head_dim"),
+    (dict(num_key_value_heads=8), "num_key_value_heads"),
+    (dict(bos_token_id=129280), "bos_token_id"),
+    (dict(bos_token_id=-1), "bos_token_id"),
+    (dict(eos_token_id=[1, 129280]), "eos_token_id"),
+    (dict(pad_token_id=200000), "pad_token_id"),
+    (dict(engram_pad_token_id=129280), "engram_pad_token_id"),
+    (dict(dspark_noise_token_id=129280), "dspark_noise_token_id"),
+    (dict(num_nextn_predict_layers=-1), "num_nextn_predict_layers"),
+])
+def test_out_of_range_values_name_the_field(changes, name):
+    with pytest.raises(ConfigError, match=rf"^{name}:"):
+        ModelConfig.from_dict(_v41_with(**changes))
+
+
+def test_num_key_value_heads_1_or_absent_is_accepted():
+    raw = v41_flash()
+    del raw["text_config"]["num_key_value_heads"]
+    assert ModelConfig.from_dict(raw) == ModelConfig.from_dict(v41_flash())
+
+
+@pytest.mark.parametrize("dtype", ["int4", "FP4", "mxfp4"])
+def test_unknown_expert_dtype_names_expert_dtype(dtype):
+    raw = v41_flash()
+    raw["quantization_config"]["expert_dtype"] = dtype
+    with pytest.raises(ConfigError, match=r"^expert_dtype:"):
+        ModelConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize("dtype", ["fp4", "fp8", "bf16"])
+def test_known_expert_dtypes_are_accepted(dtype):
+    raw = v41_flash()
+    raw["quantization_config"]["expert_dtype"] = dtype
+    assert ModelConfig.from_dict(raw).expert_dtype == dtype
+
+
+def test_candidate_filter_must_leave_index_topk_positions():
+    """§3.7: kept blocks × block size, with the pinned newest block counted as one entry, must reach index_topk
+    (Flash: 2048 × 8 - 7 >= 512). At block 8 and top-512: 64 blocks give 505 (rejected), 65 give 513."""
+    with pytest.raises(ConfigError, match=r"^candidate_topk_blocks:.*505.*512"):
+        ModelConfig.from_dict(_v41_with(candidate_topk_blocks=64))
+    assert ModelConfig.from_dict(_v41_with(candidate_topk_blocks=65)).candidate_topk_blocks == 65
+    # without a candidate source nothing is filtered: no constraint
+    cfg = ModelConfig.from_dict(_v41_with(candidate_source_layer_id=-1, candidate_topk_blocks=1))
+    assert not any(p.uses_candidate_filter for p in cfg.plan)
+
+
+# --------------------------------------------------------------------------------------------------
+# V4 layer types: kept from HF layer_types, derived from compress_ratios otherwise
+# --------------------------------------------------------------------------------------------------
+
+
+def test_v4_hca_only_layer_types_at_rate_16_plan_as_hca():
+    raw = v4_flash_hf_normalized()
+    raw["layer_types"] = ["sliding_attention"] * 2 + ["heavily_compressed_attention"] * 41
+    raw["compress_rates"] = {"heavily_compressed_attention": 16}
+    cfg = ModelConfig.from_dict(raw)
+    assert cfg.layer_types == ("swa", "swa") + ("hca",) * 41
+    assert [(p.ratio, p.attn_type) for p in cfg.plan] == [(0, "swa")] * 2 + [(16, "hca")] * 41
+    assert not any(p.is_index_source for p in cfg.plan)
+
+
+def test_v4_csa_only_layer_types_at_rate_128_plan_as_csa():
+    raw = v4_flash_hf_normalized()
+    raw["layer_types"] = ["sliding_attention"] * 2 + ["compressed_sparse_attention"] * 41
+    raw["compress_rates"] = {"compressed_sparse_attention": 128}
+    cfg = ModelConfig.from_dict(raw)
+    assert {(p.ratio, p.attn_type) for p in cfg.plan[2:]} == {(128, "csa")}
+
+
+def test_v4_layer_types_field_from_both_spellings():
+    a, b = ModelConfig.from_dict(v4_flash()), ModelConfig.from_dict(v4_flash_hf_normalized())
+    want = tuple(kind for _, kind, _ in _v4_expected_plan())
+    assert a.layer_types == b.layer_types == want
+    assert ModelConfig.from_dict(v41_flash()).layer_types == ()
+
+
+@pytest.mark.parametrize("backbone,want", [
+    ([0, 0, 4, 128, 4], ("swa", "swa", "csa", "hca", "csa")),
+    ([0, 4, 8, 4, 8], ("swa", "csa", "hca", "csa", "hca")),  # two rates: the smaller is CSA
+    ([0, 128, 128, 128, 128], ("swa",) + ("hca",) * 4),  # one rate of 128: HCA
+    ([0, 16, 16, 16, 16], ("swa",) + ("csa",) * 4),  # one rate below 128: CSA
+])
+def test_v4_layer_types_from_compress_ratios(backbone, want):
+    raw = v4_flash()
+    raw.update(num_hidden_layers=5, num_hash_layers=1, compress_ratios=backbone + [0])
+    assert ModelConfig.from_dict(raw).layer_types == want
+
+
+def test_v4_layer_types_disagreeing_with_compress_ratios_names_layer_types():
+    raw = v4_flash_hf_normalized()
+    ratios = list(V4_FLASH_RATIOS)
+    ratios[3] = 4  # layer_types says HCA (128)
+    raw["compress_ratios"] = ratios
+    with pytest.raises(ConfigError, match=r"^layer_types:.*layer 3"):
+        ModelConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize("bad", [["sliding_attention"] * 42, "sliding_attention",
+                                 ["sliding_attention"] * 42 + ["full_attention"]])
+def test_v4_bad_layer_types_names_layer_types(bad):
+    raw = v4_flash_hf_normalized()
+    raw["layer_types"] = bad
+    with pytest.raises(ConfigError, match=r"^layer_types:"):
+        ModelConfig.from_dict(raw)
+
+
+def test_num_nextn_predict_layers_defaults_to_0_in_both_v4_spellings():
+    a, b = v4_flash(), v4_flash_hf_normalized()
+    for raw in (a, b):
+        del raw["num_nextn_predict_layers"]
+    a["compress_ratios"] = V4_FLASH_RATIOS[:43]  # no MTP entry either
+    ca, cb = ModelConfig.from_dict(a), ModelConfig.from_dict(b)
+    assert ca.num_nextn_predict_layers == cb.num_nextn_predict_layers == 0
+    assert ca == cb and len(cb.compress_ratios) == 43
+    del a["compress_ratios"]  # removing it leaves nothing to derive from
+    with pytest.raises(ConfigError, match=r"^compress_ratios:.*missing"):
+        ModelConfig.from_dict(a)
+
+
+# --------------------------------------------------------------------------------------------------
+# load_config: files
+# --------------------------------------------------------------------------------------------------
+
+
+def test_load_config_missing_config_json_is_file_not_found_naming_path(tmp_path):
+    with pytest.raises(FileNotFoundError) as e:
+        load_config(tmp_path)
+    assert str(tmp_path / "config.json") in str(e.value)
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        load_config(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("text", ['{"model_type": "deepseek_v41",', "", "[1, 2]", "\xff\xfe"])
+def test_load_config_corrupt_config_json_names_the_file(tmp_path, text):
+    (tmp_path / "config.json").write_bytes(text.encode("latin-1"))
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path)
+    assert str(tmp_path / "config.json") in str(e.value)
+
+
+def test_load_config_corrupt_generation_config_names_the_file(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(v41_flash()))
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": [1, ')
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path)
+    assert str(tmp_path / "generation_config.json") in str(e.value)
+
+
+def test_load_config_bad_generation_eos_is_named(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(v41_flash()))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": ["x"]}))
+    with pytest.raises(ConfigError, match=r"^eos_token_id\[0\]:.*generation_config"):
+        load_config(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 129280]}))
+    with pytest.raises(ConfigError, match=r"^eos_token_id:.*129280"):
+        load_config(tmp_path)

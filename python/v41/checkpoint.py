@@ -6,8 +6,15 @@ transformers-style; V4's ``mtp.*`` and V4.1's vision tensors are read past and i
 are dequantized to the requested dtype: FP8 E4M3 with E8M0 block scales, MXFP4 experts (I8 reinterpreted
 as uint8, low nibble = even element, one E8M0 scale per 32 inputs).
 
+Stored dtypes are checked against :func:`~v41.checkpoint_names.storage_format`: ``f32`` tensors must be F32;
+``bf16`` tensors BF16 or F32 (dequantized exports); ``fp8`` weights F8_E4M3 with a ``.scale``, or BF16/F32
+without one; ``mxfp4`` weights I8 (or U8) with a ``.scale``, or BF16/F32; ``i64`` tensors I64 or I32. Scales
+must be F8_E8M0 (or U8 raw exponent bytes).
+
 Errors: :class:`CheckpointError` (a ``ValueError``) naming the tensor(s) or file: missing tensors, unexpected
-tensors (listed), shape or dtype mismatches, unreadable or truncated shards.
+tensors (listed: unknown names, a ``.scale`` beside an unquantized weight, tensors a shard holds but the index
+does not list), shape or dtype mismatches (tensor, stored dtype, expected format), bad scales, unreadable or
+truncated shards, a malformed index.
 """
 
 from __future__ import annotations
@@ -25,7 +32,25 @@ from .config import ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+_QUANTIZED_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)
+_SCALE_DTYPES = (torch.float8_e8m0fnu, torch.uint8)
+# storage format -> stored dtypes accepted (quantized ones need a .scale sibling)
+_ALLOWED_DTYPES = {
+    "f32": (torch.float32,),
+    "bf16": (torch.bfloat16, torch.float32),
+    "fp8": (torch.float8_e4m3fn, torch.bfloat16, torch.float32),
+    "mxfp4": (torch.int8, torch.uint8, torch.bfloat16, torch.float32),
+    "i64": (torch.int64, torch.int32),
+}
+_ST_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
+             torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.float8_e8m0fnu: "F8_E8M0",
+             torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
+             torch.bool: "BOOL"}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """The safetensors spelling of a torch dtype (``F8_E4M3``, ``BF16``, ...)."""
+    return _ST_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
 class CheckpointError(ValueError):
@@ -37,7 +62,7 @@ def shard_files(path: str | Path) -> dict[str, list[str]]:
     path = Path(path)
     index = path / INDEX_FILE
     if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = _read_weight_map(index)
         files: dict[str, list[str]] = {}
         for name, fname in weight_map.items():
             files.setdefault(fname, []).append(name)
@@ -47,7 +72,23 @@ def shard_files(path: str | Path) -> dict[str, list[str]]:
     raise CheckpointError(f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE} found")
 
 
+def _read_weight_map(index: Path) -> dict[str, str]:
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{index}: not valid JSON ({e})") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: no 'weight_map' object (tensor name -> shard file)")
+    bad = sorted(k for k, v in weight_map.items() if not isinstance(v, str) or not v)
+    if bad:
+        raise CheckpointError(f"{index}: weight_map entries without a shard file name: {bad[:20]}")
+    return weight_map
+
+
 def _open(file: Path):
+    if not file.is_file():
+        raise CheckpointError(f"{file.name}: shard file not found in {file.parent}")
     try:
         return safe_open(str(file), framework="pt")
     except Exception as e:  # safetensors raises its own error types for truncated/corrupt headers
@@ -60,6 +101,10 @@ def iter_raw(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     for fname, names in shard_files(path).items():
         f = _open(path / fname)
         stored = set(f.keys())
+        unindexed = sorted(stored - set(names))
+        if unindexed:
+            raise CheckpointError(f"{fname}: unexpected tensors not listed in {INDEX_FILE} (unindexed, "
+                                  f"{len(unindexed)}): {unindexed[:20]}")
         for name in names:
             if name not in stored:
                 raise CheckpointError(f"{fname}: index lists {name!r} but the shard does not hold it")
@@ -76,29 +121,47 @@ def _ignored(name: str, cfg: ModelConfig) -> bool:
     return name.startswith(IGNORED_PREFIXES_V41) or (name.startswith("mtp.") and not cfg.has_dspark)
 
 
+def _check_dtype(name: str, weight: torch.Tensor, fmt: str) -> None:
+    if weight.dtype not in _ALLOWED_DTYPES[fmt]:
+        allowed = "/".join(_dtype_name(d) for d in _ALLOWED_DTYPES[fmt])
+        raise CheckpointError(f"{name}: stored as {_dtype_name(weight.dtype)}, but its format is {fmt} "
+                              f"(expected {allowed})")
+
+
 def dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor | None, cfg: ModelConfig,
-               dtype: torch.dtype) -> torch.Tensor:
+               dtype: torch.dtype, scale_name: str | None = None) -> torch.Tensor:
     """One stored tensor (+ its ``.scale`` sibling) → a dense tensor of ``dtype`` (int64 stays int64).
 
-    Raises CheckpointError when the stored dtype does not fit the tensor's format (§2).
+    Raises CheckpointError naming the tensor when the stored dtype does not fit the tensor's format (§2), when
+    a quantized weight lacks its scale or an unquantized one has one, when the scale is not E8M0, or when the
+    codec rejects the pair (e.g. a scale of the wrong shape). ``scale_name`` names the scale in errors
+    (default: ``name`` with ``.weight`` replaced by ``.scale``).
     """
     fmt = storage_format(name, cfg.expert_dtype)
-    if weight.dtype == torch.float8_e4m3fn:
-        if fmt != "fp8" or scale is None:
-            raise CheckpointError(f"{name}: stored as F8_E4M3 but expected {fmt}"
-                                  + ("" if scale is not None else " (or its .scale is missing)"))
-        return quant.dequant_fp8_block(weight, scale, fp8_block(name, cfg.weight_block_size)).to(dtype)
-    if weight.dtype in (torch.int8, torch.uint8):
-        if fmt != "mxfp4" or scale is None:
-            raise CheckpointError(f"{name}: stored as I8 (MXFP4) but expected {fmt}")
-        return quant.dequant_mxfp4(weight, scale).to(dtype)
-    if fmt == "i64":
-        if weight.dtype not in (torch.int64, torch.int32):
-            raise CheckpointError(f"{name}: expected an integer tensor, got {weight.dtype}")
-        return weight.long()
-    if weight.dtype not in _FLOAT_DTYPES:
-        raise CheckpointError(f"{name}: unsupported dtype {weight.dtype} for format {fmt}")
-    return weight.to(dtype)
+    _check_dtype(name, weight, fmt)
+    scale_name = scale_name or name.removesuffix(".weight") + ".scale"
+    quantized = weight.dtype in _QUANTIZED_DTYPES and fmt in ("fp8", "mxfp4")
+    if not quantized:
+        if scale is not None:
+            raise CheckpointError(f"unexpected tensors (1): [{scale_name!r}] (a scale, but {name} is stored "
+                                  f"unquantized as {_dtype_name(weight.dtype)})")
+        if fmt == "i64":
+            return weight.long()
+        return weight.to(dtype)
+    if scale is None:
+        raise CheckpointError(f"{name}: quantized weight ({_dtype_name(weight.dtype)}) without its .scale tensor")
+    if scale.dtype not in _SCALE_DTYPES:
+        raise CheckpointError(f"{scale_name}: scale stored as {_dtype_name(scale.dtype)}, expected F8_E8M0 "
+                              "(or U8 exponent bytes)")
+    try:
+        if fmt == "fp8":
+            out = quant.dequant_fp8_block(weight, scale, fp8_block(name, cfg.weight_block_size))
+        else:
+            out = quant.dequant_mxfp4(weight, scale)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise CheckpointError(f"{name}: cannot dequantize {fmt} weight {tuple(weight.shape)} with scale "
+                              f"{scale_name} {tuple(scale.shape)}: {e}") from None
+    return out.to(dtype)
 
 
 def load_into(model: torch.nn.Module, path: str | Path, cfg: ModelConfig, dtype: torch.dtype) -> None:
@@ -111,36 +174,46 @@ def load_into(model: torch.nn.Module, path: str | Path, cfg: ModelConfig, dtype:
     targets.update(dict(model.named_buffers()))
     loaded: set[str] = set()
     unexpected: list[str] = []
-    pending: dict[str, dict[str, torch.Tensor]] = {}  # base name -> {"weight"/"scale": tensor}
+    # base weight name -> {"weight"/"scale": (name as stored, tensor)}; a weight waits here only when stored in a
+    # quantized dtype, a scale until its weight arrives
+    pending: dict[str, dict[str, tuple[str, torch.Tensor]]] = {}
     for stored_name, tensor in iter_raw(path):
         name = hf_to_bare(stored_name)
         if _ignored(name, cfg):
             continue
         if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            for e, (sub, t) in enumerate(_split_fused(name, tensor)):
+            _check_dtype(stored_name, tensor, "bf16")  # HF fused experts: dequantized exports only
+            for sub, t in _split_fused(name, tensor):
                 _assign(targets, sub, t.to(dtype), loaded)
             continue
-        if name.endswith(".scale") or (tensor.dtype in (torch.float8_e4m3fn, torch.int8, torch.uint8)
-                                       and not name.endswith("tid2eid")):
-            base = name[: -len(".scale")] + ".weight" if name.endswith(".scale") else name
+        is_scale = name.endswith(".scale")
+        if is_scale or (tensor.dtype in _QUANTIZED_DTYPES and not name.endswith("tid2eid")):
+            base = name.removesuffix(".scale") + ".weight" if is_scale else name
             slot = pending.setdefault(base, {})
-            slot["scale" if name.endswith(".scale") else "weight"] = tensor
+            slot["scale" if is_scale else "weight"] = (stored_name, tensor)
             if len(slot) < 2:
                 continue
-            name, tensor, scale = base, slot["weight"], slot["scale"]
             del pending[base]
-        else:
-            scale = None
+            if base not in targets:
+                unexpected.extend(n for n, _ in slot.values())
+                continue
+            (_, weight), (scale_stored, scale) = slot["weight"], slot["scale"]
+            _assign(targets, base, dequantize(base, weight, scale, cfg, dtype, scale_stored), loaded)
+            continue
         if name not in targets:
             unexpected.append(stored_name)
             continue
-        _assign(targets, name, dequantize(name, tensor, scale, cfg, dtype), loaded)
+        _assign(targets, name, dequantize(name, tensor, None, cfg, dtype), loaded)
     for base, slot in pending.items():
-        if "weight" not in slot:
-            if base not in targets:  # else the weight itself is absent: reported as missing below
-                unexpected.append(base[: -len(".weight")] + ".scale")
-        else:
-            raise CheckpointError(f"{base}: quantized weight without its .scale tensor")
+        if "weight" in slot:
+            if base not in targets:
+                unexpected.append(slot["weight"][0])
+            else:  # dtype error (e.g. F8 where bf16 is expected) or a quantized weight without its scale
+                dequantize(base, slot["weight"][1], None, cfg, dtype)
+        elif base in loaded or base not in targets:
+            # a scale beside an unquantized weight, or beside no known weight at all
+            unexpected.append(slot["scale"][0])
+        # else: the weight itself is absent, reported as missing below
     if unexpected:
         raise CheckpointError(f"unexpected tensors ({len(unexpected)}): {sorted(unexpected)[:20]}")
     missing = sorted(set(targets) - loaded)

@@ -110,12 +110,18 @@ _FP8_LEAVES = re.compile(
 _F32 = re.compile(r"(hc_(attn|ffn|head)_(fn|base|scale)|attn_sink|ffn\.gate\.bias(_vl)?|\.ape)$")
 
 
+_EXPERT_FORMATS = {"fp4": "mxfp4", "fp8": "fp8", "bf16": "bf16"}
+
+
 def storage_format(name: str, expert_dtype: str = "fp4") -> str:
-    """On-disk format of a bare tensor name: ``fp8`` | ``mxfp4`` | ``bf16`` | ``f32`` | ``i64`` (§2, §5)."""
+    """On-disk format of a bare tensor name: ``fp8`` | ``mxfp4`` | ``bf16`` | ``f32`` | ``i64`` (§2, §5).
+
+    Routed experts follow ``expert_dtype``: ``fp4`` -> ``mxfp4``, ``fp8`` -> ``fp8``, ``bf16`` -> ``bf16``.
+    """
     if name.endswith("tid2eid"):
         return "i64"
     if re.search(r"ffn\.experts\.\d+\.w[123]\.weight$", name):
-        return "mxfp4" if expert_dtype == "fp4" else "fp8"
+        return _EXPERT_FORMATS.get(expert_dtype, "fp8")
     if _FP8_LEAVES.search(name) or name.endswith("engram.embed.weight"):
         return "fp8"
     if _F32.search(name):

@@ -4,7 +4,10 @@
 ``v41 generate [--model DIR] --prompt TEXT ...`` runs the reference model token by token and streams the
 completion (the embedded tiny V4.1 model when ``--model`` is left out); ``v41 --version`` prints the package
 version and how the Rust extension was built. Usage errors and bad inputs print ``v41: error: ...`` and
-exit with status 2.
+exit with status 2: bad arguments, a missing model directory, ``config.json`` or ``tokenizer.json``, a
+corrupt or inconsistent config (``ConfigError``), a broken checkpoint (``CheckpointError``: malformed index,
+missing/unexpected tensors, wrong shapes or dtypes, truncated shards) and other I/O errors. The library
+raises these as ``ValueError`` subclasses or ``OSError``.
 """
 
 from __future__ import annotations
@@ -169,6 +172,13 @@ def _stream(args: argparse.Namespace, model_dir: Path, tokenizer, out: TextIO) -
     out.flush()
 
 
+def _message(e: Exception) -> str:
+    """The user-facing text of an error: ``PATH: reason`` for OSErrors (no ``[Errno N]`` prefix)."""
+    if isinstance(e, OSError) and e.strerror and e.filename is not None:
+        return f"{e.filename}: {e.strerror}"
+    return str(e) or type(e).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``v41`` console script. Returns 0; exits with status 2 on errors."""
     args = _parser().parse_args(argv)
@@ -180,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _generate(args, out)
     except (CliError, ValueError, OSError) as e:
         out.flush()
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {_message(e)}", file=sys.stderr)
         raise SystemExit(2) from None
     except KeyboardInterrupt:
         out.flush()

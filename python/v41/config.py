@@ -12,13 +12,28 @@ Accepted spellings (v41-architecture.md §1.1, §1.2):
   transformers-normalized ones (``layer_types``, ``mlp_layer_types``, ``compress_rates``,
   ``rope_parameters`` with ``main``/``compress``, ``partial_rotary_factor``).
 
-Errors: :class:`ConfigError` (a ``ValueError``) whose message names the offending field.
+Every field is read through one typed reader (:func:`_get`): integers must be JSON integers (or integral
+floats such as ``64.0``; ``64.5`` and ``"64"`` are rejected, never truncated), floats must be finite numbers,
+booleans JSON booleans, id lists lists of integers.
+
+Defaults worth knowing: ``num_nextn_predict_layers`` is 0 unless the config gives it, for both archs and both
+V4 spellings (transformers' ``DeepseekV4Config`` default is 1, but its ``to_dict`` always writes the value, so
+only hand-written configs see the difference; it only decides how many trailing SWA entries a
+``layer_types``-derived ``compress_ratios`` gets). V4 layer types: taken from ``layer_types`` when present;
+from ``compress_ratios`` otherwise, where with two distinct nonzero rates the smaller is CSA and the larger
+HCA, and a single rate means HCA if it is 128 or more, else CSA.
+
+Errors: :class:`ConfigError` (a ``ValueError``) whose message names the offending field;
+:func:`load_config` also raises ``FileNotFoundError`` for a missing ``config.json`` and ConfigError naming
+the file for unreadable JSON.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import numbers
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -45,11 +60,14 @@ _REFERENCE_ALIASES = {
     "n_mtp_layers": "num_nextn_predict_layers",
     "dspark_n_activated_experts": "dspark_num_experts_per_tok",
 }
-_HF_LAYER_TYPE_RATIO_KEY = {
-    "sliding_attention": None,
-    "compressed_sparse_attention": "compressed_sparse_attention",
-    "heavily_compressed_attention": "heavily_compressed_attention",
+# transformers `layer_types` -> v41 attention type; default `compress_rates` (§1.2).
+_HF_LAYER_TYPES = {
+    "sliding_attention": "swa",
+    "compressed_sparse_attention": "csa",
+    "heavily_compressed_attention": "hca",
 }
+_HF_DEFAULT_COMPRESS_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+EXPERT_DTYPES = ("fp4", "fp8", "bf16")
 
 
 class ConfigError(ValueError):
@@ -74,8 +92,8 @@ class LayerPlan:
     V4.1: ``kv_src``/``idx_src`` are the layers whose compressed KV / top-k list this layer reads;
     ``owns_compressor`` (a KV source), ``is_index_source`` (runs an indexer), ``owns_index_keys`` (KV source:
     owns ``indexer.wk``), ``is_candidate_source``, ``uses_candidate_filter``.
-    V4: ``attn_type`` in {swa, csa, hca}; every compressed layer owns its compressor; CSA layers own an
-    indexer with its own compressor. ``hash_moe``: V4 hash-routed MoE layer.
+    V4: ``attn_type`` in {swa, csa, hca} (from ``ModelConfig.layer_types``); every compressed layer owns its
+    compressor; CSA layers own an indexer with its own compressor. ``hash_moe``: V4 hash-routed MoE layer.
     """
 
     layer_id: int
@@ -98,7 +116,9 @@ class ModelConfig:
     """Validated text-model config. Field names follow transformers; units are tokens unless stated.
 
     Build with :func:`load_config` / :meth:`from_dict`; never mutate. ``compress_ratios`` has one entry per
-    backbone layer followed by one per MTP/DSpark stage. ``plan`` is derived (see :class:`LayerPlan`).
+    backbone layer followed by one per MTP/DSpark stage. ``layer_types`` (V4 only, empty for V4.1): "swa" /
+    "csa" / "hca" per backbone layer, from HF ``layer_types`` or derived from ``compress_ratios`` (module
+    docstring). ``plan`` is derived (see :class:`LayerPlan`).
     """
 
     arch: str
@@ -141,6 +161,7 @@ class ModelConfig:
     expert_dtype: str = "fp4"
     # V4 only
     num_hash_layers: int = 0
+    layer_types: tuple[str, ...] = ()  # "swa" | "csa" | "hca" per backbone layer
     # V4.1 only
     kv_source_layer_ids: tuple[int, ...] = ()
     index_source_layer_ids: tuple[int, ...] = ()
@@ -194,21 +215,37 @@ def load_config(path: str | Path) -> ModelConfig:
     """Read ``config.json`` from a checkpoint directory (or the file itself) and validate it.
 
     ``generation_config.json`` beside it, when present, contributes its ``eos_token_id`` list (several EOS
-    ids are common). Raises :class:`ConfigError` or ``FileNotFoundError``.
+    ids are common). Raises ``FileNotFoundError`` naming the path when ``config.json`` is missing,
+    :class:`ConfigError` naming the file when it (or ``generation_config.json``) is not a JSON object, and
+    :class:`ConfigError` naming the field for bad contents.
     """
     path = Path(path)
     cfg_file = path / "config.json" if path.is_dir() else path
-    raw = json.loads(cfg_file.read_text())
+    if not cfg_file.is_file():
+        raise FileNotFoundError(errno.ENOENT, "model config not found", str(cfg_file))
+    raw = _read_json_object(cfg_file)
     gen_file = cfg_file.parent / "generation_config.json"
-    if gen_file.exists():
-        gen = json.loads(gen_file.read_text())
-        if "eos_token_id" in gen:
+    if gen_file.is_file():
+        gen = _read_json_object(gen_file)
+        if gen.get("eos_token_id") is not None:
             raw = {**raw, "_generation_eos_token_id": gen["eos_token_id"]}
     return ModelConfig.from_dict(raw)
 
 
+def _read_json_object(file: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 # --------------------------------------------------------------------------------------------------
 def _flatten(raw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: expected a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")
     if model_type not in (ARCH_V4, ARCH_V41):
         raise ConfigError(f"model_type: expected {ARCH_V4!r} or {ARCH_V41!r}, got {model_type!r}")
@@ -217,27 +254,70 @@ def _flatten(raw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if isinstance(text, dict):
         # Top-level token ids apply unless the text config repeats them.
         flat = {**{k: v for k, v in raw.items() if k != "text_config"}, **text}
+    elif text is not None:
+        raise ConfigError(f"text_config: expected an object, got {text!r}")
+    aliases = {}
     for ref_name, hf_name in _REFERENCE_ALIASES.items():
         if ref_name in flat and hf_name not in flat:
             flat[hf_name] = flat[ref_name]
+            aliases[hf_name] = ref_name
+    flat["_aliases"] = aliases
     return model_type, flat
 
 
-def _req(flat: dict[str, Any], name: str) -> Any:
-    if name not in flat or flat[name] is None:
-        raise ConfigError(f"{name}: required field missing")
-    return flat[name]
+_REQUIRED = object()
+_KIND_NAMES = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string",
+               list: "a list of integers", dict: "an object"}
+
+
+def _convert(value: Any, kind: type, name: str, note: str = "") -> Any:
+    """``value`` as ``kind`` (int, float, bool, str, dict, or list = tuple of ints), else ConfigError starting
+    with ``name``. Integral floats count as integers (``64.0``; ``64.5`` is rejected); bools are never numbers."""
+    ok = False
+    if kind is int:
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            value, ok = int(value), True
+        elif isinstance(value, float) and value.is_integer():
+            value, ok = int(value), True
+    elif kind is float:
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+            value, ok = float(value), True
+    elif kind is list:
+        if isinstance(value, (list, tuple)):
+            return tuple(_convert(x, int, f"{name}[{i}]", note) for i, x in enumerate(value))
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        raise ConfigError(f"{name}: expected {_KIND_NAMES[kind]}, got {value!r}" + (f" {note}" if note else ""))
+    return value
+
+
+def _get(flat: dict[str, Any], name: str, kind: type, default: Any = _REQUIRED) -> Any:
+    """The one typed field read: ``flat[name]`` converted to ``kind`` (see :func:`_convert`).
+
+    ``null`` counts as absent; an absent field gives ``default``, or ConfigError when it is required. Error
+    messages start with ``name`` (and mention the reference spelling when the config used it).
+    """
+    value = flat.get(name)
+    if value is None:
+        if default is _REQUIRED:
+            raise ConfigError(f"{name}: required field missing")
+        return default
+    alias = flat.get("_aliases", {}).get(name)
+    return _convert(value, kind, name, "" if alias is None else f"(given as {alias!r})")
 
 
 def _rope_scaling(flat: dict[str, Any]) -> RopeScaling | None:
     rp = flat.get("rope_parameters")
+    if rp is not None and not isinstance(rp, dict):
+        raise ConfigError(f"rope_parameters: expected an object, got {rp!r}")
     if isinstance(rp, dict) and isinstance(rp.get("compress"), dict):
         rs = rp["compress"]
         flat.setdefault("compress_rope_theta", rs.get("rope_theta"))
         if isinstance(rp.get("main"), dict):
             flat.setdefault("rope_theta", rp["main"].get("rope_theta"))
     else:
-        rs = flat.get("rope_scaling") or (rp if isinstance(rp, dict) else None)
+        rs = flat.get("rope_scaling") or rp
     if not rs and flat.get("rope_factor") is not None:
         # Official reference spelling (§1.1): flat rope_factor / original_seq_len / beta_fast / beta_slow.
         rs = {"rope_type": "yarn", "factor": flat["rope_factor"],
@@ -246,6 +326,8 @@ def _rope_scaling(flat: dict[str, Any]) -> RopeScaling | None:
             rs["original_max_position_embeddings"] = flat["original_seq_len"]
     if not rs:
         return None
+    if not isinstance(rs, dict):
+        raise ConfigError(f"rope_scaling: expected an object, got {rs!r}")
     kind = rs.get("rope_type", rs.get("type", "default"))
     if kind == "default":
         return None
@@ -253,129 +335,189 @@ def _rope_scaling(flat: dict[str, Any]) -> RopeScaling | None:
         raise ConfigError(f"rope_scaling.rope_type: only 'yarn' is supported, got {kind!r}")
     if rs.get("attention_factor", 1.0) not in (1, 1.0, None):
         raise ConfigError("rope_scaling.attention_factor: DeepSeek-V4/V4.1 use no mscale (must be 1.0)")
-    try:
-        return RopeScaling(
-            factor=float(rs["factor"]),
-            beta_fast=float(rs.get("beta_fast", 32)),
-            beta_slow=float(rs.get("beta_slow", 1)),
-            original_max_position_embeddings=int(rs["original_max_position_embeddings"]),
-        )
-    except KeyError as e:
-        raise ConfigError(f"rope_scaling.{e.args[0]}: required for yarn") from None
+    sub = {k: rs.get(k) for k in ("factor", "beta_fast", "beta_slow", "original_max_position_embeddings")}
+
+    def get(name: str, kind: type, default: Any = _REQUIRED) -> Any:
+        try:
+            return _get(sub, name, kind, default)
+        except ConfigError as e:
+            raise ConfigError(f"rope_scaling.{e}" + (" for yarn" if default is _REQUIRED and sub.get(name) is None
+                                                     else "")) from None
+
+    scaling = RopeScaling(factor=get("factor", float), beta_fast=get("beta_fast", float, 32.0),
+                          beta_slow=get("beta_slow", float, 1.0),
+                          original_max_position_embeddings=get("original_max_position_embeddings", int))
+    _check(scaling.factor > 0, "rope_scaling.factor", f"must be positive, got {scaling.factor}")
+    _check(scaling.original_max_position_embeddings > 0, "rope_scaling.original_max_position_embeddings",
+           f"must be positive, got {scaling.original_max_position_embeddings}")
+    return scaling
 
 
-def _v4_ratios(flat: dict[str, Any], n_layers: int) -> list[int]:
-    if "compress_ratios" in flat:
-        return [int(r) for r in flat["compress_ratios"]]
-    types = flat.get("layer_types")
-    if types is None:
-        raise ConfigError("compress_ratios: missing (and no layer_types to derive it from)")
-    rates = flat.get("compress_rates") or {
-        "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
-    out = []
-    for t in types:
-        if t not in _HF_LAYER_TYPE_RATIO_KEY:
-            raise ConfigError(f"layer_types: unknown layer type {t!r}")
-        key = _HF_LAYER_TYPE_RATIO_KEY[t]
-        out.append(0 if key is None else int(rates[key]))
-    return out + [0] * int(flat.get("num_nextn_predict_layers", 1))
+def _v4_types_from_ratios(backbone: tuple[int, ...]) -> tuple[str, ...]:
+    """V4 attention type per layer from bare ``compress_ratios``: with two distinct nonzero rates the smaller is
+    CSA and the larger HCA; a single rate is HCA when it is 128 or more (V4's HCA rate), else CSA."""
+    nonzero = sorted({r for r in backbone if r > 0})
+    _check(len(nonzero) <= 2, "compress_ratios", f"V4 has at most two compressed rates (CSA, HCA), got {nonzero}")
+    csa = min(nonzero) if len(nonzero) == 2 else (nonzero[0] if nonzero and nonzero[0] < 128 else None)
+    return tuple("swa" if r == 0 else ("csa" if r == csa else "hca") for r in backbone)
+
+
+def _v4_layers(flat: dict[str, Any], n_layers: int, n_mtp: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(compress_ratios, layer_types) of a V4 config from ``compress_ratios`` and/or HF ``layer_types``."""
+    ratios = _get(flat, "compress_ratios", list, None)
+    hf_types = flat.get("layer_types")
+    if hf_types is None:
+        if ratios is None:
+            raise ConfigError("compress_ratios: required field missing (and no layer_types to derive it from)")
+        _check(len(ratios) >= n_layers, "compress_ratios",
+               f"has {len(ratios)} entries, fewer than num_hidden_layers={n_layers}")
+        return ratios, _v4_types_from_ratios(ratios[:n_layers])
+    _check(isinstance(hf_types, (list, tuple)) and all(isinstance(t, str) for t in hf_types), "layer_types",
+           f"expected a list of strings, got {hf_types!r}")
+    _check(len(hf_types) >= n_layers, "layer_types",
+           f"has {len(hf_types)} entries, fewer than num_hidden_layers={n_layers}")
+    hf_types = list(hf_types[:n_layers])  # transformers keeps the first num_hidden_layers entries
+    for t in hf_types:
+        _check(t in _HF_LAYER_TYPES, "layer_types", f"unknown layer type {t!r}")
+    rates_raw = _get(flat, "compress_rates", dict, {})
+    rates = {**_HF_DEFAULT_COMPRESS_RATES}
+    for key, value in rates_raw.items():
+        _check(key in _HF_DEFAULT_COMPRESS_RATES, "compress_rates", f"unknown layer type {key!r}")
+        rates[key] = _convert(value, int, f"compress_rates.{key}")
+        _check(rates[key] > 0, f"compress_rates.{key}", f"must be positive, got {rates[key]}")
+    derived = tuple(0 if t == "sliding_attention" else rates[t] for t in hf_types)
+    if ratios is None:
+        ratios = derived + (0,) * n_mtp
+    else:
+        _check(len(ratios) >= n_layers, "compress_ratios",
+               f"has {len(ratios)} entries, fewer than num_hidden_layers={n_layers}")
+        for i, (r, d) in enumerate(zip(ratios, derived)):
+            _check(r == d, "layer_types", f"layer {i} is {hf_types[i]} (rate {d}) but compress_ratios says {r}")
+    return ratios, tuple(_HF_LAYER_TYPES[t] for t in hf_types)
+
+
+def _v4_hash_layers(flat: dict[str, Any], n_layers: int) -> int:
+    mlp_types = flat.get("mlp_layer_types")
+    if mlp_types is None:
+        return _get(flat, "num_hash_layers", int, 3)
+    _check(isinstance(mlp_types, (list, tuple)) and all(t in ("hash_moe", "moe") for t in mlp_types),
+           "mlp_layer_types", f"expected a list of 'hash_moe' / 'moe', got {mlp_types!r}")
+    _check(len(mlp_types) >= n_layers, "mlp_layer_types",
+           f"has {len(mlp_types)} entries, fewer than num_hidden_layers={n_layers}")
+    mlp_types = list(mlp_types[:n_layers])
+    n_hash = sum(t == "hash_moe" for t in mlp_types)
+    _check(mlp_types == ["hash_moe"] * n_hash + ["moe"] * (n_layers - n_hash), "mlp_layer_types",
+           "hash_moe layers must come first")
+    return n_hash
 
 
 def _eos_ids(flat: dict[str, Any]) -> tuple[int, ...]:
-    eos = flat.get("_generation_eos_token_id", flat.get("eos_token_id", 1))
-    ids = [eos] if isinstance(eos, int) else list(eos)
-    return tuple(dict.fromkeys(int(i) for i in ids))
+    if flat.get("_generation_eos_token_id") is not None:
+        eos, note = flat["_generation_eos_token_id"], "(in generation_config.json)"
+    else:
+        eos, note = flat.get("eos_token_id", 1), ""
+    if eos is None:
+        eos = 1
+    ids = _convert(eos, list if isinstance(eos, (list, tuple)) else int, "eos_token_id", note)
+    ids = (ids,) if isinstance(ids, int) else ids
+    _check(len(ids) > 0, "eos_token_id", "must not be an empty list")
+    return tuple(dict.fromkeys(ids))
 
 
 def _parse(raw: dict[str, Any]) -> ModelConfig:
     arch, flat = _flatten(raw)
-    n_layers = int(_req(flat, "num_hidden_layers"))
-    head_dim = int(_req(flat, "head_dim"))
-    if "qk_rope_head_dim" in flat:
-        rope_dim = int(flat["qk_rope_head_dim"])
-    elif flat.get("partial_rotary_factor"):
-        rope_dim = int(round(head_dim * float(flat["partial_rotary_factor"])))
+
+    def get(name: str, kind: type, default: Any = _REQUIRED) -> Any:
+        return _get(flat, name, kind, default)
+
+    n_layers = get("num_hidden_layers", int)
+    head_dim = get("head_dim", int)
+    if flat.get("qk_rope_head_dim") is not None:
+        rope_dim = get("qk_rope_head_dim", int)
+    elif flat.get("partial_rotary_factor") is not None:
+        prf = get("partial_rotary_factor", float)
+        rope_dim = round(head_dim * prf)
+        _check(abs(head_dim * prf - rope_dim) < 1e-6, "partial_rotary_factor",
+               f"head_dim={head_dim} x {prf} is not a whole number of dims")
     else:
         rope_dim = 64
+    kv_heads = get("num_key_value_heads", int, 1)
+    _check(kv_heads == 1, "num_key_value_heads", f"DeepSeek-V4/V4.1 attention is MQA (1), got {kv_heads}")
     rope_scaling = _rope_scaling(flat)
-    quant = flat.get("quantization_config") or {}
-    block = tuple(int(b) for b in quant.get("weight_block_size", (128, 128)))
-    expert_dtype = quant.get("expert_dtype", flat.get("expert_dtype", "fp4"))
-    n_mtp = int(flat.get("num_nextn_predict_layers", 0))
+    quant = get("quantization_config", dict, {})
+    block = _get(quant, "weight_block_size", list, (128, 128))
+    _check(len(block) == 2 and all(b > 0 for b in block), "weight_block_size",
+           f"expected two positive integers [rows, cols], got {list(block)}")
+    expert_dtype = _get(quant, "expert_dtype", str, None) or get("expert_dtype", str, "fp4")
+    n_mtp = get("num_nextn_predict_layers", int, 0)
     if arch == ARCH_V4:
-        ratios = _v4_ratios(flat, n_layers)
-        mlp_types = flat.get("mlp_layer_types")
-        n_hash = (sum(t == "hash_moe" for t in mlp_types) if mlp_types is not None
-                  else int(flat.get("num_hash_layers", 3)))
-        if mlp_types is not None and list(mlp_types) != ["hash_moe"] * n_hash + ["moe"] * (n_layers - n_hash):
-            raise ConfigError("mlp_layer_types: hash_moe layers must come first")
+        ratios, layer_types = _v4_layers(flat, n_layers, n_mtp)
+        n_hash = _v4_hash_layers(flat, n_layers)
     else:
-        ratios = [int(r) for r in _req(flat, "compress_ratios")]
+        ratios, layer_types = get("compress_ratios", list), ()
         n_hash = 0
-
-    def ints(name: str) -> tuple[int, ...]:
-        return tuple(int(x) for x in flat.get(name, ()) or ())
 
     cfg = ModelConfig(
         arch=arch,
-        vocab_size=int(_req(flat, "vocab_size")),
-        hidden_size=int(_req(flat, "hidden_size")),
-        moe_intermediate_size=int(_req(flat, "moe_intermediate_size")),
+        vocab_size=get("vocab_size", int),
+        hidden_size=get("hidden_size", int),
+        moe_intermediate_size=get("moe_intermediate_size", int),
         num_hidden_layers=n_layers,
-        num_attention_heads=int(_req(flat, "num_attention_heads")),
+        num_attention_heads=get("num_attention_heads", int),
         head_dim=head_dim,
         qk_rope_head_dim=rope_dim,
-        q_lora_rank=int(_req(flat, "q_lora_rank")),
-        o_lora_rank=int(_req(flat, "o_lora_rank")),
-        o_groups=int(_req(flat, "o_groups")),
-        n_routed_experts=int(_req(flat, "n_routed_experts")),
-        n_shared_experts=int(flat.get("n_shared_experts", 1)),
-        num_experts_per_tok=int(_req(flat, "num_experts_per_tok")),
-        scoring_func=str(flat.get("scoring_func", "sqrtsoftplus")),
-        norm_topk_prob=bool(flat.get("norm_topk_prob", True)),
-        routed_scaling_factor=float(flat.get("routed_scaling_factor", 1.5)),
-        swiglu_limit=float(flat.get("swiglu_limit", 10.0)),
-        rms_norm_eps=float(flat.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(flat.get("rope_theta", 10000.0)),
-        compress_rope_theta=float(flat.get("compress_rope_theta", 160000.0)),
+        q_lora_rank=get("q_lora_rank", int),
+        o_lora_rank=get("o_lora_rank", int),
+        o_groups=get("o_groups", int),
+        n_routed_experts=get("n_routed_experts", int),
+        n_shared_experts=get("n_shared_experts", int, 1),
+        num_experts_per_tok=get("num_experts_per_tok", int),
+        scoring_func=get("scoring_func", str, "sqrtsoftplus"),
+        norm_topk_prob=get("norm_topk_prob", bool, True),
+        routed_scaling_factor=get("routed_scaling_factor", float, 1.5),
+        swiglu_limit=get("swiglu_limit", float, 10.0),
+        rms_norm_eps=get("rms_norm_eps", float, 1e-6),
+        rope_theta=get("rope_theta", float, 10000.0),
+        compress_rope_theta=get("compress_rope_theta", float, 160000.0),
         rope_scaling=rope_scaling,
-        sliding_window=int(_req(flat, "sliding_window")),
-        compress_ratios=tuple(ratios),
-        hc_mult=int(flat.get("hc_mult", 4)),
-        hc_sinkhorn_iters=int(flat.get("hc_sinkhorn_iters", 20)),
-        hc_eps=float(flat.get("hc_eps", 1e-6)),
-        index_n_heads=int(flat.get("index_n_heads", 64)),
-        index_head_dim=int(flat.get("index_head_dim", 128)),
-        index_topk=int(flat.get("index_topk", 512)),
-        max_position_embeddings=int(flat.get("max_position_embeddings", 1 << 20)),
-        bos_token_id=int(flat.get("bos_token_id", 0)),
+        sliding_window=get("sliding_window", int),
+        compress_ratios=ratios,
+        hc_mult=get("hc_mult", int, 4),
+        hc_sinkhorn_iters=get("hc_sinkhorn_iters", int, 20),
+        hc_eps=get("hc_eps", float, 1e-6),
+        index_n_heads=get("index_n_heads", int, 64),
+        index_head_dim=get("index_head_dim", int, 128),
+        index_topk=get("index_topk", int, 512),
+        max_position_embeddings=get("max_position_embeddings", int, 1 << 20),
+        bos_token_id=get("bos_token_id", int, 0),
         eos_token_ids=_eos_ids(flat),
-        pad_token_id=None if flat.get("pad_token_id") is None else int(flat["pad_token_id"]),
-        gate_temp=float(flat.get("gate_temp", 1.0)),
+        pad_token_id=get("pad_token_id", int, None),
+        gate_temp=get("gate_temp", float, 1.0),
         num_nextn_predict_layers=n_mtp,
         weight_block_size=(block[0], block[1]),
-        expert_dtype=str(expert_dtype),
+        expert_dtype=expert_dtype,
         num_hash_layers=n_hash,
-        kv_source_layer_ids=ints("kv_source_layer_ids"),
-        index_source_layer_ids=ints("index_source_layer_ids"),
-        candidate_source_layer_id=int(flat.get("candidate_source_layer_id", -1)),
-        candidate_topk_blocks=int(flat.get("candidate_topk_blocks", 0)),
-        candidate_block_size=int(flat.get("candidate_block_size", 1)),
-        engram_layer_ids=ints("engram_layer_ids"),
-        engram_num_embeddings=ints("engram_num_embeddings"),
-        engram_max_ngram_size=int(flat.get("engram_max_ngram_size", 0)),
-        engram_vocab_size=int(flat.get("engram_vocab_size", 0)),
-        engram_n_heads=int(flat.get("engram_n_heads", 0)),
-        engram_head_dim=int(flat.get("engram_head_dim", 0)),
-        engram_pad_token_id=int(flat.get("engram_pad_token_id", 2)),
-        engram_compressed_vocab_size=int(flat.get("engram_compressed_vocab_size", 0)),
-        dspark_block_size=int(flat.get("dspark_block_size", 0)),
-        dspark_noise_token_id=int(flat.get("dspark_noise_token_id", -1)),
-        dspark_target_layer_ids=ints("dspark_target_layer_ids"),
-        dspark_markov_rank=int(flat.get("dspark_markov_rank", 0)),
-        dspark_n_routed_experts=int(flat.get("dspark_n_routed_experts", 0)),
-        dspark_num_experts_per_tok=int(flat.get("dspark_num_experts_per_tok", 0)),
-        image_token_id=flat.get("image_token_id"),
+        layer_types=layer_types,
+        kv_source_layer_ids=get("kv_source_layer_ids", list, ()),
+        index_source_layer_ids=get("index_source_layer_ids", list, ()),
+        candidate_source_layer_id=get("candidate_source_layer_id", int, -1),
+        candidate_topk_blocks=get("candidate_topk_blocks", int, 0),
+        candidate_block_size=get("candidate_block_size", int, 1),
+        engram_layer_ids=get("engram_layer_ids", list, ()),
+        engram_num_embeddings=get("engram_num_embeddings", list, ()),
+        engram_max_ngram_size=get("engram_max_ngram_size", int, 0),
+        engram_vocab_size=get("engram_vocab_size", int, 0),
+        engram_n_heads=get("engram_n_heads", int, 0),
+        engram_head_dim=get("engram_head_dim", int, 0),
+        engram_pad_token_id=get("engram_pad_token_id", int, 2),
+        engram_compressed_vocab_size=get("engram_compressed_vocab_size", int, 0),
+        dspark_block_size=get("dspark_block_size", int, 0),
+        dspark_noise_token_id=get("dspark_noise_token_id", int, -1),
+        dspark_target_layer_ids=get("dspark_target_layer_ids", list, ()),
+        dspark_markov_rank=get("dspark_markov_rank", int, 0),
+        dspark_n_routed_experts=get("dspark_n_routed_experts", int, 0),
+        dspark_num_experts_per_tok=get("dspark_num_experts_per_tok", int, 0),
+        image_token_id=get("image_token_id", int, None),
     )
     _validate_common(cfg)
     plan = _plan_v41(cfg) if cfg.is_v41 else _plan_v4(cfg)
@@ -388,12 +530,21 @@ def _check(cond: bool, name: str, msg: str) -> None:
         raise ConfigError(f"{name}: {msg}")
 
 
+def _check_token_id(c: ModelConfig, name: str, value: int) -> None:
+    _check(0 <= value < c.vocab_size, name, f"{value} outside the vocabulary [0, vocab_size={c.vocab_size})")
+
+
 def _validate_common(c: ModelConfig) -> None:
     for f in ("vocab_size", "hidden_size", "moe_intermediate_size", "num_hidden_layers",
               "num_attention_heads", "head_dim", "q_lora_rank", "o_lora_rank", "o_groups",
-              "n_routed_experts", "num_experts_per_tok", "sliding_window", "hc_mult", "hc_sinkhorn_iters"):
+              "n_routed_experts", "num_experts_per_tok", "sliding_window", "hc_mult", "hc_sinkhorn_iters",
+              "index_n_heads", "index_head_dim"):
         _check(getattr(c, f) > 0, f, f"must be positive, got {getattr(c, f)}")
+    _check(c.num_nextn_predict_layers >= 0, "num_nextn_predict_layers",
+           f"must not be negative, got {c.num_nextn_predict_layers}")
     _check(c.scoring_func == "sqrtsoftplus", "scoring_func", f"only sqrtsoftplus is supported, got {c.scoring_func!r}")
+    _check(c.expert_dtype in EXPERT_DTYPES, "expert_dtype", f"expected one of {EXPERT_DTYPES}, got {c.expert_dtype!r}")
+    _check(c.head_dim % 2 == 0, "head_dim", f"must be even, got {c.head_dim}")
     _check(0 < c.qk_rope_head_dim <= c.head_dim and c.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim",
            f"must be even and in (0, head_dim={c.head_dim}], got {c.qk_rope_head_dim}")
     _check(c.num_attention_heads % c.o_groups == 0, "o_groups",
@@ -403,22 +554,28 @@ def _validate_common(c: ModelConfig) -> None:
     _check(c.n_shared_experts in (0, 1), "n_shared_experts", f"0 or 1 supported, got {c.n_shared_experts}")
     _check(len(c.compress_ratios) >= c.num_hidden_layers, "compress_ratios",
            f"has {len(c.compress_ratios)} entries, fewer than num_hidden_layers={c.num_hidden_layers}")
+    _check(all(r >= 0 for r in c.compress_ratios), "compress_ratios",
+           f"ratios must not be negative, got {list(c.compress_ratios)}")
     _check(c.index_head_dim >= c.qk_rope_head_dim, "index_head_dim",
            f"{c.index_head_dim} is smaller than qk_rope_head_dim={c.qk_rope_head_dim}")
     _check(c.gate_temp > 0, "gate_temp", f"must be positive, got {c.gate_temp}")
     _check(c.index_topk > 0, "index_topk", f"must be positive, got {c.index_topk}")
+    _check_token_id(c, "bos_token_id", c.bos_token_id)
+    for eos in c.eos_token_ids:
+        _check_token_id(c, "eos_token_id", eos)
+    if c.pad_token_id is not None:
+        _check_token_id(c, "pad_token_id", c.pad_token_id)
+    _check_token_id(c, "engram_pad_token_id", c.engram_pad_token_id)
+    if c.has_dspark or c.dspark_noise_token_id != -1:
+        _check_token_id(c, "dspark_noise_token_id", c.dspark_noise_token_id)
 
 
 def _plan_v4(c: ModelConfig) -> list[LayerPlan]:
     _check(c.num_hash_layers <= c.num_hidden_layers, "num_hash_layers",
            f"{c.num_hash_layers} exceeds num_hidden_layers={c.num_hidden_layers}")
-    backbone = c.compress_ratios[: c.num_hidden_layers]
-    nonzero = sorted({r for r in backbone if r > 0})
-    _check(len(nonzero) <= 2, "compress_ratios", f"V4 has at most two compressed rates (CSA, HCA), got {nonzero}")
-    csa = min(nonzero) if len(nonzero) == 2 else (nonzero[0] if nonzero and nonzero[0] < 128 else None)
+    _check(c.num_hash_layers >= 0, "num_hash_layers", f"must not be negative, got {c.num_hash_layers}")
     plan = []
-    for i, r in enumerate(backbone):
-        kind = "swa" if r == 0 else ("csa" if r == csa else "hca")
+    for i, (r, kind) in enumerate(zip(c.compress_ratios[: c.num_hidden_layers], c.layer_types)):
         plan.append(LayerPlan(layer_id=i, ratio=r, attn_type=kind, owns_compressor=r > 0,
                               is_index_source=kind == "csa", owns_index_keys=kind == "csa",
                               kv_src=i if r > 0 else None, idx_src=i if kind == "csa" else None,
@@ -441,6 +598,13 @@ def _plan_v41(c: ModelConfig) -> list[LayerPlan]:
     if cand != -1:
         _check(c.candidate_topk_blocks > 0 and c.candidate_block_size > 0, "candidate_topk_blocks",
                "candidate_topk_blocks and candidate_block_size must be positive with a candidate source")
+        # §3.7: the kept blocks must always hold index_topk reachable positions, counting the pinned newest
+        # block as a single entry; else a filtered layer's top-k would pick masked (-inf) positions.
+        kept = c.candidate_topk_blocks * c.candidate_block_size - (c.candidate_block_size - 1)
+        _check(kept >= c.index_topk, "candidate_topk_blocks",
+               f"candidate_topk_blocks={c.candidate_topk_blocks} x candidate_block_size={c.candidate_block_size} "
+               f"guarantees only {kept} positions (the pinned newest block may hold one), fewer than "
+               f"index_topk={c.index_topk}")
     plan = []
     for i in range(n):
         r = c.compress_ratios[i]

@@ -60,6 +60,7 @@ class EngineCore:
         self.seqs: dict[int, Sequence] = {}
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count(1)
+        self._deferred: dict[int, list[Sequence]] = {}
         log.info("engine ready: %d blocks of %d tokens per kind, kinds %s", num_blocks, layout.block_tokens,
                  [k.name for k in layout.kinds])
 
@@ -90,27 +91,32 @@ class EngineCore:
         if max_tokens > room:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
                              f"({self.max_model_len})")
-        seqs = []
+        seqs: list[Sequence] = []
         try:
             for i in range(params.n):
                 p = params if params.n == 1 else params.child(i)
                 sid = next(self._ids)
                 # Prompt logprobs need every prompt position computed: no prefix hit for such sequences.
                 salt = f"\x00prompt-logprobs-{sid}" if p.prompt_logprobs is not None else None
-                self.scheduler.add_request(sid, ids, max_tokens, cache_salt=salt)
+                if i == 0 or not self.args.enable_prefix_caching:
+                    self.scheduler.add_request(sid, ids, max_tokens, cache_salt=salt)
                 seqs.append(Sequence(
                     request_id=request_id, index=i, seq_id=sid, prompt=prompt, prompt_token_ids=ids, params=p,
                     sampling=SamplingState.create(p, ids, self.args.device),
                     detok=IncrementalDetokenizer(self.tokenizer, ids, p.skip_special_tokens, p.stop_strings,
                                                  p.include_stop_str_in_output),
                     prompt_logprobs=[] if p.prompt_logprobs is not None else None,
-                    logprobs=[] if p.logprobs is not None else None))
+                    logprobs=[] if p.logprobs is not None else None, max_tokens=max_tokens, salt=salt))
         except ValueError:
             for s in seqs:
-                self.scheduler.abort_request(s.seq_id)
+                if s.seq_id in self.scheduler:
+                    self.scheduler.abort_request(s.seq_id)
             raise
         self.requests[request_id] = seqs
         self.seqs.update({s.seq_id: s for s in seqs})
+        # n > 1 with prefix caching: the other completions start once the first has computed the prompt,
+        # so they reuse its cached prefix blocks instead of prefilling it again.
+        self._deferred.update({seqs[0].seq_id: [s for s in seqs[1:] if s.seq_id not in self.scheduler]})
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """End a request now (finish reason ``abort``); returns its terminal output, None if unknown."""
@@ -118,6 +124,7 @@ class EngineCore:
         if seqs is None:
             return None
         for s in seqs:
+            self._deferred.pop(s.seq_id, None)
             if not s.finished:
                 s.finish_reason = "abort"
                 if s.seq_id in self.scheduler:
@@ -171,6 +178,11 @@ class EngineCore:
         for seq in finished_now:
             if seq.seq_id in self.scheduler:
                 self.scheduler.finish_request(seq.seq_id)
+        for _, seq in sampling:
+            for child in self._deferred.pop(seq.seq_id, []):
+                if not child.finished:
+                    self.scheduler.add_request(child.seq_id, child.prompt_token_ids, child.max_tokens,
+                                               cache_salt=child.salt)
         return touched
 
     def _batch(self, plan, seqs: list[Sequence]):
@@ -229,8 +241,7 @@ class EngineCore:
             _, hit = seq.detok.push([tok])
             if hit is not None:
                 seq.finish_reason, seq.stop_reason = "stop", hit
-        max_tokens = p.max_tokens if p.max_tokens is not None else self.max_model_len - len(seq.prompt_token_ids)
-        if not seq.finished and len(seq.output_token_ids) >= max_tokens:
+        if not seq.finished and len(seq.output_token_ids) >= seq.max_tokens:
             seq.finish_reason = "length"
         if seq.finished:
             seq.detok.flush()

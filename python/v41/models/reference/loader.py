@@ -2,37 +2,45 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import torch
 
 from ...checkpoint import load_into
 from ...config import ModelConfig, load_config
-from ..engram_hash import EngramHasher, build_compressed_token_map
+from ..engram_hash import EngramHasher, build_compressed_token_map, compressed_vocab_size
 from .model import Transformer
 
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 
 
-def engram_hasher(cfg: ModelConfig, tokenizer_path: str | Path) -> EngramHasher | None:
+def engram_hasher(cfg: ModelConfig, tokenizer_path: str | Path | None) -> EngramHasher | None:
     """The Engram row hasher for ``cfg`` from the checkpoint's ``tokenizer.json`` (None without Engram).
-    Raises ValueError naming ``engram_compressed_vocab_size`` if the tokenizer disagrees with the config."""
+
+    Raises FileNotFoundError naming ``tokenizer.json`` when it is missing, ValueError naming the file when the
+    tokenizers library cannot read it, and ValueError naming ``engram_compressed_vocab_size`` /
+    ``engram_num_embeddings`` if the tokenizer or the prime rule disagrees with the config
+    (:meth:`EngramHasher.from_config`)."""
     if not cfg.engram_layer_ids:
         return None
+    if tokenizer_path is None or not Path(tokenizer_path).is_file():
+        raise FileNotFoundError(errno.ENOENT, "the Engram layers need the checkpoint's tokenizer.json, not found",
+                                str(tokenizer_path))
     from tokenizers import Tokenizer
 
-    token_map = build_compressed_token_map(Tokenizer.from_file(str(tokenizer_path)))
-    size = int(token_map.max()) + 1
-    if cfg.engram_compressed_vocab_size and size != cfg.engram_compressed_vocab_size:
-        raise ValueError(f"engram_compressed_vocab_size: config says {cfg.engram_compressed_vocab_size}, "
-                         f"the tokenizer's compressed map has {size} entries")
-    hasher = EngramHasher(cfg.engram_layer_ids, token_map, cfg.engram_max_ngram_size, cfg.engram_n_heads,
-                          cfg.engram_vocab_size, size, cfg.engram_pad_token_id)
-    rows = tuple(hasher.table_rows[i] for i in cfg.engram_layer_ids)
-    if cfg.engram_num_embeddings and rows != cfg.engram_num_embeddings:
-        raise ValueError(f"engram_num_embeddings: config says {list(cfg.engram_num_embeddings)}, "
-                         f"the prime rule gives {list(rows)}")
-    return hasher
+    try:
+        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    except Exception as e:  # the tokenizers library raises a bare Exception for a malformed file
+        raise ValueError(f"{tokenizer_path}: cannot read the tokenizer ({e})") from None
+    token_map = build_compressed_token_map(tokenizer)
+    spec = {name: getattr(cfg, name) for name in (
+        "engram_layer_ids", "engram_max_ngram_size", "engram_n_heads", "engram_vocab_size", "engram_pad_token_id")}
+    # 0 = not given in the config: take the tokenizer's size (nothing to cross-check)
+    spec["engram_compressed_vocab_size"] = cfg.engram_compressed_vocab_size or compressed_vocab_size(token_map)
+    if cfg.engram_num_embeddings:
+        spec["engram_num_embeddings"] = list(cfg.engram_num_embeddings)
+    return EngramHasher.from_config(spec, token_map)
 
 
 def build(cfg: ModelConfig, tokenizer_path: str | Path | None, dtype: torch.dtype = torch.float32,
@@ -50,7 +58,8 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str | tor
 
     dtype: compute dtype, float32 or float64 (weights are dequantized into it once). numerics: ``exact`` or
     ``deployed`` (DESIGN.md §4). Raises ValueError (ConfigError, CheckpointError) for bad configs or
-    checkpoints, FileNotFoundError for a missing directory.
+    checkpoints, FileNotFoundError for a missing directory, ``config.json`` or (V4.1 with Engram layers)
+    ``tokenizer.json``.
     """
     path = Path(path)
     if not path.is_dir():
