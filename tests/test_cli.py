@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import v41
-from v41.cli import _Detokenizer, main
+from v41.cli import main
 from v41.testing.embedded import MARKER, embedded_model_dir
 from v41.testing.tiny import GENERATOR_VERSION
 from v41.testing.tokenizer_files import TOKENIZER_DIR, load_tiny_tokenizer
@@ -182,16 +182,6 @@ def test_bad_config_field_exits_2_naming_the_field(capsys, broken_copy):
 
 
 # -- incremental detokenization ---------------------------------------------------------------------------
-def test_detokenizer_holds_back_partial_utf8():
-    tok = load_tiny_tokenizer()
-    text = " naïve 😀 今天 façade 👨‍👩‍👧"
-    ids = tok.encode(text, add_special_tokens=False).ids
-    detok = _Detokenizer(tok)
-    pieces = [detok.push(i) for i in ids]
-    assert not any(p.endswith("\ufffd") for p in pieces)
-    assert "".join(pieces) + detok.finish() == tok.decode(ids) == text
-
-
 # -- embedded model ---------------------------------------------------------------------------------------
 def test_embedded_model_dir_created_once(tmp_path, monkeypatch):
     monkeypatch.setenv("V41_CACHE_DIR", str(tmp_path))

@@ -1,8 +1,8 @@
 """The ``v41`` command line.
 
 ``v41 init-tiny DIR --arch deepseek_v41|deepseek_v4 [--seed N]`` writes a tiny random checkpoint;
-``v41 generate [--model DIR] --prompt TEXT ...`` runs the reference model token by token and streams the
-completion (the embedded tiny V4.1 model when ``--model`` is left out); ``v41 --version`` prints the package
+``v41 generate [--model DIR] --prompt TEXT ...`` runs the engine (Rust scheduler, paged cache, sampler) and
+streams the completion (the embedded tiny V4.1 model when ``--model`` is left out); ``v41 --version`` prints the package
 version and how the Rust extension was built. Usage errors and bad inputs print ``v41: error: ...`` and
 exit with status 2: bad arguments, a missing model directory, ``config.json`` or ``tokenizer.json``, a
 corrupt or inconsistent config (``ConfigError``), a broken checkpoint (``CheckpointError``: malformed index,
@@ -56,20 +56,19 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--arch", choices=ARCHES, default="deepseek_v41")
     s.add_argument("--seed", type=int, default=0, metavar="N", help="weight seed (default 0)")
 
-    g = sub.add_parser("generate", help="generate a completion with the reference model")
+    g = sub.add_parser("generate", help="generate a completion with the engine")
     g.add_argument("--model", metavar="DIR", default=None,
                    help="checkpoint directory (default: the embedded tiny V4.1 model, random weights)")
     g.add_argument("--prompt", required=True, metavar="TEXT", help="prompt text (raw, no chat template)")
     g.add_argument("--max-tokens", type=int, default=64, metavar="N", help="maximum number of new tokens (default 64)")
     g.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                   help="sampling temperature: sample softmax(logits / T) (Gumbel-max, the reference rule); "
-                        "0 = greedy argmax (default)")
+                   help="sampling temperature: sample softmax(logits / T); 0 = greedy argmax (default)")
     g.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
     g.add_argument("--numerics", choices=NUMERICS, default="exact")
     g.add_argument("--dtype", choices=DTYPES, default="float32")
     g.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="CPU threads for torch (default 1: the reference model's small unbatched ops run "
-                        "fastest single-threaded)")
+                   help="CPU threads for torch (default 1: the tiny model's small ops run fastest "
+                        "single-threaded)")
     return p
 
 
@@ -78,32 +77,6 @@ def _init_tiny(args: argparse.Namespace, out: TextIO) -> None:
 
     path = make_tiny(Path(args.dir), args.arch, seed=args.seed)
     print(path, file=out)
-
-
-class _Detokenizer:
-    """Incremental detokenization: decode everything generated so far and emit only the new suffix, holding
-    back text that ends in U+FFFD (an incomplete UTF-8 sequence that later tokens may finish)."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.ids, self.emitted = tokenizer, [], ""
-
-    def _decode(self) -> str:
-        return self.tokenizer.decode(self.ids, skip_special_tokens=False)
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        text = self._decode()
-        if text.endswith("\ufffd"):
-            return ""
-        return self._take(text)
-
-    def finish(self) -> str:
-        return self._take(self._decode()) if self.ids else ""
-
-    def _take(self, text: str) -> str:
-        new = text[len(self.emitted):]  # byte-level decoding keeps emitted text a prefix of later text
-        self.emitted = text
-        return new
 
 
 def _generate(args: argparse.Namespace, out: TextIO) -> None:
@@ -143,32 +116,27 @@ def _generate(args: argparse.Namespace, out: TextIO) -> None:
 
 
 def _stream(args: argparse.Namespace, model_dir: Path, tokenizer, out: TextIO) -> None:
-    """Load the model, then sample and print the completion token by token."""
-    import torch
+    """Run one request through the engine (paged cache, Rust scheduler, sampler) and print the completion
+    as the detokenizer releases it."""
+    from .engine.args import EngineArgs
+    from .engine.core import EngineCore
+    from .engine.llm import encode_prompt
+    from .engine.params import SamplingParams
 
-    from .models.reference import load
-    from .models.reference.dspark import sample_logits
-
-    model = load(model_dir, dtype=getattr(torch, args.dtype), numerics=args.numerics)
-    cfg = model.cfg
-
-    prompt_ids = [cfg.bos_token_id] + tokenizer.encode(args.prompt, add_special_tokens=False).ids
-    eos = set(cfg.eos_token_ids)
-    gen = torch.Generator().manual_seed(args.seed)
-    detok = _Detokenizer(tokenizer)
-    cache = model.new_cache()
-    logits = model.forward_chunk(torch.tensor(prompt_ids, dtype=torch.int64), cache)
-    for i in range(args.max_tokens):
-        token = sample_logits(logits[-1], args.temperature, gen)
-        if token in eos:
-            break
-        piece = detok.push(token)
-        if piece:
-            out.write(piece)
-            out.flush()
-        if i + 1 < args.max_tokens:
-            logits = model.forward_chunk(torch.tensor([token], dtype=torch.int64), cache)
-    out.write(detok.finish() + "\n")
+    core = EngineCore(EngineArgs(model=str(model_dir), dtype=args.dtype, numerics=args.numerics, seed=args.seed,
+                                 max_num_seqs=1, kv_cache_bytes=64 << 20))
+    text, ids = encode_prompt(core, args.prompt)
+    params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
+    core.add_request("cli", ids, params, prompt=text)
+    shown = 0
+    while core.has_unfinished():
+        for res in core.step():
+            new = res.outputs[0].text[shown:]
+            if new:
+                out.write(new)
+                out.flush()
+                shown += len(new)
+    out.write("\n")
     out.flush()
 
 
