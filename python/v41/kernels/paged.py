@@ -24,6 +24,8 @@ def gather_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 def block_slots(block_table: torch.Tensor, index: torch.Tensor, rows_per_block: int) -> torch.Tensor:
     """Flat slots of logical rows ``index`` [R, K] (−1 = none) through ``block_table`` [R, max_blocks]
     (−1 = no block) → [R, K] int64, −1 where the row or its block is absent."""
+    if block_table.shape[1] == 0:
+        return torch.full_like(index, -1)
     blk = torch.div(index.clamp(min=0), rows_per_block, rounding_mode="floor")
     inside = (index >= 0) & (blk < block_table.shape[1])
     phys = torch.gather(block_table, 1, blk.clamp(max=block_table.shape[1] - 1))
