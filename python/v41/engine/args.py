@@ -21,6 +21,7 @@ class EngineArgs:
     PyTorch path (float32 | float64). num_kv_blocks: override the block count per kind (tests, tuning).
     numerics: exact | deployed (DESIGN.md §4). index_scratch_bytes: cap on
     an indexer's score scratch. seed: seed of the shared generator of unseeded sampled requests.
+    load_format: ``auto`` (safetensors) or ``dummy`` (random weights made on the device; benchmarks).
     """
 
     model: str
@@ -38,6 +39,7 @@ class EngineArgs:
     numerics: str = "exact"
     index_scratch_bytes: int = 64 << 20
     seed: int | None = 0
+    load_format: str = "auto"
 
     def torch_dtype(self) -> torch.dtype:
         """The compute dtype. Raises ValueError for an unsupported name."""

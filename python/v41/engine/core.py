@@ -42,7 +42,8 @@ class EngineCore:
         args.validate()
         self.args = args
         dtype = args.torch_dtype()
-        self.model = load(args.model, dtype=dtype, device=args.device, numerics=args.numerics)
+        self.model = load(args.model, dtype=dtype, device=args.device, numerics=args.numerics,
+                          load_format=args.load_format)
         self.cfg = self.model.cfg
         self.tokenizer = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
         self.max_model_len = args.max_model_len or min(self.cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)

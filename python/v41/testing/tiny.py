@@ -10,7 +10,6 @@ Weights are random: the model writes gibberish.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from ..models.reference.attention import Attention
 from ..models.reference.block import Block
 from ..models.reference.moe import MoE
 from ..models.reference.loader import build
+from ..models.reference.random_init import init_tensor
 from .tokenizer_files import TOKENIZER_DIR, load_tiny_tokenizer
 
 GENERATOR_VERSION = 2
@@ -112,33 +112,6 @@ def _finish_engram(raw: dict) -> None:
         text["engram_layer_ids"], text["engram_max_ngram_size"], text["engram_n_heads"], text["engram_vocab_size"])
 
 
-def _init_tensor(name: str, shape: tuple[int, ...], g: torch.Generator, cfg: ModelConfig) -> torch.Tensor:
-    """Random values by role: unit-variance activations, peaked logits (head ×4), mild mHC coefficients."""
-    def randn(std: float) -> torch.Tensor:
-        return torch.randn(shape, generator=g) * std
-
-    leaf = name.rsplit(".", 1)[-1] if not name.endswith(".weight") else name.rsplit(".", 2)[-2]
-    if name.endswith("tid2eid"):
-        return torch.argsort(torch.rand(shape[0], cfg.n_routed_experts, generator=g), dim=1)[:, : shape[1]]
-    if name == "embed.weight" or name.endswith("engram.embed.weight"):
-        return randn(1.0)
-    if name == "head.weight":
-        return randn(4.0 / math.sqrt(shape[1]))
-    if "norm" in leaf:
-        return 1.0 + randn(0.1)
-    if name.endswith(("_fn",)):
-        return randn(0.05)
-    if name.endswith(("_base", "bias", "bias_vl")):
-        return randn(0.3)
-    if name.endswith("_scale"):
-        return 1.0 + randn(0.1)
-    if name.endswith(("attn_sink", ".ape")):
-        return randn(0.5)
-    if name.endswith(("q_weight", "k_weight")):
-        return randn(1.0)
-    return randn(1.0 / math.sqrt(shape[-1]))
-
-
 def _encode(name: str, value: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     fmt = storage_format(name, cfg.expert_dtype)
     if fmt == "fp8":
@@ -168,11 +141,13 @@ def _v4_mtp_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def make_tiny(path: str | Path, arch: str = "deepseek_v41", seed: int = 0, n_shards: int = 2,
-              **overrides) -> Path:
+              weights: bool = True, **overrides) -> Path:
     """Write a tiny random checkpoint of ``arch`` to ``path`` and return the path.
 
-    overrides: config fields (text-config level for V4.1) replacing the defaults. Raises ValueError
-    (ConfigError) for an inconsistent result.
+    overrides: config fields (text-config level for V4.1) replacing the defaults. ``weights=False`` writes
+    only the config, generation config and tokenizer (for ``load_format="dummy"``: random weights made on
+    the target device, e.g. large benchmark configs). Raises ValueError (ConfigError) for an inconsistent
+    result.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -181,15 +156,16 @@ def make_tiny(path: str | Path, arch: str = "deepseek_v41", seed: int = 0, n_sha
     cfg = ModelConfig.from_dict(raw)
     for fname in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(TOKENIZER_DIR / fname, path / fname)
-    model = build(cfg, path / "tokenizer.json")
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    if not cfg.is_v41:
-        shapes.update(_v4_mtp_tensors(cfg))
-    g = torch.Generator().manual_seed(seed)
-    tensors: dict[str, torch.Tensor] = {}
-    for name in sorted(shapes):
-        tensors.update(_encode(name, _init_tensor(name, shapes[name], g, cfg), cfg))
-    _write_shards(path, tensors, n_shards)
+    if weights:
+        model = build(cfg, path / "tokenizer.json")
+        shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        if not cfg.is_v41:
+            shapes.update(_v4_mtp_tensors(cfg))
+        g = torch.Generator().manual_seed(seed)
+        tensors: dict[str, torch.Tensor] = {}
+        for name in sorted(shapes):
+            tensors.update(_encode(name, init_tensor(name, shapes[name], g, cfg), cfg))
+        _write_shards(path, tensors, n_shards)
     (path / "config.json").write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
     eos = [cfg.eos_token_ids[0], _special_id("<｜User｜>")]
     gen = dict(bos_token_id=cfg.bos_token_id, eos_token_id=eos, do_sample=False,

@@ -11,6 +11,7 @@ from ...checkpoint import load_into
 from ...config import ModelConfig, load_config
 from ..engram_hash import EngramHasher, build_compressed_token_map, compressed_vocab_size
 from .model import Transformer
+from .random_init import random_init_
 
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 
@@ -53,11 +54,12 @@ def build(cfg: ModelConfig, tokenizer_path: str | Path | None, dtype: torch.dtyp
 
 
 def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-         numerics: str = "exact") -> Transformer:
+         numerics: str = "exact", load_format: str = "auto", seed: int = 0) -> Transformer:
     """Load a V4 or V4.1 checkpoint directory into the reference model.
 
     dtype: compute dtype, float32 or float64 (weights are dequantized into it once). numerics: ``exact`` or
-    ``deployed`` (DESIGN.md §4). Raises ValueError (ConfigError, CheckpointError) for bad configs or
+    ``deployed`` (DESIGN.md §4). load_format: ``auto`` reads the safetensors shards; ``dummy`` only needs
+    ``config.json`` (+ ``tokenizer.json``) and fills random weights on ``device`` with ``seed`` (benchmarks). Raises ValueError (ConfigError, CheckpointError) for bad configs or
     checkpoints, FileNotFoundError for a missing directory, ``config.json`` or (V4.1 with Engram layers)
     ``tokenizer.json``.
     """
@@ -66,7 +68,12 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str | tor
         raise FileNotFoundError(f"checkpoint directory not found: {path}")
     if dtype not in COMPUTE_DTYPES:
         raise ValueError(f"dtype must be one of {COMPUTE_DTYPES}, got {dtype}")
+    if load_format not in ("auto", "dummy"):
+        raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
     cfg = load_config(path)
     model = build(cfg, path / "tokenizer.json", dtype, device)
-    load_into(model, path, cfg, dtype)
+    if load_format == "dummy":
+        random_init_(model, cfg, seed)
+    else:
+        load_into(model, path, cfg, dtype)
     return model.eval().set_numerics(numerics)
