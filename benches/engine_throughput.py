@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     args = ap.parse_args()
 
     import torch
@@ -38,7 +39,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     llm = LLM(args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              device=args.device, dtype=args.dtype, max_model_len=args.max_input + args.max_output + 1)
+              device=args.device, dtype=args.dtype, max_model_len=args.max_input + args.max_output + 1,
+              load_format=args.load_format)
     vocab = llm.engine.cfg.vocab_size
     prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(args.min_input, args.max_input))]
                for _ in range(args.num_requests)]
