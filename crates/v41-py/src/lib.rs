@@ -4,11 +4,14 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+mod sched;
+
 /// Native extension of v41 (Rust).
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
+    sched::register(m)?;
     Ok(())
 }
 
