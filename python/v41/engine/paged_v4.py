@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.indexer import chunked_select, pad_cat, request_keys
 from ..kernels.paged import block_slots, gather_slots, write_slots
 from ..kernels.sparse_attention import sparse_mqa_sink
 from ..models.reference.attention import index_scores, select_topk
@@ -110,15 +111,15 @@ def _visible_or_selected(mod: V4Attention, x: torch.Tensor, qr: torch.Tensor, st
     out = []
     for ri, (row0, n, pos0) in enumerate(b.starts):
         n_cached = (pos0 + n) // r
+        keys = request_keys(cache.tensors[kind][mod.plan.layer_id], b.block_tables[kind][ri:ri + 1], n_cached,
+                            cache.rows_per_block(kind))
         ent = torch.arange(n_cached, device=x.device)[None, :]
-        keys = gather_slots(cache.tensors[kind][mod.plan.layer_id],
-                            block_slots(b.block_tables[kind][ri:ri + 1], ent, cache.rows_per_block(kind)))[0]
-        per_query = max(1, n_cached * mod.indexer.n_heads * q.element_size() * 2)
-        chunk = max(1, st.index_scratch_bytes // per_query)
-        for a in range(0, n, chunk):
-            e = min(n, a + chunk)
-            scores = index_scores(q[row0 + a:row0 + e], keys, w[row0 + a:row0 + e])
-            visible = torch.arange(n_cached, device=x.device)[None, :] < n_t[row0 + a:row0 + e, None]
-            out.append(select_topk(scores.masked_fill(~visible, float("-inf")), mod.cfg.index_topk))
-    width = max(t.shape[1] for t in out)
-    return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=-1) for t in out])
+
+        def select(scores, a, e, row0=row0, ent=ent):
+            visible = ent < n_t[row0 + a:row0 + e, None]
+            return select_topk(scores.masked_fill(~visible, float("-inf")), mod.cfg.index_topk)
+
+        out.append(chunked_select(lambda a, e: index_scores(q[row0 + a:row0 + e], keys, w[row0 + a:row0 + e]),
+                                  n, n_cached, mod.indexer.n_heads, q.element_size(), st.index_scratch_bytes,
+                                  select))
+    return pad_cat(out)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.paged import block_slots, gather_slots, write_slots
+from ..kernels.indexer import chunked_select, pad_cat, request_keys
+from ..kernels.paged import block_slots, write_slots
 from ..kernels.sparse_attention import sparse_mqa_sink
 from ..models.reference.attention import Attention, index_scores
 from ..models.reference.csa2 import Compressor, CSA2Attention
@@ -76,33 +77,30 @@ def select_entries(mod: CSA2Attention, x: torch.Tensor, qr: torch.Tensor, st: St
     keys, scoring queries in chunks so scratch stays under ``index_scratch_bytes``."""
     plan, b, cache = mod.plan, st.batch, st.cache
     kind = f"idx{plan.ratio}"
-    keys_cache = cache.tensors[kind][plan.kv_src]
     q, w = mod.index_query(x, qr, b.positions)
     out: list[torch.Tensor] = []
     cands: list[torch.Tensor | None] = []
     cand_in = st.cand.get(mod.cfg.candidate_source_layer_id)
     for r, (row0, n, pos0) in enumerate(b.starts):
         n_cached = (pos0 + n) // plan.ratio
-        ent = torch.arange(n_cached, device=x.device)[None, :]
-        keys = gather_slots(keys_cache, block_slots(b.block_tables[kind][r:r + 1], ent,
-                                                    cache.rows_per_block(kind)))[0]
+        keys = request_keys(cache.tensors[kind][plan.kv_src], b.block_tables[kind][r:r + 1], n_cached,
+                            cache.rows_per_block(kind))
         n_t = (b.positions[row0:row0 + n] + 1) // plan.ratio
-        per_query = max(1, n_cached * mod.indexer.n_heads * q.element_size() * 2)
-        chunk = max(1, st.index_scratch_bytes // per_query)
-        picks, masks = [], []
-        for a in range(0, n, chunk):
-            e = min(n, a + chunk)
-            scores = index_scores(q[row0 + a:row0 + e], keys, w[row0 + a:row0 + e])
+        masks: list[torch.Tensor] = []
+
+        def select(scores, a, e, r=r, n_t=n_t, masks=masks):
             given = None if cand_in is None or cand_in[r] is None else cand_in[r][a:e]
             topk, mask = mod.select(scores, n_t[a:e], given)
-            picks.append(topk)
             masks.append(mask)
-        out.append(torch.cat(picks))
+            return topk
+
+        out.append(chunked_select(lambda a, e: index_scores(q[row0 + a:row0 + e], keys, w[row0 + a:row0 + e]),
+                                  n, n_cached, mod.indexer.n_heads, q.element_size(), st.index_scratch_bytes,
+                                  select))
         cands.append(torch.cat(masks) if plan.is_candidate_source else None)
     if plan.is_candidate_source:
         st.cand[plan.layer_id] = cands
-    width = max(t.shape[1] for t in out)
-    return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=-1) for t in out])
+    return pad_cat(out)
 
 
 def attention_v41(mod: Attention, x: torch.Tensor, st: StepState) -> torch.Tensor:
