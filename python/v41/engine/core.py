@@ -219,12 +219,15 @@ class EngineCore:
         return batch, sample_rows, prompt_rows
 
     def _prompt_logprobs(self, seq: Sequence, logits: torch.Tensor, start: int) -> None:
-        """Append prompt logprobs for positions start.. (each row predicts the next prompt token)."""
+        """Record prompt logprobs for positions start+1.. (row i predicts prompt token start+1+i). Positions
+        already recorded (a preempted sequence recomputes its prompt) are kept, not appended twice."""
         ids = seq.prompt_token_ids[start:start + logits.shape[0] + 1]
         entries = compute_prompt_logprobs(logits, ids, seq.params.prompt_logprobs, self._decode_token)
-        if start == 0:
+        if not seq.prompt_logprobs:
             seq.prompt_logprobs.append(None)
-        seq.prompt_logprobs.extend(entries[1:])
+        for pos, entry in enumerate(entries[1:], start=start + 1):
+            if pos == len(seq.prompt_logprobs):
+                seq.prompt_logprobs.append(entry)
 
     def _commit(self, seq: Sequence, tok: int, lp) -> None:
         """Append one sampled token and decide whether the sequence stops (EOS, stop id, stop string,
