@@ -1,0 +1,264 @@
+"""Incremental DSML tool-call block parser (V4.1 spaced and V4 unspaced tags).
+
+Source: v41-architecture.md §7.6 (block layout), §7.10 (reference and streaming parsers), known-failures.md
+KF-01 and KF-02.
+
+Entered right after ``<｜DSML｜`` (the opener ``<｜DSML｜ calls>``; also ``tool_calls`` and V3.2's
+``function_calls``, with or without the space). Then, tag by tag:
+
+* ``<｜DSML｜ invoke name="NAME">`` starts a call (the name runs to ``">``); its first delta carries index, id
+  and name;
+* ``<｜DSML｜ parameter name="KEY" string="true|false">VALUE`` -- the key runs to ``" string="``, the value to
+  the next ``</｜DSML｜``. A ``true`` value is a string taken verbatim and streams as JSON-escaped fragments
+  while it arrives; any other value is JSON-decoded when it closes (raw text as a string if it is not
+  valid JSON) and re-serialised with ``ensure_ascii=False``;
+* ``</｜DSML｜ invoke>`` closes the call (arguments ``{}`` without parameters); ``</｜DSML｜ calls>`` closes the
+  block and the text after it is content again (as vLLM; the reference expects EOS there);
+* anything else between tags (the format's newlines, or garbage) is skipped; an unexpected tag is
+  ignored; EOS ends the output and an open call is closed with what it has.
+
+The arguments of a call are the concatenation of its deltas: ``{"KEY": VALUE, ...}`` with the default
+``", "``/``": "`` separators, i.e. the reference encoder's own JSON text for the values it renders.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .deltas import Emitter
+from .formats import DSML, EOS
+from .textscan import find_first, match_pattern, partial_tail
+
+OPEN = "<" + DSML
+CLOSE = "</" + DSML
+_BLOCK_NAMES = ("calls", "tool_calls", "function_calls")
+
+
+def _spellings(*names: str, suffix: str) -> tuple[str, ...]:
+    return tuple(f"{space}{n}{suffix}" for n in names for space in (" ", ""))
+
+
+BLOCK_TAGS = _spellings(*_BLOCK_NAMES, suffix=">")
+INVOKE_OPEN = _spellings("invoke", suffix=' name="')
+PARAM_OPEN = _spellings("parameter", suffix=' name="')
+INVOKE_CLOSE = _spellings("invoke", suffix=">")
+PARAM_CLOSE = _spellings("parameter", suffix=">")
+NAME_END = '">'
+KEY_END = '" string="'
+KINDS = ('true">', 'false">')
+
+
+class _State(enum.Enum):
+    BETWEEN = 0  # looking for the next tag
+    OPEN_TAG = 1  # after "<｜DSML｜"
+    CLOSE_TAG = 2  # after "</｜DSML｜"
+    NAME = 3  # inside invoke name="...
+    KEY = 4  # inside parameter name="...
+    KIND = 5  # after '" string="'
+    VALUE = 6  # inside a parameter value
+
+
+@dataclass(slots=True)
+class _Call:
+    id: str
+    name: str
+    fragments: list[str] = field(default_factory=list)  # arguments text, in order
+    params: int = 0
+    closed: bool = False
+
+    @property
+    def arguments(self) -> str:
+        return "".join(self.fragments)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_value_text(raw: str) -> str:
+    """A ``string="false"`` value as JSON text: decoded and re-serialised, else the raw text as a string."""
+    try:
+        value = json.loads(raw, parse_constant=_reject_constant)
+    except ValueError:
+        value = raw
+    return json.dumps(value, ensure_ascii=False)
+
+
+class DsmlParser:
+    """Parses DSML blocks into tool calls. ``call_id``: index -> call id."""
+
+    def __init__(self, call_id: Callable[[int], str]) -> None:
+        self._call_id = call_id
+        self.calls: list[_Call] = []
+        self._state = _State.OPEN_TAG
+        self._key = ""
+        self._string = False
+        self._raw: list[str] = []  # pending non-string value
+
+    @property
+    def state(self) -> object:
+        """Opaque sub-state (the driver compares it to detect progress)."""
+        return self._state
+
+    def begin(self) -> None:
+        """A ``<｜DSML｜`` was just consumed."""
+        self._state = _State.OPEN_TAG
+
+    def step(self, buf: str, final: bool, out: Emitter) -> tuple[int, str | None]:
+        """Consume a prefix of ``buf``. Returns ``(chars consumed, event)``; event ``"done"`` (block
+        closed), ``"end"`` (EOS) or None. Makes progress (chars or state) unless it needs more text."""
+        s = self._state
+        if s is _State.BETWEEN:
+            return self._between(buf, final)
+        if s is _State.OPEN_TAG:
+            return self._open_tag(buf, final, out)
+        if s is _State.CLOSE_TAG:
+            return self._close_tag(buf, final, out)
+        if s in (_State.NAME, _State.KEY):
+            return self._name_or_key(buf, final, out)
+        if s is _State.KIND:
+            return self._kind(buf, final, out)
+        return self._value(buf, final, out)
+
+    def close(self, out: Emitter) -> None:
+        """End of output: finish an open value and call."""
+        if self._state is _State.VALUE:
+            self._end_value(out)
+        self._close_call(out)
+        self._state = _State.BETWEEN
+
+    # ------------------------------------------------------------------ states
+
+    def _between(self, buf: str, final: bool) -> tuple[int, str | None]:
+        markers = (OPEN, CLOSE, EOS)
+        hit = find_first(buf, markers)
+        if hit is None:
+            return (len(buf) if final else len(buf) - partial_tail(buf, markers)), None
+        pos, marker = hit
+        if marker == EOS:
+            return pos + len(marker), "end"
+        self._state = _State.OPEN_TAG if marker == OPEN else _State.CLOSE_TAG
+        return pos + len(marker), None
+
+    def _open_tag(self, buf: str, final: bool, out: Emitter) -> tuple[int, str | None]:
+        m = match_pattern(buf, BLOCK_TAGS + INVOKE_OPEN + PARAM_OPEN, final)
+        if m is None:
+            return 0, None
+        self._state = _State.BETWEEN
+        if m is False:
+            return 0, None
+        if m in INVOKE_OPEN:
+            self._state = _State.NAME
+        elif m in PARAM_OPEN and self._open_call() is not None:
+            self._state = _State.KEY
+        return len(m), None
+
+    def _close_tag(self, buf: str, final: bool, out: Emitter) -> tuple[int, str | None]:
+        m = match_pattern(buf, BLOCK_TAGS + INVOKE_CLOSE + PARAM_CLOSE, final)
+        if m is None:
+            return 0, None
+        self._state = _State.BETWEEN
+        if m is False:
+            return 0, None
+        if m in INVOKE_CLOSE:
+            self._close_call(out)
+        elif m in BLOCK_TAGS:
+            self._close_call(out)
+            return len(m), "done"
+        return len(m), None
+
+    def _name_or_key(self, buf: str, final: bool, out: Emitter) -> tuple[int, str | None]:
+        end = NAME_END if self._state is _State.NAME else KEY_END
+        hit = find_first(buf, (end, EOS))
+        if hit is None:
+            if final:  # incomplete name or key: nothing was emitted for it
+                self._state = _State.BETWEEN
+                return len(buf), None
+            return 0, None
+        pos, marker = hit
+        if marker == EOS:
+            self._state = _State.BETWEEN
+            return pos + len(marker), "end"
+        if self._state is _State.NAME:
+            self._start_call(buf[:pos], out)
+            self._state = _State.BETWEEN
+        else:
+            self._key = buf[:pos]
+            self._state = _State.KIND
+        return pos + len(marker), None
+
+    def _kind(self, buf: str, final: bool, out: Emitter) -> tuple[int, str | None]:
+        m = match_pattern(buf, KINDS, final)
+        if m is None:
+            return 0, None
+        if m is False:
+            self._state = _State.BETWEEN  # malformed parameter: skipped
+            return 0, None
+        call = self._open_call()
+        assert call is not None
+        self._string = m == KINDS[0]
+        prefix = ("{" if call.params == 0 else ", ") + json.dumps(self._key, ensure_ascii=False) + ": "
+        call.params += 1
+        self._append(call, prefix + ('"' if self._string else ""), out)
+        self._raw = []
+        self._state = _State.VALUE
+        return len(m), None
+
+    def _value(self, buf: str, final: bool, out: Emitter) -> tuple[int, str | None]:
+        markers = (CLOSE, EOS)
+        hit = find_first(buf, markers)
+        if hit is None:
+            end = len(buf) if final else len(buf) - partial_tail(buf, markers)
+            self._value_text(buf[:end], out)
+            return end, None
+        pos, marker = hit
+        self._value_text(buf[:pos], out)
+        self._end_value(out)
+        if marker == EOS:
+            self._state = _State.BETWEEN
+            return pos + len(marker), "end"
+        self._state = _State.CLOSE_TAG
+        return pos + len(marker), None
+
+    # ------------------------------------------------------------------ calls
+
+    def _open_call(self) -> _Call | None:
+        return self.calls[-1] if self.calls and not self.calls[-1].closed else None
+
+    def _start_call(self, name: str, out: Emitter) -> None:
+        self._close_call(out)
+        index = len(self.calls)
+        call = _Call(self._call_id(index), name)
+        self.calls.append(call)
+        out.call_fragment(index, "", call_id=call.id, name=name)
+
+    def _append(self, call: _Call, text: str, out: Emitter) -> None:
+        if text:
+            call.fragments.append(text)
+            out.call_fragment(len(self.calls) - 1, text)  # only the last call is ever open
+
+    def _value_text(self, text: str, out: Emitter) -> None:
+        if not text:
+            return
+        if self._string:
+            call = self._open_call()
+            assert call is not None
+            self._append(call, json.dumps(text, ensure_ascii=False)[1:-1], out)
+        else:
+            self._raw.append(text)
+
+    def _end_value(self, out: Emitter) -> None:
+        call = self._open_call()
+        assert call is not None
+        self._append(call, '"' if self._string else json_value_text("".join(self._raw)), out)
+        self._raw = []
+
+    def _close_call(self, out: Emitter) -> None:
+        call = self._open_call()
+        if call is None:
+            return
+        self._append(call, "}" if call.params else "{}", out)
+        call.closed = True

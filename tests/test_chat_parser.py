@@ -1,0 +1,513 @@
+"""Tests for ``v41.chat.OutputParser`` (v41-architecture.md §7.6, §7.10; KF-01..KF-04).
+
+Model outputs are produced by the encoder's own rendering of an assistant turn (the suffix of the prompt
+that contains the turn, after the generation prompt), so what is parsed is exactly what the model was
+trained to write. The central property: for any split of the output into ``feed`` calls (every character
+or token split, random splits, everything at once) the result is the same, and the streamed deltas
+concatenate to it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from v41.chat import OutputParser, ParserResult, ToolCallDelta, encode_messages, render_messages
+from v41.chat import formats as F
+from v41.testing.tokenizer_files import load_tiny_tokenizer
+
+TOK = load_tiny_tokenizer()
+EOS = F.EOS
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
+    {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}},
+    {"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}},
+]
+MARKER_TEXTS = ("｜DSML｜", "<think>", "</think>", EOS, "<｜DSML", "</｜DSML")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def rendered_turn(reasoning, content, calls, thinking=True, revision="v41", tools=TOOLS):
+    """(prompt_ids, generated_ids, generated_text) of an assistant turn as the encoder renders it."""
+    user = [{"role": "user", "content": "Q"}]
+    tool_calls = [
+        {"id": f"h{k}", "type": "function", "function": {"name": name, "arguments": args}}
+        for k, (name, args) in enumerate(calls)
+    ]
+    turn = {"role": "assistant", "reasoning_content": reasoning, "content": content, "tool_calls": tool_calls}
+    kw = dict(tools=tools, thinking=thinking, revision=revision)
+    prompt_ids = encode_messages(TOK, user, **kw)
+    full_ids = encode_messages(TOK, user + [turn], **kw)
+    assert full_ids[: len(prompt_ids)] == prompt_ids
+    prompt_text = render_messages(user, **kw)
+    full_text = render_messages(user + [turn], **kw)
+    assert full_text.startswith(prompt_text)
+    return prompt_ids, full_ids[len(prompt_ids) :], full_text[len(prompt_text) :]
+
+
+def expected(reasoning, content, calls, thinking=True):
+    return (
+        (reasoning or None) if thinking else None,
+        content,
+        [(name, json.dumps(args, ensure_ascii=False)) for name, args in calls],
+    )
+
+
+def summary(result: ParserResult):
+    return (
+        result.reasoning_content,
+        result.content,
+        [(c["function"]["name"], c["function"]["arguments"]) for c in result.tool_calls],
+    )
+
+
+def make_parser(**kw) -> OutputParser:
+    kw.setdefault("call_id_prefix", "call_")
+    kw.setdefault("tools", TOOLS)
+    return OutputParser(TOK, **kw)
+
+
+def run(chunks, by_ids: bool, **kw):
+    """Feed ``chunks`` (id lists or strings); return (result, deltas incl. the final one)."""
+    parser = make_parser(**kw)
+    deltas = [parser.feed(c) if by_ids else parser.feed_text(c) for c in chunks]
+    result = parser.finish()
+    return result, deltas + [result.final_delta]
+
+
+def concatenated(deltas):
+    """Fold streamed deltas the way an OpenAI client does."""
+    reasoning = "".join(d.reasoning_delta for d in deltas)
+    content = "".join(d.content_delta for d in deltas)
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        for t in d.tool_call_deltas:
+            if t.id is not None:
+                assert t.index not in calls and t.name is not None
+                calls[t.index] = {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": ""}}
+            calls[t.index]["function"]["arguments"] += t.arguments
+    assert sorted(calls) == list(range(len(calls)))
+    return reasoning or None, content, [calls[i] for i in range(len(calls))]
+
+
+def check_stream(result, deltas, markers_in_data=False):
+    """Deltas fold to the result; unless the data itself spells markers, no marker text leaks."""
+    assert concatenated(deltas) == (result.reasoning_content, result.content, result.tool_calls)
+    if markers_in_data:
+        return
+    for d in deltas:
+        for text in [d.reasoning_delta, d.content_delta] + [t.arguments for t in d.tool_call_deltas]:
+            assert "｜DSML｜" not in text and EOS not in text
+        assert "</think>" not in d.content_delta and "<think>" not in d.reasoning_delta
+
+
+def splits_of(seq, rng: random.Random, count: int):
+    """Every 2-way split, one-by-one, all at once, and ``count`` random multi-way splits."""
+    n = len(seq)
+    yield [seq]
+    yield [seq[i : i + 1] for i in range(n)]
+    for i in range(n + 1):
+        yield [seq[:i], seq[i:]]
+    for _ in range(count):
+        cuts = sorted(rng.sample(range(1, n), min(n - 1, rng.randint(1, 8)))) if n > 1 else []
+        bounds = [0, *cuts, n]
+        yield [seq[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def assert_split_invariant(prompt_ids, gen_ids, gen_text, want, **kw):
+    rng = random.Random(0)
+    base, _ = run([gen_text], by_ids=False, prompt_ids=prompt_ids, **kw)
+    assert summary(base) == want
+    for chunks in splits_of(gen_text, rng, 20):
+        result, deltas = run(chunks, by_ids=False, prompt_ids=prompt_ids, **kw)
+        assert result == base
+        check_stream(result, deltas)
+    for chunks in splits_of(gen_ids, rng, 20):
+        result, deltas = run(chunks, by_ids=True, prompt_ids=prompt_ids, **kw)
+        assert result == base
+        check_stream(result, deltas)
+    return base
+
+
+# ----------------------------------------------------------------------------- split invariance
+
+TRICKY = 'a "b" \\c\n<x> </think> <｜User｜> 北京 😀 </ ｜DSML ＞'
+CASES = {
+    "answer_with_reasoning": ("Let me think.\n\nIt is 4.", "The answer is **4**.\n", [], True),
+    "answer_chat_mode": ("", "Hi there!\n\nBye.\n\n", [], False),
+    "empty_reasoning_and_content": ("", "", [], True),
+    "one_call_with_reasoning": (
+        "I should call get_weather.",
+        "",
+        [("get_weather", {"city": "Paris", "days": 2})],
+        True,
+    ),
+    "three_calls_content_first": (
+        "",
+        "Checking three things.\n",
+        [
+            ("get_weather", {"city": "東京", "days": 1.5, "opts": {"units": ["C", None, True]}}),
+            ("search", {"query": TRICKY, "n": -3}),
+            ("bash", {}),
+        ],
+        True,
+    ),
+    "three_calls_chat_mode": (
+        "",
+        "",
+        [("search", {"query": "x"}), ("search", {"query": ""}), ("bash", {"command": "ls -la /var/log 2>&1"})],
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("revision", ["v41", "v4-original"])
+def test_every_split_gives_the_same_result(name, revision):
+    reasoning, content, calls, thinking = CASES[name]
+    prompt_ids, gen_ids, gen_text = rendered_turn(reasoning, content, calls, thinking, revision)
+    assert_split_invariant(
+        prompt_ids, gen_ids, gen_text, expected(reasoning, content, calls, thinking), revision=revision
+    )
+
+
+# ----------------------------------------------------------------------------- known failures
+
+
+def test_kf01_whole_block_in_one_delta():
+    calls = [("get_weather", {"location": "Tokyo"}), ("search", {"query": "Tokyo travel guide"})]
+    prompt_ids, gen_ids, gen_text = rendered_turn("", "", calls, thinking=False)
+    block = gen_text[: gen_text.index(EOS)]
+    parser = make_parser(prompt_ids=prompt_ids)
+    delta = parser.feed_text(block)
+    assert [(t.index, t.id, t.name, t.arguments) for t in delta.tool_call_deltas] == [
+        (0, "call_0", "get_weather", '{"location": "Tokyo"}'),
+        (1, "call_1", "search", '{"query": "Tokyo travel guide"}'),
+    ]
+    result = parser.finish()
+    assert [c["function"]["arguments"] for c in result.tool_calls] == [
+        '{"location": "Tokyo"}',
+        '{"query": "Tokyo travel guide"}',
+    ]
+    assert result.finish_reason() == "tool_calls" and result.finish_reason("length") == "length"
+    one_shot, _ = run([gen_ids], by_ids=True, prompt_ids=prompt_ids)
+    assert one_shot == result
+    assert_split_invariant(prompt_ids, gen_ids, gen_text, expected("", "", calls, thinking=False))
+
+
+@pytest.mark.parametrize("value", ["ls -la /var/log 2>&1", "北京", 'a "b" \\c'])
+def test_kf02_parameter_closer_never_leaks_into_arguments(value):
+    prompt_ids, gen_ids, gen_text = rendered_turn("Run it.", "", [("bash", {"command": value})])
+    want_args = json.dumps({"command": value}, ensure_ascii=False)
+    assert "\\u" not in want_args
+    for i in range(len(gen_text) + 1):
+        result, deltas = run([gen_text[:i], gen_text[i:]], by_ids=False, prompt_ids=prompt_ids)
+        assert result.tool_calls[0]["function"]["arguments"] == want_args
+        assert result.content == "" and result.reasoning_content == "Run it."
+        check_stream(result, deltas)
+    assert_split_invariant(prompt_ids, gen_ids, gen_text, expected("Run it.", "", [("bash", {"command": value})]))
+
+
+def test_kf03_answer_without_think_close_is_content():
+    prompt_ids = encode_messages(TOK, [{"role": "user", "content": "Good morning"}])  # thinking on: ends in <think>
+    answer = "Good morning! How can I help you today?"
+    text = answer + EOS
+    ids = TOK.encode(answer, add_special_tokens=False).ids + [TOK.token_to_id(EOS)]
+    for by_ids, seq in ((False, text), (True, ids)):
+        for chunks in splits_of(seq, random.Random(1), 10):
+            result, deltas = run(chunks, by_ids=by_ids, prompt_ids=prompt_ids, tools=None)
+            assert (result.reasoning_content, result.content, result.tool_calls) == (None, answer, [])
+            check_stream(result, deltas)
+    # Without EOS (e.g. stopped by max_tokens) the policy is the same.
+    result, _ = run([answer], by_ids=False, thinking=True)
+    assert (result.reasoning_content, result.content) == (None, answer)
+
+
+def test_kf03_long_unterminated_reasoning_stays_reasoning_unless_holdback_is_unbounded():
+    long = "step " * 100  # 500 chars > the default 256-char hold-back
+    result, deltas = run([long[:10], long[10:]], by_ids=False, thinking=True)
+    assert (result.reasoning_content, result.content) == (long, "")
+    assert deltas[1].reasoning_delta  # streamed before the end
+    result, deltas = run([long], by_ids=False, thinking=True, reasoning_holdback_chars=None)
+    assert (result.reasoning_content, result.content) == (None, long)
+    assert not deltas[0].reasoning_delta and not deltas[0].content_delta
+    closed, _ = run(["short", "</think>answer"], by_ids=False, thinking=True)
+    assert (closed.reasoning_content, closed.content) == ("short", "answer")
+
+
+def test_kf04_thinking_off_gives_content_only():
+    for kw in (
+        {"thinking": False},
+        {"thinking": True, "prompt_ids": encode_messages(TOK, [{"role": "user", "content": "hello"}], thinking=False)},
+    ):
+        result, deltas = run(["Hello! ", "How can I help?", EOS], by_ids=False, tools=None, **kw)
+        assert (result.reasoning_content, result.content, result.tool_calls) == (None, "Hello! How can I help?", [])
+        check_stream(result, deltas)
+    # Server default (thinking=None) is thinking on.
+    result, _ = run(["r</think>c"], by_ids=False)
+    assert (result.reasoning_content, result.content) == ("r", "c")
+
+
+# ----------------------------------------------------------------------------- start state
+
+
+def test_start_state_follows_the_prompt_end():
+    user = [{"role": "user", "content": "Q"}]
+    think_prompt = encode_messages(TOK, user, thinking=True)
+    chat_prompt = encode_messages(TOK, user, thinking=False)
+    text = "r</think>c"
+    assert summary(run([text], False, prompt_ids=think_prompt, thinking=False)[0])[:2] == ("r", "c")
+    assert summary(run([text], False, prompt_ids=chat_prompt, thinking=True)[0])[:2] == (None, "rc")
+    action = encode_messages(TOK, [{"role": "user", "content": "Q", "task": "action"}], thinking=True)
+    assert TOK.decode(action[-3:], skip_special_tokens=False) == "<｜Assistant｜><think><｜action｜>"
+    assert summary(run(["Search"], False, prompt_ids=action, thinking=True)[0])[:2] == (None, "Search")
+    # Continuing inside the reasoning (prompt ends "<think>partial") and after it ("</think>partial").
+    in_reasoning = encode_messages(
+        TOK, user + [{"role": "assistant", "reasoning_content": "Hmm, "}], continue_final_message=True
+    )
+    assert TOK.decode(in_reasoning, skip_special_tokens=False).endswith("<｜Assistant｜><think>Hmm, ")
+    assert summary(run(["more</think>done"], False, prompt_ids=in_reasoning)[0])[:2] == ("more", "done")
+    in_content = encode_messages(
+        TOK, user + [{"role": "assistant", "reasoning_content": "R", "content": "Par"}], continue_final_message=True
+    )
+    assert summary(run(["tial", EOS], False, prompt_ids=in_content)[0])[:2] == (None, "tial")
+    # A prompt with no thinking marker after its last turn boundary falls back to the flag.
+    raw = TOK.encode("<｜User｜>plain", add_special_tokens=False).ids
+    assert summary(run(["x"], False, prompt_ids=raw, thinking=False)[0])[:2] == (None, "x")
+
+
+# ----------------------------------------------------------------------------- EOS, markers, leniency
+
+
+def test_eos_ends_output_and_never_appears():
+    result, deltas = run(["answer", EOS, "garbage after EOS"], by_ids=False, thinking=False)
+    assert (result.content, result.reasoning_content) == ("answer", None)
+    result, _ = run(
+        [[TOK.token_to_id(EOS)], TOK.encode("late", add_special_tokens=False).ids], by_ids=True, thinking=False
+    )
+    assert result.content == ""
+    # EOS inside a string value closes the call with what it has (valid JSON).
+    text = (
+        '</think>\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name="bash">\n'
+        '<｜DSML｜ parameter name="command" string="true">ls -l' + EOS
+    )
+    result, deltas = run([text], by_ids=False, thinking=True)
+    assert json.loads(result.tool_calls[0]["function"]["arguments"]) == {"command": "ls -l"}
+    check_stream(result, deltas)
+
+
+def test_truncated_output_closes_open_call_and_drops_partial_names():
+    head = '<｜DSML｜ calls>\n<｜DSML｜ invoke name="search">\n<｜DSML｜ parameter name="query" string="true">tok'
+    result, deltas = run([head], by_ids=False, thinking=False)
+    assert summary(result) == (None, "", [("search", '{"query": "tok"}')])
+    check_stream(result, deltas)
+    partial_name = '<｜DSML｜ calls>\n<｜DSML｜ invoke name="sea'
+    assert run([partial_name], by_ids=False, thinking=False)[0].tool_calls == []
+    non_string = '<｜DSML｜ calls>\n<｜DSML｜ invoke name="f">\n<｜DSML｜ parameter name="n" string="false">[1, 2'
+    assert summary(run([non_string], by_ids=False, thinking=False)[0])[2] == [("f", '{"n": "[1, 2"}')]
+
+
+def test_tool_block_inside_reasoning_ends_it_implicitly():
+    text = 'thinking...\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name="bash">\n</｜DSML｜ invoke>\n</｜DSML｜ calls>' + EOS
+    for chunks in splits_of(text, random.Random(2), 5):
+        result, deltas = run(chunks, by_ids=False, thinking=True)
+        assert summary(result) == ("thinking...", "", [("bash", "{}")])
+        check_stream(result, deltas)
+
+
+def test_non_string_values_are_json_decoded_with_raw_fallback():
+    text = (
+        '<｜DSML｜ calls>\n<｜DSML｜ invoke name="f">\n'
+        '<｜DSML｜ parameter name="a" string="false">{"k":[1,2.50,"\\u5317"]}</｜DSML｜ parameter>\n'
+        '<｜DSML｜ parameter name="b" string="false">not json</｜DSML｜ parameter>\n'
+        '<｜DSML｜ parameter name="c" string="false">NaN</｜DSML｜ parameter>\n'
+        '<｜DSML｜ parameter name="d" string="true">  spaced\n</｜DSML｜ parameter>\n'
+        "</｜DSML｜ invoke>\n</｜DSML｜ calls>"
+    )
+    result, _ = run([text], by_ids=False, thinking=False)
+    args = result.tool_calls[0]["function"]["arguments"]
+    assert args == '{"a": {"k": [1, 2.5, "北"]}, "b": "not json", "c": "NaN", "d": "  spaced\\n"}'
+
+
+def test_v4_and_lenient_tag_spellings_parse():
+    for block, invoke, param in (
+        ("tool_calls", "invoke", "parameter"),
+        ("function_calls", "invoke", "parameter"),
+        (" calls", " invoke", " parameter"),
+    ):
+        text = (
+            f'\n\n<｜DSML｜{block}>\n<｜DSML｜{invoke} name="search">\n'
+            f'<｜DSML｜{param} name="query" string="true">x</｜DSML｜{param}>\n</｜DSML｜{invoke}>\n</｜DSML｜{block}>'
+        )
+        assert summary(run([text], by_ids=False, thinking=False)[0]) == (None, "", [("search", '{"query": "x"}')])
+
+
+def test_text_after_block_is_content_and_second_block_adds_calls():
+    one = '<｜DSML｜ calls>\n<｜DSML｜ invoke name="a">\n</｜DSML｜ invoke>\n</｜DSML｜ calls>'
+    two = one.replace('"a"', '"b"')
+    result, deltas = run(["pre\n\n" + one + "mid\n\n" + two + EOS], by_ids=False, thinking=False)
+    assert summary(result) == (None, "premid", [("a", "{}"), ("b", "{}")])
+    check_stream(result, deltas)
+
+
+def test_without_tools_dsml_text_stays_content():
+    text = '\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name="a">\n</｜DSML｜ invoke>\n</｜DSML｜ calls>'
+    result, _ = run([text + EOS], by_ids=False, thinking=False, tools=None)
+    assert (result.content, result.tool_calls) == (text, [])
+
+
+def test_stray_think_markers_are_dropped():
+    result, deltas = run(["<think>r1", "</think>c1</think><think>c2"], by_ids=False, thinking=True)
+    assert (result.reasoning_content, result.content) == ("r1", "c1c2")
+    check_stream(result, deltas)
+
+
+def test_malformed_tags_are_skipped():
+    text = (
+        "<｜DSML｜ calls>\nnoise<｜DSML｜ bogus>\n"
+        '<｜DSML｜ parameter name="orphan" string="true">v</｜DSML｜ parameter>\n'
+        '<｜DSML｜ invoke name="f">\n<｜DSML｜ parameter name="k" string="maybe">v</｜DSML｜ parameter>\n'
+        '<｜DSML｜ parameter name="ok" string="true">1</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>'
+    )
+    for chunks in splits_of(text, random.Random(3), 5):
+        result, deltas = run(chunks, by_ids=False, thinking=False)
+        assert summary(result) == (None, "", [("f", '{"ok": "1"}')])
+        check_stream(result, deltas)
+
+
+def test_long_string_argument_streams_before_it_closes():
+    value = "".join(f"line {i}: some text, more text\n" for i in range(30))
+    prompt_ids, gen_ids, gen_text = rendered_turn("", "", [("bash", {"command": value})], thinking=False)
+    parser = make_parser(prompt_ids=prompt_ids)
+    close_at = gen_text.index("</｜DSML｜ parameter>")
+    fragments = 0
+    for k in range(len(gen_ids)):
+        if len(TOK.decode(gen_ids[: k + 1], skip_special_tokens=False)) >= close_at:
+            break
+        delta = parser.feed(gen_ids[k : k + 1])
+        fragments += sum(1 for t in delta.tool_call_deltas if t.arguments and t.id is None)
+    assert fragments > 20
+    parser.feed(gen_ids[k:])
+    assert json.loads(parser.finish().tool_calls[0]["function"]["arguments"]) == {"command": value}
+
+
+def test_tool_call_delta_openai_shapes():
+    first = ToolCallDelta(0, "call_x", "f", "")
+    assert first.to_openai() == {
+        "index": 0,
+        "id": "call_x",
+        "type": "function",
+        "function": {"name": "f", "arguments": ""},
+    }
+    assert ToolCallDelta(0, arguments='{"a"').to_openai() == {"index": 0, "function": {"arguments": '{"a"'}}
+
+
+def test_default_call_ids_are_unique_openai_style():
+    text = (
+        '<｜DSML｜ calls>\n<｜DSML｜ invoke name="a">\n</｜DSML｜ invoke>\n'
+        '<｜DSML｜ invoke name="b">\n</｜DSML｜ invoke>\n</｜DSML｜ calls>'
+    )
+    p = OutputParser(TOK, thinking=False, tools=TOOLS)
+    p.feed_text(text)
+    ids = [c["id"] for c in p.finish().tool_calls]
+    assert len(set(ids)) == 2 and all(i.startswith("call_") for i in ids)
+
+
+def test_parser_misuse_raises():
+    p = make_parser(thinking=False)
+    p.finish()
+    with pytest.raises(RuntimeError):
+        p.feed_text("x")
+    text_only = OutputParser(None, thinking=False, tools=TOOLS)
+    with pytest.raises(RuntimeError):
+        text_only.feed([1])
+    assert text_only.feed_text("hi").content_delta == "hi"
+    with pytest.raises(ValueError):
+        OutputParser(None, prompt_ids=[1, 2])
+
+
+# ----------------------------------------------------------------------------- property test
+
+_FRAGMENTS = [
+    "<", ">", '"', "\\", "\n", "\n\n", "/", "</", "<｜", "｜", "▁", '{"a": 1}', "</think>", "<think>", "<｜User｜>",
+    "｜DSML｜", "<｜DSML｜ invoke", "北京", "😀", ' string="', '">', "\u2028", "\t", "\x00", "null", "é",
+]  # fmt: skip
+_FORBIDDEN_EVERYWHERE = ("</｜DSML｜", EOS)
+_text = (
+    st.lists(st.one_of(st.characters(blacklist_categories=("Cs",)), st.sampled_from(_FRAGMENTS)), max_size=12)
+    .map("".join)
+    .filter(lambda s: not any(f in s for f in _FORBIDDEN_EVERYWHERE))
+)
+_names = _text.filter(lambda s: s and '">' not in s)
+_keys = _text.filter(lambda s: '" string="' not in s)
+_free_text = _text.filter(lambda s: not any(m in s for m in ("<think>", "</think>", "<｜DSML｜")))
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _text,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(_text, children, max_size=3),
+    max_leaves=8,
+)
+_calls = st.lists(st.tuples(_names, st.dictionaries(_keys, _json, max_size=4)), max_size=3)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(
+    reasoning=_free_text,
+    content=_free_text,
+    calls=_calls,
+    thinking=st.booleans(),
+    revision=st.sampled_from(["v41", "v4-original"]),
+    data=st.data(),
+)
+def test_random_tool_calls_round_trip_through_render_and_parse(reasoning, content, calls, thinking, revision, data):
+    prompt_ids, gen_ids, gen_text = rendered_turn(reasoning, content, calls, thinking, revision)
+    want = expected(reasoning, content, calls, thinking)
+    kw = dict(prompt_ids=prompt_ids, revision=revision)
+    whole, _ = run([gen_ids], by_ids=True, **kw)
+    assert summary(whole) == want
+    for seq, by_ids in ((gen_ids, True), (gen_text, False)):
+        cuts = sorted(set(data.draw(st.lists(st.integers(0, len(seq)), max_size=10))))
+        bounds = [0, *cuts, len(seq)]
+        result, deltas = run([seq[a:b] for a, b in zip(bounds, bounds[1:])], by_ids=by_ids, **kw)
+        assert result == whole
+        check_stream(result, deltas, markers_in_data=True)
+
+
+_SOUP = [
+    "<｜DSML｜", "</｜DSML｜", " calls>", "tool_calls>", " invoke", ' name="', "f", '">', " parameter", '" string="',
+    'true">', 'false">', ">", "\n", "\n\n", "<think>", "</think>", EOS, "[1, 2]", "x", " ", '"', "北", "<", "</",
+]  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pieces=st.lists(st.sampled_from(_SOUP), max_size=40),
+    thinking=st.booleans(),
+    tools=st.booleans(),
+    holdback=st.sampled_from([0, 5, 256, None]),
+    data=st.data(),
+)
+def test_any_text_gives_the_same_result_for_any_split(pieces, thinking, tools, holdback, data):
+    text = "".join(pieces)
+    kw = dict(thinking=thinking, tools=TOOLS if tools else None, reasoning_holdback_chars=holdback)
+    whole, _ = run([text], by_ids=False, **kw)
+    for chunks in ([text[i : i + 1] for i in range(len(text))], None):
+        if chunks is None:
+            cuts = sorted(set(data.draw(st.lists(st.integers(0, len(text)), max_size=12))))
+            bounds = [0, *cuts, len(text)]
+            chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+        result, deltas = run(chunks, by_ids=False, **kw)
+        assert result == whole
+        check_stream(result, deltas, markers_in_data=True)
+        assert EOS not in (result.reasoning_content or "") + result.content
+        for c in result.tool_calls:
+            json.loads(c["function"]["arguments"])
