@@ -10,7 +10,7 @@ REQS_PY := import tomllib; d = tomllib.load(open("pyproject.toml", "rb")); \
 	print(*d["build-system"]["requires"], *d["project"]["dependencies"], \
 	*d["project"]["optional-dependencies"]["test"], sep="\n")
 
-.PHONY: venv develop run test
+.PHONY: venv proto develop client run test
 
 venv: $(VENV_STAMP)
 
@@ -21,13 +21,27 @@ $(VENV_STAMP):
 	rm -f $(VENV)/.v41-deps-*
 	touch $@
 
-develop: venv
+# Python gRPC stubs of proto/v41/v1/engine.proto (grpcio-tools) into python/v41/v1/ (git-ignored, never
+# edited). Regenerated when the proto or the generator changes; v41.serve.grpc_gen also regenerates stale
+# stubs on import in a source tree.
+PROTO_STUBS := python/v41/v1/.engine.proto.sha256
+proto: $(PROTO_STUBS)
+
+$(PROTO_STUBS): proto/v41/v1/engine.proto python/v41/serve/grpc_gen.py $(VENV_STAMP)
+	$(PY) python/v41/serve/grpc_gen.py
+
+develop: venv proto
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release
 
-run: develop
-	$(VENV)/bin/v41 generate --prompt "Hello" --max-tokens 32
+# The Rust gRPC client and load generator (target/debug/v41-client; protoc comes from protoc-bin-vendored).
+client:
+	cargo build -p v41-client
 
-test: develop
+# The OpenAI-compatible server on 127.0.0.1:8000 with the embedded tiny model (Ctrl-C stops it).
+run: develop
+	$(VENV)/bin/v41-serve
+
+test: develop client
 	cargo test --workspace --exclude v41-py
 	V41_TEST=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
 		$(PY) -m pytest -q -n 2 --timeout 600 tests

@@ -8,10 +8,13 @@ request finished aborts the request (KF-17), so its blocks are freed within abou
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
+import os
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -21,6 +24,7 @@ from .llm import PromptLike, encode_prompt
 from .params import CompletionOutput, RequestOutput, SamplingParams
 
 log = logging.getLogger("v41.engine")
+STEP_TIMEOUT_ENV = "V41_STEP_TIMEOUT_S"  # one step longer than this: the loop counts as wedged (default 600 s)
 
 
 class EngineDeadError(RuntimeError):
@@ -30,7 +34,9 @@ class EngineDeadError(RuntimeError):
 class AsyncEngine:
     """Asynchronous front of :class:`EngineCore`. ``generate`` yields :class:`RequestOutput` deltas: each
     completion's ``text`` and ``token_ids`` hold only what is new since the previous yield; the last one
-    has ``finished=True`` and a finish reason."""
+    has ``finished=True`` and a finish reason. Satisfies ``v41.serve.EngineProtocol`` (the in-process
+    engine of the front ends' tests); ``last_heartbeat_s`` is "now" while the loop thread lives and its
+    current step has run at most ``$V41_STEP_TIMEOUT_S`` (default 600 s)."""
 
     def __init__(self, args: EngineArgs | None = None, core: EngineCore | None = None, **kwargs):
         self.core = core or EngineCore(args or EngineArgs(**kwargs))
@@ -40,12 +46,60 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stopped = False
         self.error: BaseException | None = None
+        self._step_timeout_s = float(os.environ.get(STEP_TIMEOUT_ENV, "600"))
+        self._tick_s = time.monotonic()  # the loop's last pass
+        self._busy_since: float | None = None  # start of the running step
+        self._started_s = time.monotonic()
+        self._num_steps = 0
         self._thread = threading.Thread(target=self._loop, name="v41-engine-core", daemon=True)
         self._thread.start()
 
     @property
     def is_running(self) -> bool:
         return self._thread.is_alive() and self.error is None
+
+    @property
+    def tokenizer(self):
+        return self.core.tokenizer
+
+    @property
+    def cfg(self):
+        return self.core.cfg
+
+    @property
+    def max_model_len(self) -> int:
+        return self.core.max_model_len
+
+    @property
+    def model_dir(self) -> str:
+        return str(self.core.args.model)
+
+    @property
+    def last_heartbeat_s(self) -> float:
+        """``time.monotonic()`` of the loop's last sign of life: now while it runs and is not wedged."""
+        now = time.monotonic()
+        if not self.is_running:
+            return self._tick_s
+        busy = self._busy_since
+        if busy is not None and now - busy > self._step_timeout_s:
+            return busy + self._step_timeout_s
+        return now
+
+    async def stats(self) -> dict:
+        """Scheduler stats + ``engine`` info (the shape of ``v41.serve.EngineProtocol.stats``); answered by the
+        loop between steps. Raises EngineDeadError when the loop is not running."""
+        if not self.is_running:
+            raise EngineDeadError("the engine is not running") from self.error
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._send(("stats", fut))
+        waiter = asyncio.wrap_future(fut)
+        while True:  # a loop that stops before answering must not leave the caller waiting
+            done, _ = await asyncio.wait({waiter}, timeout=1.0)
+            if done:
+                return waiter.result()
+            if not self.is_running:
+                waiter.cancel()
+                raise EngineDeadError("the engine is not running") from self.error
 
     # -- public --------------------------------------------------------------------------------------------
     async def generate(self, prompt: PromptLike, params: SamplingParams | None = None,
@@ -103,7 +157,14 @@ class AsyncEngine:
                 msg = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if msg[0] == "add":
+            if msg[0] == "stats":
+                stats = dict(core.stats())
+                stats["engine"] = {"pid": os.getpid(), "model_dir": str(core.args.model),
+                                   "max_model_len": core.max_model_len, "num_steps": self._num_steps,
+                                   "num_requests": len(core.requests),
+                                   "uptime_s": time.monotonic() - self._started_s, "stale": False}
+                msg[1].set_result(stats)
+            elif msg[0] == "add":
                 _, rid, prompt, params = msg
                 try:
                     text, ids = encode_prompt(core, prompt)
@@ -118,12 +179,17 @@ class AsyncEngine:
     def _loop(self) -> None:
         try:
             while not self._stopped:
+                self._tick_s = time.monotonic()
                 self._drain()
                 if not self.core.has_unfinished():
                     self._wake.wait(timeout=0.05)
                     self._wake.clear()
                     continue
-                for out in self.core.step():
+                self._busy_since = time.monotonic()
+                outs = self.core.step()
+                self._busy_since = None
+                self._num_steps += 1
+                for out in outs:
                     self._deliver(out.request_id, out)
         except BaseException as e:  # noqa: BLE001 - every stream must learn that the engine died
             log.exception("engine loop died")
@@ -134,6 +200,17 @@ class AsyncEngine:
                 err.__cause__ = self.error
             for rid in list(self._streams):
                 self._deliver(rid, err)
+            self._fail_pending(err)
+
+    def _fail_pending(self, err: BaseException) -> None:
+        """Fail stats requests still in the inbox (the loop will not answer them)."""
+        while True:
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if msg[0] == "stats" and not msg[1].done():
+                msg[1].set_exception(err)
 
 
 def _delta(out: RequestOutput, sent: dict[int, tuple[int, int]]) -> RequestOutput:

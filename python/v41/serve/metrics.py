@@ -1,0 +1,125 @@
+"""Prometheus metrics of one server (``GET /metrics``), on a registry of their own (not the global one), so
+several apps in one process (tests) never share or clash.
+
+Request-level figures are measured in the front end, per engine request, from the arrival of the HTTP
+request: TTFT (arrival → first generated token), inter-token latency (TPOT: gap between token deliveries,
+split evenly when one delivery carries several tokens), end-to-end latency (arrival → terminal output) and
+queue time (engine arrival → first scheduled, only when the engine reports ``RequestOutput.metrics``).
+Engine-level gauges (running/waiting, KV usage per cache kind, prefix hit rate) are refreshed from the
+engine's ``stats()`` at every scrape. All times are seconds.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..engine.params import RequestOutput
+
+_LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                      20.0, 40.0, 80.0, 160.0, 640.0)
+_TOKEN_GAP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+                        0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+
+METRIC_NAMES = (
+    "v41_requests_total", "v41_request_errors_total", "v41_time_to_first_token_seconds",
+    "v41_time_per_output_token_seconds", "v41_e2e_request_latency_seconds", "v41_request_queue_time_seconds",
+    "v41_num_requests_running", "v41_num_requests_waiting", "v41_kv_cache_usage_ratio",
+    "v41_prefix_cache_hit_rate", "v41_prompt_tokens_total", "v41_generation_tokens_total", "v41_engine_alive",
+)
+
+
+class ServerMetrics:
+    """The metrics of one server; ``registry`` is its own :class:`CollectorRegistry`."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("v41_requests", "Finished completions by finish reason.", ["finish_reason"],
+                                registry=r)
+        self.errors = Counter("v41_request_errors", "Requests answered with an error, by HTTP status.",
+                              ["status"], registry=r)
+        self.ttft = Histogram("v41_time_to_first_token_seconds", "Arrival to first generated token.",
+                              buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.tpot = Histogram("v41_time_per_output_token_seconds", "Gap between consecutive output tokens.",
+                              buckets=_TOKEN_GAP_BUCKETS_S, registry=r)
+        self.e2e = Histogram("v41_e2e_request_latency_seconds", "Arrival to the terminal output.",
+                             buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.queue = Histogram("v41_request_queue_time_seconds", "Engine arrival to first scheduled.",
+                               buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.running = Gauge("v41_num_requests_running", "Requests in the engine's running batch.", registry=r)
+        self.waiting = Gauge("v41_num_requests_waiting", "Requests waiting to be scheduled.", registry=r)
+        self.kv_usage = Gauge("v41_kv_cache_usage_ratio", "Used / total KV blocks per cache kind.", ["kind"],
+                              registry=r)
+        self.prefix_hit_rate = Gauge("v41_prefix_cache_hit_rate", "Prefix-cache hit rate (tokens).", registry=r)
+        self.prompt_tokens = Counter("v41_prompt_tokens", "Prompt tokens of accepted requests.", registry=r)
+        self.generation_tokens = Counter("v41_generation_tokens", "Generated tokens.", registry=r)
+        self.alive = Gauge("v41_engine_alive", "1 while the engine is alive and making progress.", registry=r)
+
+    def track(self, arrival_s: float | None = None) -> RequestTracker:
+        """A tracker for one engine request that arrived at ``arrival_s`` (``time.monotonic``; default now)."""
+        return RequestTracker(self, time.monotonic() if arrival_s is None else arrival_s)
+
+    def record_error(self, http_status: int) -> None:
+        self.errors.labels(status=str(http_status)).inc()
+
+    def update_engine(self, stats: dict | None, alive: bool) -> None:
+        """Refresh the engine gauges from a ``stats()`` dict (running, waiting, blocks{kind: used/free/total},
+        prefix_hit_rate); None leaves them as they are."""
+        self.alive.set(1.0 if alive else 0.0)
+        if not stats:
+            return
+        self.running.set(stats.get("running", 0))
+        self.waiting.set(stats.get("waiting", 0))
+        for kind, pool in (stats.get("blocks") or {}).items():
+            total = pool.get("total", 0)
+            self.kv_usage.labels(kind=kind).set(pool.get("used", 0) / total if total else 0.0)
+        if stats.get("prefix_hit_rate") is not None:
+            self.prefix_hit_rate.set(stats["prefix_hit_rate"])
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class RequestTracker:
+    """Latency and token accounting of one engine request (n completions); feed it every delta output."""
+
+    def __init__(self, metrics: ServerMetrics, arrival_s: float):
+        self.m = metrics
+        self.arrival_s = arrival_s
+        self.last_token_s: float | None = None
+        self.prompt_counted = False
+        self.done = False
+
+    def on_output(self, out: RequestOutput) -> None:
+        """Account one delta output (``outputs[i].token_ids`` hold only new tokens)."""
+        now = time.monotonic()
+        if not self.prompt_counted:
+            self.prompt_counted = True
+            self.m.prompt_tokens.inc(len(out.prompt_token_ids))
+            mt = out.metrics
+            if mt is not None and mt.first_scheduled_time is not None:
+                self.m.queue.observe(max(0.0, mt.first_scheduled_time - mt.arrival_time))
+        new = sum(len(c.token_ids) for c in out.outputs)
+        if new:
+            self.m.generation_tokens.inc(new)
+            if self.last_token_s is None:
+                self.m.ttft.observe(now - self.arrival_s)
+                new -= 1  # the first token is TTFT, not an inter-token gap
+            if new > 0 and self.last_token_s is not None:
+                gap = (now - self.last_token_s) / new
+                for _ in range(new):
+                    self.m.tpot.observe(gap)
+            self.last_token_s = now
+        if out.finished and not self.done:
+            self.done = True
+            self.m.e2e.observe(now - self.arrival_s)
+            for c in out.outputs:
+                self.m.requests.labels(finish_reason=c.finish_reason or "abort").inc()
+
+    def on_abandoned(self) -> None:
+        """The request ended without a terminal output (client gone, error): count it as aborted."""
+        if not self.done:
+            self.done = True
+            self.m.requests.labels(finish_reason="abort").inc()
