@@ -138,19 +138,6 @@ class _Stream:
             pass
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
-    return value
-
-
 class EngineClient:
     """:class:`EngineProtocol` over an engine-core process (module doc).
 
@@ -167,7 +154,7 @@ class EngineClient:
                  env: dict[str, str] | None = None):
         args.validate()
         self.args = args
-        self.heartbeat_timeout_s = heartbeat_timeout_s or _env_float(HEARTBEAT_TIMEOUT_ENV,
+        self.heartbeat_timeout_s = heartbeat_timeout_s or m.env_seconds(HEARTBEAT_TIMEOUT_ENV,
                                                                      DEFAULT_HEARTBEAT_TIMEOUT_S)
         self.max_queue_len = max_queue_len
         self._streams: dict[str, _Stream] = {}

@@ -50,16 +50,7 @@ STATS_REFRESH_S = 0.25
 def step_timeout_s() -> float:
     """``$V41_STEP_TIMEOUT_S`` (default 600): the longest one loop iteration may take before the engine counts
     as wedged. Raises ValueError for a value that is not a positive number."""
-    raw = os.environ.get(STEP_TIMEOUT_ENV)
-    if raw is None:
-        return DEFAULT_STEP_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{STEP_TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
-    return value
+    return m.env_seconds(STEP_TIMEOUT_ENV, DEFAULT_STEP_TIMEOUT_S)
 
 
 class EngineLoop:

@@ -19,6 +19,8 @@ Direction and meaning:
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -228,3 +230,18 @@ def output_from_dict(d: dict, prompt: str | None = None, prompt_token_ids: list[
 def prompt_logprobs_from_wire(entries: list | None) -> list[dict[int, Logprob] | None]:
     """Wire prompt-logprob entries → Logprob maps (None stays None)."""
     return [_lp_from_wire(e) for e in entries or []]
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable ``name`` (``default`` when unset).
+    Raises ValueError naming the variable for anything else."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
+    return value
