@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+mod comm;
 mod sched;
 
 /// Native extension of v41 (Rust).
@@ -12,6 +13,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     sched::register(m)?;
+    comm::register(m)?;
     Ok(())
 }
 
