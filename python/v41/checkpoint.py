@@ -11,6 +11,13 @@ Stored dtypes are checked against :func:`~v41.checkpoint_names.storage_format`: 
 without one; ``mxfp4`` weights I8 (or U8) with a ``.scale``, or BF16/F32; ``i64`` tensors I64 or I32. Scales
 must be F8_E8M0 (or U8 raw exponent bytes).
 
+Tensor parallelism: given a rank's shard plan (bare name → :class:`~v41.distributed.group.Shard`,
+:func:`v41.models.reference.sharding.shard_plan`), sharded tensors are read as slices (``safe_open(...)
+.get_slice``), never whole. A quantized weight is read over the quantization-block-aligned range enclosing the
+slice together with the matching rows/columns of its ``.scale`` (FP8: the tensor's scale-grid block along the
+sharded dim; MXFP4 along the input dim: two values per packed byte, one scale per 32 inputs), dequantized,
+then cut to the exact slice. Shape checks compare the stored tensor with the full (unsharded) shape.
+
 Errors: :class:`CheckpointError` (a ``ValueError``) naming the tensor(s) or file: missing tensors, unexpected
 tensors (listed: unknown names, a ``.scale`` beside an unquantized weight, tensors a shard holds but the index
 does not list), shape or dtype mismatches (tensor, stored dtype, expected format), bad scales, unreadable or
@@ -20,7 +27,7 @@ truncated shards, a malformed index.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import torch
@@ -29,6 +36,7 @@ from safetensors import safe_open
 from . import quant
 from .checkpoint_names import IGNORED_PREFIXES_V41, fp8_block, hf_to_bare, storage_format
 from .config import ModelConfig
+from .distributed.group import Shard
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -46,6 +54,8 @@ _ST_NAMES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
              torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.float8_e8m0fnu: "F8_E8M0",
              torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
              torch.bool: "BOOL"}
+_ST_DTYPES = {v: k for k, v in _ST_NAMES.items()}
+_MX_BLOCK = 32  # MXFP4: inputs per E8M0 scale (two per packed byte)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -95,8 +105,43 @@ def _open(file: Path):
         raise CheckpointError(f"{file.name}: unreadable or truncated safetensors file ({e})") from None
 
 
-def iter_raw(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name as stored, tensor)`` shard by shard, in shard order."""
+class StoredTensor:
+    """One tensor of an open shard, read on demand: whole (:meth:`read`) or a slice (``read(index)``).
+
+    ``shape`` and ``dtype`` come from the shard header (no data read). Read errors become CheckpointError
+    naming the file and the tensor.
+    """
+
+    def __init__(self, f, fname: str, name: str):
+        self.f, self.fname, self.name = f, fname, name
+        try:
+            meta = f.get_slice(name)
+            self.shape = tuple(int(n) for n in meta.get_shape())
+            self._dtype = _ST_DTYPES.get(meta.get_dtype())
+        except Exception as e:
+            raise self._error(e) from None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        if self._dtype is None:  # a dtype without a torch spelling in _ST_NAMES: ask torch
+            self._dtype = self.read().dtype
+        return self._dtype
+
+    def read(self, index: tuple[slice, ...] | None = None) -> torch.Tensor:
+        """The whole tensor, or ``tensor[index]`` read through ``get_slice`` (contiguous)."""
+        try:
+            if index is None:
+                return self.f.get_tensor(self.name)
+            return self.f.get_slice(self.name)[index].contiguous()
+        except Exception as e:
+            raise self._error(e) from None
+
+    def _error(self, e: Exception) -> CheckpointError:
+        return CheckpointError(f"{self.fname}: tensor {self.name!r} could not be read ({e}); file truncated?")
+
+
+def iter_stored(path: str | Path) -> Iterator[tuple[str, StoredTensor]]:
+    """Yield ``(name as stored, StoredTensor)`` shard by shard, in shard order, without reading data."""
     path = Path(path)
     for fname, names in shard_files(path).items():
         f = _open(path / fname)
@@ -108,11 +153,13 @@ def iter_raw(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
         for name in names:
             if name not in stored:
                 raise CheckpointError(f"{fname}: index lists {name!r} but the shard does not hold it")
-            try:
-                yield name, f.get_tensor(name)
-            except Exception as e:
-                raise CheckpointError(f"{fname}: tensor {name!r} could not be read ({e}); file truncated?") \
-                    from None
+            yield name, StoredTensor(f, fname, name)
+
+
+def iter_raw(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name as stored, tensor)`` shard by shard, in shard order."""
+    for name, st in iter_stored(path):
+        yield name, st.read()
 
 
 def _ignored(name: str, cfg: ModelConfig) -> bool:
@@ -121,10 +168,10 @@ def _ignored(name: str, cfg: ModelConfig) -> bool:
     return name.startswith(IGNORED_PREFIXES_V41) or (name.startswith("mtp.") and not cfg.has_dspark)
 
 
-def _check_dtype(name: str, weight: torch.Tensor, fmt: str) -> None:
-    if weight.dtype not in _ALLOWED_DTYPES[fmt]:
+def _check_dtype(name: str, dtype: torch.dtype, fmt: str) -> None:
+    if dtype not in _ALLOWED_DTYPES[fmt]:
         allowed = "/".join(_dtype_name(d) for d in _ALLOWED_DTYPES[fmt])
-        raise CheckpointError(f"{name}: stored as {_dtype_name(weight.dtype)}, but its format is {fmt} "
+        raise CheckpointError(f"{name}: stored as {_dtype_name(dtype)}, but its format is {fmt} "
                               f"(expected {allowed})")
 
 
@@ -138,7 +185,7 @@ def dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor | None, cfg:
     (default: ``name`` with ``.weight`` replaced by ``.scale``).
     """
     fmt = storage_format(name, cfg.expert_dtype)
-    _check_dtype(name, weight, fmt)
+    _check_dtype(name, weight.dtype, fmt)
     scale_name = scale_name or name.removesuffix(".weight") + ".scale"
     quantized = weight.dtype in _QUANTIZED_DTYPES and fmt in ("fp8", "mxfp4")
     if not quantized:
@@ -150,9 +197,7 @@ def dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor | None, cfg:
         return weight.to(dtype)
     if scale is None:
         raise CheckpointError(f"{name}: quantized weight ({_dtype_name(weight.dtype)}) without its .scale tensor")
-    if scale.dtype not in _SCALE_DTYPES:
-        raise CheckpointError(f"{scale_name}: scale stored as {_dtype_name(scale.dtype)}, expected F8_E8M0 "
-                              "(or U8 exponent bytes)")
+    _check_scale_dtype(scale_name, scale.dtype)
     try:
         if fmt == "fp8":
             out = quant.dequant_fp8_block(weight, scale, fp8_block(name, cfg.weight_block_size))
@@ -164,33 +209,96 @@ def dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor | None, cfg:
     return out.to(dtype)
 
 
-def load_into(model: torch.nn.Module, path: str | Path, cfg: ModelConfig, dtype: torch.dtype) -> None:
+def _check_scale_dtype(scale_name: str, dtype: torch.dtype) -> None:
+    if dtype not in _SCALE_DTYPES:
+        raise CheckpointError(f"{scale_name}: scale stored as {_dtype_name(dtype)}, expected F8_E8M0 "
+                              "(or U8 exponent bytes)")
+
+
+def _index(dim: int, start: int, stop: int) -> tuple[slice, ...]:
+    return (slice(None),) * dim + (slice(start, stop),)
+
+
+def _check_full_shape(name: str, stored: tuple[int, ...], full: tuple[int, ...]) -> None:
+    if stored != full:
+        raise CheckpointError(f"{name}: shape {stored} in checkpoint, expected {full}")
+
+
+def read_plain_shard(name: str, st: StoredTensor, shard: Shard, full_shape: tuple[int, ...], cfg: ModelConfig,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """The ``shard`` of an unquantized stored tensor whose full shape must be ``full_shape``, read as a slice
+    and converted like :func:`dequantize`. Raises CheckpointError (dtype, shape, read errors)."""
+    _check_dtype(name, st.dtype, storage_format(name, cfg.expert_dtype))
+    _check_full_shape(name, st.shape, full_shape)
+    return dequantize(name, st.read(_index(shard.dim, shard.start, shard.stop)), None, cfg, dtype)
+
+
+def read_quantized_shard(name: str, weight: StoredTensor, scale: StoredTensor, scale_name: str, shard: Shard,
+                         full_shape: tuple[int, ...], cfg: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
+    """The ``shard`` of a quantized weight (FP8 block-scaled or MXFP4) of full dequantized shape ``full_shape``.
+
+    Reads only the quantization-block-aligned range ``[a0, a1)`` enclosing ``[start, stop)`` along the sharded
+    dim and the matching scale rows/columns (FP8: the scale grid's block along that dim; MXFP4 rows: one
+    row each; MXFP4 input columns: blocks of 32 inputs = 16 packed bytes = 1 scale), dequantizes, and cuts the
+    exact slice. Raises CheckpointError naming the tensor for a wrong dtype, a wrong full shape, a scale grid
+    that does not fit the weight, or a read error.
+    """
+    fmt = storage_format(name, cfg.expert_dtype)
+    _check_dtype(name, weight.dtype, fmt)
+    _check_scale_dtype(scale_name, scale.dtype)
+    if len(weight.shape) != 2:
+        raise CheckpointError(f"{name}: shape {weight.shape} in checkpoint, expected {full_shape}")
+    out, packed_in = weight.shape
+    if fmt == "fp8":
+        logical = (out, packed_in)
+        blocks = fp8_block(name, cfg.weight_block_size)
+    else:  # mxfp4: two inputs per byte, one scale per 32 inputs
+        logical = (out, 2 * packed_in)
+        blocks = (1, _MX_BLOCK)
+    _check_full_shape(name, logical, full_shape)
+    grid = tuple(-(-n // b) for n, b in zip(logical, blocks))
+    if scale.shape != grid:
+        raise CheckpointError(f"{name}: cannot dequantize {fmt} weight {weight.shape} with scale {scale_name} "
+                              f"{scale.shape}: expected a scale grid of shape {grid}")
+    d, b = shard.dim, blocks[shard.dim]
+    a0 = shard.start // b * b
+    a1 = min(-(-shard.stop // b) * b, logical[d])
+    per_byte = 2 if fmt == "mxfp4" and d == 1 else 1  # a0 is a multiple of 32 and a1 is, or is the (even) end
+    w = weight.read(_index(d, a0 // per_byte, a1 // per_byte))
+    s = scale.read(_index(d, a0 // b, -(-a1 // b)))
+    return dequantize(name, w, s, cfg, dtype, scale_name).narrow(d, shard.start - a0, shard.size)
+
+
+def load_into(model: torch.nn.Module, path: str | Path, cfg: ModelConfig, dtype: torch.dtype,
+              shards: Mapping[str, Shard] | None = None) -> None:
     """Fill ``model``'s parameters and buffers (named by bare checkpoint names) from ``path`` in place.
 
     Every expected tensor must appear exactly once; extra tensors are an error unless ignored for the
-    architecture. Raises CheckpointError.
+    architecture. shards: bare name → the slice of that tensor ``model`` holds (tensor parallelism); those are
+    read as slices and their stored shapes checked against the full shape. Raises CheckpointError.
     """
+    shards = {k: v for k, v in (shards or {}).items() if not v.is_full}
     targets = dict(model.named_parameters())
     targets.update(dict(model.named_buffers()))
     loaded: set[str] = set()
     unexpected: list[str] = []
-    # base weight name -> {"weight"/"scale": (name as stored, tensor)}; a weight waits here only when stored in a
-    # quantized dtype, a scale until its weight arrives
-    pending: dict[str, dict[str, tuple[str, torch.Tensor]]] = {}
-    for stored_name, tensor in iter_raw(path):
+    # base weight name -> {"weight"/"scale": (name as stored, StoredTensor)}; a weight waits here only when stored
+    # in a quantized dtype, a scale until its weight arrives
+    pending: dict[str, dict[str, tuple[str, StoredTensor]]] = {}
+    for stored_name, st in iter_stored(path):
         name = hf_to_bare(stored_name)
         if _ignored(name, cfg):
             continue
         if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            _check_dtype(stored_name, tensor, "bf16")  # HF fused experts: dequantized exports only
-            for sub, t in _split_fused(name, tensor):
+            _check_dtype(stored_name, st.dtype, "bf16")  # HF fused experts: dequantized exports only
+            for sub, t in _split_fused(name, st, shards):
                 _assign(targets, sub, t.to(dtype), loaded)
             continue
         is_scale = name.endswith(".scale")
-        if is_scale or (tensor.dtype in _QUANTIZED_DTYPES and not name.endswith("tid2eid")):
+        if is_scale or (st.dtype in _QUANTIZED_DTYPES and not name.endswith("tid2eid")):
             base = name.removesuffix(".scale") + ".weight" if is_scale else name
             slot = pending.setdefault(base, {})
-            slot["scale" if is_scale else "weight"] = (stored_name, tensor)
+            slot["scale" if is_scale else "weight"] = (stored_name, st)
             if len(slot) < 2:
                 continue
             del pending[base]
@@ -198,18 +306,29 @@ def load_into(model: torch.nn.Module, path: str | Path, cfg: ModelConfig, dtype:
                 unexpected.extend(n for n, _ in slot.values())
                 continue
             (_, weight), (scale_stored, scale) = slot["weight"], slot["scale"]
-            _assign(targets, base, dequantize(base, weight, scale, cfg, dtype, scale_stored), loaded)
+            shard = shards.get(base)
+            if shard is None:
+                value = dequantize(base, weight.read(), scale.read(), cfg, dtype, scale_stored)
+            else:
+                full = shard.full_shape(tuple(targets[base].shape))
+                value = read_quantized_shard(base, weight, scale, scale_stored, shard, full, cfg, dtype)
+            _assign(targets, base, value, loaded)
             continue
         if name not in targets:
             unexpected.append(stored_name)
             continue
-        _assign(targets, name, dequantize(name, tensor, None, cfg, dtype), loaded)
+        shard = shards.get(name)
+        if shard is None:
+            value = dequantize(name, st.read(), None, cfg, dtype)
+        else:
+            value = read_plain_shard(name, st, shard, shard.full_shape(tuple(targets[name].shape)), cfg, dtype)
+        _assign(targets, name, value, loaded)
     for base, slot in pending.items():
         if "weight" in slot:
             if base not in targets:
                 unexpected.append(slot["weight"][0])
             else:  # dtype error (e.g. F8 where bf16 is expected) or a quantized weight without its scale
-                dequantize(base, slot["weight"][1], None, cfg, dtype)
+                dequantize(base, slot["weight"][1].read(), None, cfg, dtype)
         elif base in loaded or base not in targets:
             # a scale beside an unquantized weight, or beside no known weight at all
             unexpected.append(slot["scale"][0])
@@ -234,13 +353,29 @@ def _assign(targets: dict[str, torch.Tensor], name: str, value: torch.Tensor, lo
     loaded.add(name)
 
 
-def _split_fused(name: str, t: torch.Tensor):
-    """HF fused experts ``gate_up_proj [E, 2I, D]`` / ``down_proj [E, D, I]`` → per-expert bare names."""
+def _split_fused(name: str, st: StoredTensor, shards: Mapping[str, Shard]):
+    """HF fused experts ``gate_up_proj [E, 2I, D]`` / ``down_proj [E, D, I]`` → per-expert bare names; under
+    TP only the rank's ``[i0, i1)`` of I is read (of both halves of ``gate_up_proj``)."""
     prefix = name.rsplit(".", 1)[0]
-    for e in range(t.shape[0]):
-        if name.endswith("gate_up_proj"):
-            w1, w3 = t[e].chunk(2, dim=0)
-            yield f"{prefix}.{e}.w1.weight", w1
-            yield f"{prefix}.{e}.w3.weight", w3
+    gate_up = name.endswith("gate_up_proj")
+    shard = shards.get(f"{prefix}.0.w1.weight")  # every expert (w1, w3 rows; w2 columns) shares the range
+    if shard is None:
+        t = st.read()
+        w1, w3 = t.chunk(2, dim=1) if gate_up else (None, None)
+    else:
+        inter, (i0, i1) = shard.full, (shard.start, shard.stop)
+        dim, want = (1, 2 * inter) if gate_up else (2, inter)
+        if len(st.shape) != 3 or st.shape[dim] != want:
+            what = "[E, 2·I, D]" if gate_up else "[E, D, I]"
+            raise CheckpointError(f"{name}: shape {st.shape} in checkpoint, expected {what} with "
+                                  f"I = moe_intermediate_size = {inter}")
+        if gate_up:
+            w1, w3 = st.read(_index(1, i0, i1)), st.read(_index(1, inter + i0, inter + i1))
+        else:
+            t = st.read(_index(2, i0, i1))
+    for e in range(st.shape[0]):
+        if gate_up:
+            yield f"{prefix}.{e}.w1.weight", w1[e]
+            yield f"{prefix}.{e}.w3.weight", w3[e]
         else:
             yield f"{prefix}.{e}.w2.weight", t[e]

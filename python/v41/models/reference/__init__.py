@@ -2,7 +2,8 @@
 
 ``load(path, dtype=torch.float32, device="cpu", numerics="exact")`` returns a :class:`Transformer` whose call
 on input ids [B, T] gives logits [B, T, vocab]; :meth:`Transformer.forward_chunk` is the incremental path
-and :meth:`Transformer.draft` runs one DSpark draft block.
+and :meth:`Transformer.draft` runs one DSpark draft block. ``load(..., tp=group)`` builds one tensor-parallel
+rank's shard (:mod:`.sharding`; the group is a :class:`v41.distributed.group.TPGroup`).
 """
 
 from .loader import load

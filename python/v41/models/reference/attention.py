@@ -2,6 +2,12 @@
 RoPE on the output, grouped output projection (v41-architecture.md §3.5, §4 "Attention").
 
 Subclasses add the compressed branch: :mod:`.csa2` (V4.1) and :mod:`.compress_v4` (V4 CSA/HCA).
+
+Tensor parallelism (v41-architecture.md §3.5 "TP shards heads (and o_groups caps clean TP at 8)", §8): a rank
+holds its heads' rows of ``wq_b`` and ``attn_sink`` and its output groups' rows of ``wo_a`` / columns of
+``wo_b``; its ``wo_b`` output is a partial sum, all-reduced in :meth:`Attention.output`. The low-rank q input,
+the K=V latent (``wkv``, ``kv_norm``), compressors and indexers are replicated, so every rank writes the same
+caches and selects the same entries.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ from torch import nn
 
 from ... import quant
 from ...config import LayerPlan, ModelConfig
+from ...distributed.group import SINGLE, TPGroup
 from .ops import Linear, RMSNorm, Rope, rms_norm, sink_attention, stable_topk, window_visible
+from .sharding import group_range, head_range
 from .state import LayerState, RequestCache, append_rows
 
 
@@ -37,29 +45,35 @@ class Attention(nn.Module):
     """Sliding-window MQA with sinks (a ratio-0 layer, §3.5); base of the compressed variants.
 
     Tensors: ``wq_a [q_lora, D]``, ``q_norm [q_lora]``, ``wq_b [H·hd, q_lora]``, ``wkv [hd, D]``,
-    ``kv_norm [hd]``, ``wo_a [G·R, H·hd/G]``, ``wo_b [D, G·R]``, ``attn_sink [H]``.
+    ``kv_norm [hd]``, ``wo_a [G·R, H·hd/G]``, ``wo_b [D, G·R]``, ``attn_sink [H]``. Under ``tp`` (W ranks)
+    H and G are the local ``n_heads = H/W`` and ``n_groups = G/W`` (module docstring); the config must pass
+    :func:`v41.distributed.group.check_tp`.
     """
 
-    def __init__(self, cfg: ModelConfig, plan: LayerPlan, *, q_head_norm: bool):
+    def __init__(self, cfg: ModelConfig, plan: LayerPlan, *, q_head_norm: bool, tp: TPGroup | None = None):
         super().__init__()
-        d, h, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+        self.tp = tp or SINGLE
+        d, hd = cfg.hidden_size, cfg.head_dim
+        h0, h1 = head_range(cfg, self.tp.world_size, self.tp.rank)
+        g0, g1 = group_range(cfg, self.tp.world_size, self.tp.rank)
+        h, g = h1 - h0, g1 - g0
         self.cfg, self.plan, self.q_head_norm = cfg, plan, q_head_norm
-        self.n_heads, self.head_dim = h, hd
+        self.n_heads, self.n_groups, self.head_dim = h, g, hd
         self.attn_sink = nn.Parameter(torch.zeros(h), requires_grad=False)
         self.wq_a = Linear(d, cfg.q_lora_rank, fp8_input=True)
         self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
         self.wq_b = Linear(cfg.q_lora_rank, h * hd, fp8_input=True)
         self.wkv = Linear(d, hd, fp8_input=True)
         self.kv_norm = RMSNorm(hd, cfg.rms_norm_eps)
-        self.wo_a = Linear(h * hd // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank)
-        self.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, d, fp8_input=True)
+        self.wo_a = Linear(cfg.num_attention_heads * hd // cfg.o_groups, g * cfg.o_lora_rank)
+        self.wo_b = Linear(g * cfg.o_lora_rank, d, fp8_input=True)
         base, scaling = cfg.layer_rope(plan.ratio)
         self.rope = Rope(cfg.qk_rope_head_dim, base, scaling)
         self.deployed = False
 
     # -- pieces ----------------------------------------------------------------------------------------
     def project_q(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: [T, D] → (q [T, H, hd] post-RoPE, qr [T, q_lora] the normalized low-rank q)."""
+        """x: [T, D] → (q [T, H_local, hd] post-RoPE, qr [T, q_lora] the normalized low-rank q, replicated)."""
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).view(x.shape[0], self.n_heads, self.head_dim)
         if self.q_head_norm:  # V4 only: unweighted per-head RMSNorm before RoPE (§4)
@@ -82,13 +96,14 @@ class Attention(nn.Module):
         return torch.cat([nope, rope], dim=-1)
 
     def output(self, o: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """o: [T, H, hd] → inverse RoPE, grouped ``wo_a`` (block-diagonal per group), ``wo_b`` → [T, D]."""
+        """o: [T, H_local, hd] → inverse RoPE, grouped ``wo_a`` (block-diagonal per group), ``wo_b`` → [T, D]
+        (§3.5 steps 6–7); under TP the local groups' partial ``wo_b`` output is all-reduced (full on every rank)."""
         o = self.rope(o, pos, inverse=True)
-        g = self.cfg.o_groups
+        g = self.n_groups
         og = o.reshape(o.shape[0], g, -1)  # group k = heads k·H/G .. (k+1)·H/G − 1
         wa = self.wo_a.weight.view(g, self.cfg.o_lora_rank, -1)
         z = torch.einsum("tgi,gri->tgr", og, wa).flatten(1)
-        return self.wo_b(z)
+        return self.tp.all_reduce(self.wo_b(z))
 
     def compressed(self, x: torch.Tensor, qr: torch.Tensor, ctx: ChunkContext
                    ) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ...config import LayerPlan, ModelConfig
+from ...distributed.group import TPGroup
 from .attention import Attention, ChunkContext, index_scores, select_topk, selection_mask
 from .ops import Linear, RMSNorm, Rope
 from .state import append_rows
@@ -73,10 +74,11 @@ class IndexerV4(nn.Module):
 
 
 class V4Attention(Attention):
-    """A V4 layer: sliding window plus, for ratio > 0, its own compressor (HCA) and indexer (CSA)."""
+    """A V4 layer: sliding window plus, for ratio > 0, its own compressor (HCA) and indexer (CSA). Under ``tp``
+    only the heads shard; compressors and indexer are replicated."""
 
-    def __init__(self, cfg: ModelConfig, plan: LayerPlan):
-        super().__init__(cfg, plan, q_head_norm=True)
+    def __init__(self, cfg: ModelConfig, plan: LayerPlan, tp: TPGroup | None = None):
+        super().__init__(cfg, plan, q_head_norm=True, tp=tp)
         if plan.ratio > 0:
             csa = plan.attn_type == "csa"
             self.compressor = WindowCompressor(cfg.hidden_size, cfg.head_dim, plan.ratio, csa, cfg.rms_norm_eps)

@@ -9,6 +9,7 @@ from torch import nn
 
 from ... import quant
 from ...config import LayerPlan, ModelConfig
+from ...distributed.group import TPGroup
 from .attention import Attention, ChunkContext, index_scores, select_topk, selection_mask
 from .ops import Linear, RMSNorm, stable_topk
 from .state import LayerState, append_rows
@@ -71,10 +72,11 @@ class Indexer(nn.Module):
 class CSA2Attention(Attention):
     """A V4.1 layer with ``compress_ratio > 0`` (§3.5–§3.7). Sources compress and write entries before any
     scoring reads them; index sources publish their top-k list; consumers reuse their index source's list
-    and their kv source's compressed cache."""
+    and their kv source's compressed cache. Under ``tp`` only the heads shard; compressor and indexer are
+    replicated."""
 
-    def __init__(self, cfg: ModelConfig, plan: LayerPlan):
-        super().__init__(cfg, plan, q_head_norm=False)
+    def __init__(self, cfg: ModelConfig, plan: LayerPlan, tp: TPGroup | None = None):
+        super().__init__(cfg, plan, q_head_norm=False, tp=tp)
         if plan.owns_compressor:
             self.compressor = Compressor(cfg, plan.ratio)
         if plan.is_index_source:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ...config import LayerPlan, ModelConfig
+from ...distributed.group import TPGroup
 from .attention import Attention, ChunkContext
 from .block import Block
 from .moe import MoE
@@ -20,10 +21,11 @@ from .state import append_rows
 class DSparkAttention(Attention):
     """SWA attention of a draft stage (theta ``rope_theta``, no YaRN). Its only cache is the stage's ring
     of context KV written from ``main_x``; block queries see the last ``sliding_window`` context rows
-    up to the anchor's predecessor plus every block token (non-causal)."""
+    up to the anchor's predecessor plus every block token (non-causal). Heads shard under ``tp`` like the
+    target's; the context KV ring is replicated."""
 
-    def __init__(self, cfg: ModelConfig, plan: LayerPlan, stage: int):
-        super().__init__(cfg, plan, q_head_norm=False)
+    def __init__(self, cfg: ModelConfig, plan: LayerPlan, stage: int, tp: TPGroup | None = None):
+        super().__init__(cfg, plan, q_head_norm=False, tp=tp)
         self.stage = stage
 
     def forward(self, x: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:
@@ -60,16 +62,17 @@ class ConfidenceHead(nn.Module):
 class DSparkStage(Block):
     """One draft stage: a full delayed-mHC block with SWA attention and a small MoE. Stage 0 also owns
     ``main_proj [D, n_targets·D]`` FP8 and ``main_norm``; the last stage owns ``norm``, ``markov_head`` and
-    ``confidence_head``."""
+    ``confidence_head``. Under ``tp`` attention heads and experts shard like a backbone layer's; ``main_*``,
+    ``norm`` and both heads are replicated."""
 
-    def __init__(self, cfg: ModelConfig, stage: int):
+    def __init__(self, cfg: ModelConfig, stage: int, tp: TPGroup | None = None):
         layer_id = cfg.num_hidden_layers + stage
         plan = LayerPlan(layer_id=layer_id, ratio=0, attn_type="swa")
-        attn = DSparkAttention(cfg, plan, stage)
+        attn = DSparkAttention(cfg, plan, stage, tp)
         ffn = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.dspark_n_routed_experts,
                   cfg.dspark_num_experts_per_tok, cfg.n_shared_experts, cfg.swiglu_limit,
                   gate_temp=cfg.gate_temp, norm_topk_prob=cfg.norm_topk_prob,
-                  scaling=cfg.routed_scaling_factor, bias_vl=True)
+                  scaling=cfg.routed_scaling_factor, bias_vl=True, tp=tp)
         super().__init__(cfg, attn, ffn, delayed=True)
         d = cfg.hidden_size
         if stage == 0:

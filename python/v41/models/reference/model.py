@@ -4,6 +4,10 @@
 One code path serves the whole-sequence call and the incremental path: :meth:`Transformer.forward_chunk`
 processes a chunk of new tokens of one request against its :class:`RequestCache`; a whole sequence is one
 chunk on an empty cache.
+
+Tensor parallelism: built with a :class:`v41.distributed.group.TPGroup` of W ranks, every rank holds its shard
+(:mod:`.sharding`) and every rank runs the same calls with the same inputs; the modules' collectives keep the
+residual stream, caches and logits replicated, so each rank returns the full, bitwise identical logits.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 from torch import nn
 
 from ...config import LayerPlan, ModelConfig
+from ...distributed.group import SINGLE, TPGroup, check_tp
 from ..engram_hash import EngramHasher
 from .attention import Attention, ChunkContext
 from .block import Block
@@ -22,14 +27,15 @@ from .dspark import DraftBlock, DSparkStage, sample_logits, write_context
 from .engram import Engram
 from .moe import MoE
 from .ops import NUMERICS, RMSNorm, hc_collapse, rms_norm
+from .parallel import VocabParallelEmbedding, VocabParallelHead
 from .state import RequestCache
 
 
-def make_attention(cfg: ModelConfig, plan: LayerPlan) -> Attention:
+def make_attention(cfg: ModelConfig, plan: LayerPlan, tp: TPGroup | None = None) -> Attention:
     """The attention module of a backbone layer: V4.1 SWA or CSA2, or V4 SWA/CSA/HCA."""
     if cfg.is_v41:
-        return CSA2Attention(cfg, plan) if plan.ratio > 0 else Attention(cfg, plan, q_head_norm=False)
-    return V4Attention(cfg, plan)
+        return CSA2Attention(cfg, plan, tp) if plan.ratio > 0 else Attention(cfg, plan, q_head_norm=False, tp=tp)
+    return V4Attention(cfg, plan, tp)
 
 
 class Transformer(nn.Module):
@@ -37,36 +43,39 @@ class Transformer(nn.Module):
     (``embed.weight``, ``layers.L.attn.wq_a.weight``, ``mtp.S.*``, ...), minus the ``.scale`` tensors that
     quantized weights carry on disk (weights are dequantized at load).
 
-    ``hasher``: the Engram row hasher (required when the config has Engram layers).
+    ``hasher``: the Engram row hasher (required when the config has Engram layers). ``tp``: the tensor-parallel
+    group (None = single rank); parameters then hold this rank's shard, named as the full tensors
+    (:func:`.sharding.shard_plan` gives the slices). Raises ValueError when ``cfg`` cannot be split over
+    ``tp.world_size`` ranks (:func:`v41.distributed.group.check_tp`) or Engram layers lack a hasher.
     """
 
-    def __init__(self, cfg: ModelConfig, hasher: EngramHasher | None = None):
+    def __init__(self, cfg: ModelConfig, hasher: EngramHasher | None = None, tp: TPGroup | None = None):
         super().__init__()
+        self.tp = tp or SINGLE
+        check_tp(cfg, self.tp.world_size)
         self.cfg, self.hasher = cfg, hasher
         d = cfg.hidden_size
-        self.embed = nn.Embedding(cfg.vocab_size, d)
-        self.embed.weight.requires_grad_(False)
+        self.embed = VocabParallelEmbedding(cfg.vocab_size, d, self.tp)
         self.layers = nn.ModuleList()
         for plan in cfg.plan:
             ffn = MoE(d, cfg.moe_intermediate_size, cfg.n_routed_experts, cfg.num_experts_per_tok,
                       cfg.n_shared_experts, cfg.swiglu_limit, gate_temp=cfg.gate_temp,
                       norm_topk_prob=cfg.norm_topk_prob, scaling=cfg.routed_scaling_factor,
                       hash_vocab=cfg.vocab_size if plan.hash_moe else 0, bias_vl=cfg.is_v41,
-                      always_renorm=not cfg.is_v41)
-            block = Block(cfg, make_attention(cfg, plan), ffn, delayed=cfg.is_v41)
+                      always_renorm=not cfg.is_v41, tp=self.tp)
+            block = Block(cfg, make_attention(cfg, plan, self.tp), ffn, delayed=cfg.is_v41)
             if plan.engram:
                 if hasher is None:
                     raise ValueError("engram_layer_ids is set but no EngramHasher (tokenizer) was given")
-                block.engram = Engram(cfg, hasher.table_rows[plan.layer_id])
+                block.engram = Engram(cfg, hasher.primes[plan.layer_id], self.tp)
             self.layers.append(block)
         self.norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.head = nn.Linear(d, cfg.vocab_size, bias=False)
-        self.head.weight.requires_grad_(False)
+        self.head = VocabParallelHead(d, cfg.vocab_size, self.tp)
         if not cfg.is_v41:  # V4's learned final collapse (§4)
             self.hc_head_fn = nn.Parameter(torch.zeros(cfg.hc_mult, cfg.hc_mult * d), requires_grad=False)
             self.hc_head_base = nn.Parameter(torch.zeros(cfg.hc_mult), requires_grad=False)
             self.hc_head_scale = nn.Parameter(torch.ones(1), requires_grad=False)
-        self.mtp = nn.ModuleList(DSparkStage(cfg, s) for s in range(cfg.num_nextn_predict_layers)) \
+        self.mtp = nn.ModuleList(DSparkStage(cfg, s, self.tp) for s in range(cfg.num_nextn_predict_layers)) \
             if cfg.has_dspark else None
         self.numerics = "exact"
 
@@ -152,8 +161,10 @@ class Transformer(nn.Module):
 
         anchor: the token the target sampled for position P+1. Inputs are ``[anchor, noise×(K−1)]`` at
         positions P+1..P+K; drafts ``out_1..out_K`` follow the Markov-corrected logits (argmax at
-        temperature 0, Gumbel-max otherwise). Does not modify ``cache``. Raises RuntimeError without DSpark
-        stages or before any verified position, ValueError for an anchor outside the vocabulary.
+        temperature 0, Gumbel-max otherwise). Does not modify ``cache``. Under TP every rank calls it with the
+        same arguments (and, when sampling, a generator in the same state): the logits are bitwise identical on
+        every rank, so the drafts are too. Raises RuntimeError without DSpark stages or before any verified
+        position, ValueError for an anchor outside the vocabulary.
         """
         cfg = self.cfg
         if self.mtp is None:

@@ -1,5 +1,11 @@
 """Mixture of experts: sqrtsoftplus router with the noaux selection bias, V4 hash routing, SwiGLU experts
 with clamps (v41-architecture.md §3.8, §4 "MoE").
+
+Tensor parallelism (``tp``, :mod:`.sharding`): every routed expert and the shared expert hold the rows
+``split_range(moe_intermediate_size, W, r)`` of ``w1``/``w3`` and the same columns of ``w2``; SwiGLU and its
+clamps are element-wise over the intermediate dim, so each rank's ``w2`` output is a partial sum. The router is
+replicated (every rank routes identically) and the routed + shared partial sums take one all-reduce per MoE.
+Expert parallelism (split by expert id) is not implemented: see ``v41.distributed.group.MOE_PARALLEL_MODES``.
 """
 
 from __future__ import annotations
@@ -8,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...distributed.group import SINGLE, TPGroup, split_range
 from .ops import Linear, stable_topk
 
 ROUTER_RENORM_EPS = 1e-20
@@ -82,20 +89,26 @@ def route(gate: Gate, x: torch.Tensor, token_ids: torch.Tensor, *, gate_temp: fl
 
 
 class MoE(nn.Module):
-    """Routed experts + one shared expert; ``out = Σ_k expert_k(x, w_k) + shared(x)`` (§3.8)."""
+    """Routed experts + one shared expert; ``out = Σ_k expert_k(x, w_k) + shared(x)`` (§3.8).
+
+    ``inter`` is the full intermediate size; under ``tp`` each expert holds ``split_range(inter, W, r)`` of it
+    (module docstring) and :meth:`forward` all-reduces the partial output.
+    """
 
     def __init__(self, dim: int, inter: int, n_experts: int, top_k: int, n_shared: int, limit: float, *,
                  gate_temp: float, norm_topk_prob: bool, scaling: float, hash_vocab: int = 0,
-                 bias_vl: bool = False, always_renorm: bool = False):
+                 bias_vl: bool = False, always_renorm: bool = False, tp: TPGroup | None = None):
         super().__init__()
+        self.tp = tp or SINGLE
+        i0, i1 = split_range(inter, self.tp.world_size, self.tp.rank)
         self.gate = Gate(dim, n_experts, top_k, hash_vocab=hash_vocab, bias_vl=bias_vl)
-        self.experts = nn.ModuleList(Expert(dim, inter, limit) for _ in range(n_experts))
-        self.shared_experts = Expert(dim, inter, limit) if n_shared else None
+        self.experts = nn.ModuleList(Expert(dim, i1 - i0, limit) for _ in range(n_experts))
+        self.shared_experts = Expert(dim, i1 - i0, limit) if n_shared else None
         self.gate_temp, self.norm_topk_prob, self.scaling = gate_temp, norm_topk_prob, scaling
         self.always_renorm = always_renorm
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-        """x: [T, D], token_ids: [T] → [T, D]."""
+        """x: [T, D] (replicated), token_ids: [T] → [T, D] (full on every rank)."""
         ids, weights = route(self.gate, x, token_ids, gate_temp=self.gate_temp,
                              norm_topk_prob=self.norm_topk_prob, scaling=self.scaling,
                              always_renorm=self.always_renorm)
@@ -105,5 +118,5 @@ class MoE(nn.Module):
             out.index_add_(0, rows, self.experts[e](x[rows], weights[rows, slot]).to(x.dtype))
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        return out
+        return self.tp.all_reduce(out)
 

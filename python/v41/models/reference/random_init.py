@@ -1,13 +1,18 @@
 """Random weights by tensor role: unit-variance activations, peaked logits, mild mHC coefficients. Used by
-the tiny checkpoint generator and by ``load_format="dummy"`` (random weights made on the target device)."""
+the tiny checkpoint generator and by ``load_format="dummy"`` (random weights made on the target device).
+
+Under tensor parallelism every rank draws every full tensor in the same order from the same seed and keeps
+its shard (:mod:`.sharding`), so TP=N dummy weights are exactly the slices of TP=1's."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 
 from ...config import ModelConfig
+from ...distributed.group import Shard
 
 
 def init_tensor(name: str, shape: tuple[int, ...], g: torch.Generator, cfg: ModelConfig) -> torch.Tensor:
@@ -38,12 +43,21 @@ def init_tensor(name: str, shape: tuple[int, ...], g: torch.Generator, cfg: Mode
 
 
 @torch.no_grad()
-def random_init_(model: torch.nn.Module, cfg: ModelConfig, seed: int = 0) -> None:
-    """Fill every parameter and buffer of ``model`` in place (on its device), in name order."""
+def random_init_(model: torch.nn.Module, cfg: ModelConfig, seed: int = 0,
+                 shards: Mapping[str, Shard] | None = None) -> None:
+    """Fill every parameter and buffer of ``model`` in place (on its device), in name order.
+
+    shards: bare name → the slice this rank holds (:func:`.sharding.shard_plan`); such a tensor is drawn at its
+    full shape and cut, so the generator sequence does not depend on the TP size. None: nothing is sharded.
+    """
     dev = next(model.parameters()).device
     g = torch.Generator(device=dev).manual_seed(seed)
     targets = dict(model.named_parameters())
     targets.update(dict(model.named_buffers()))
+    shards = shards or {}
     for name in sorted(targets):
         t = targets[name]
-        t.copy_(init_tensor(name, tuple(t.shape), g, cfg).to(t.dtype))
+        shard = shards.get(name)
+        shape = shard.full_shape(tuple(t.shape)) if shard is not None else tuple(t.shape)
+        value = init_tensor(name, shape, g, cfg)
+        t.copy_((shard.cut(value) if shard is not None else value).to(t.dtype))

@@ -1,0 +1,152 @@
+"""Helpers of the tensor-parallel tests: run a function on W spawned gloo ranks (one torch thread each, killed
+on failure or timeout), and one workload (reference forward, paged engine steps, DSpark draft) that TP=1 and
+every TP rank run identically so their logits can be compared (DESIGN.md §4: TP=N vs TP=1)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from v41.distributed.group import TPGroup
+
+SPAWN_TIMEOUT_S = 50.0
+
+
+class FakeGroup(TPGroup):
+    """A group that only claims a rank (no collectives): for building / loading one rank's shard in-process."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size, self.name = rank, world_size, "fake"
+
+    def all_reduce(self, x):
+        raise RuntimeError("FakeGroup has no collectives")
+
+    all_gather = all_reduce
+
+
+def _rank_entry(rank: int, world_size: int, tmp: str, fn, args: tuple) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    out = Path(tmp) / f"rank{rank}"
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/rdv", rank=rank, world_size=world_size)
+        from v41.distributed.torch_backend import TorchDistGroup
+
+        group = TorchDistGroup()
+        result = fn(group, *args)
+        group.barrier()
+        torch.save(result, str(out) + ".pt")
+        dist.destroy_process_group()
+    except BaseException:
+        (Path(str(out) + ".err")).write_text(traceback.format_exc())
+        raise SystemExit(1)
+
+
+def spawn_ranks(world_size: int, tmp: Path, fn, *args, timeout_s: float = SPAWN_TIMEOUT_S) -> list:
+    """Run ``fn(group, *args)`` on ``world_size`` spawned processes joined by gloo; returns every rank's result
+    (``torch.save``-able), in rank order. Kills every process still alive on failure or after ``timeout_s``."""
+    tmp = Path(tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank_entry, args=(r, world_size, str(tmp), fn, args), daemon=True)
+             for r in range(world_size)]
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(p.exitcode is None for p in procs):
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break  # a rank failed: the others may wait forever in a collective
+            time.sleep(0.05)
+        errors = [(tmp / f"rank{r}.err").read_text() for r in range(world_size) if (tmp / f"rank{r}.err").exists()]
+        if errors:
+            raise AssertionError("TP rank failed:\n" + "\n".join(errors))
+        if any(p.exitcode != 0 for p in procs):
+            raise AssertionError(f"TP ranks did not finish in {timeout_s} s (exit codes "
+                                 f"{[p.exitcode for p in procs]})")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(5)
+    return [torch.load(tmp / f"rank{r}.pt") for r in range(world_size)]
+
+
+# -------------------------------------------------------------------------------------------------------------
+# the workload
+# -------------------------------------------------------------------------------------------------------------
+
+
+def paged_runner(model, block_tokens: int = 16, max_blocks: int = 8, n_slots: int = 2):
+    from v41.cache import PagedCache, build_layout
+    from v41.engine.model_runner import ModelRunner
+
+    layout = build_layout(model.cfg, block_tokens)
+    cache = PagedCache(layout, num_blocks=n_slots * max_blocks, num_state_rows=n_slots, dtype=torch.float32,
+                       device="cpu")
+    return ModelRunner(model, cache, index_scratch_bytes=4096), cache
+
+
+def step_batch(cache, runs: list[tuple[int, list[int], int, list[int]]], max_blocks: int = 8):
+    """A StepBatch where request slot s owns blocks s·max_blocks..; runs: (slot, new ids, first position,
+    earlier ids). Logits for every row."""
+    from v41.engine.step import StepBatch, slots_for_tokens
+
+    layout = cache.layout
+    ids, pos, req, starts, hist = [], [], [], [], []
+    for r, (slot, toks, p0, earlier) in enumerate(runs):
+        starts.append((len(ids), len(toks), p0))
+        ids += toks
+        pos += list(range(p0, p0 + len(toks)))
+        req += [r] * len(toks)
+        hist.append(tuple(earlier[-3:]))
+    ids_t, pos_t, req_t = (torch.tensor(v, dtype=torch.long) for v in (ids, pos, req))
+    tables, slots = {}, {}
+    for k in layout.kinds:
+        bt = torch.stack([torch.arange(max_blocks) + s * max_blocks for s, *_ in runs])
+        tables[k.name] = bt
+        slots[k.name] = slots_for_tokens(bt, req_t, pos_t, layout.block_tokens, k.tokens_per_entry)
+    return StepBatch(token_ids=ids_t, positions=pos_t, req_index=req_t, starts=tuple(starts), block_tables=tables,
+                     slot_mapping=slots, state_rows=torch.tensor([s for s, *_ in runs]),
+                     engram_history=tuple(hist), logits_rows=torch.arange(len(ids)))
+
+
+def workload(model, prompts: list[list[int]], decode: list[list[int]]) -> dict[str, torch.Tensor]:
+    """Logits of (a) the reference whole-sequence forward of ``prompts`` [B, T]; (b) the paged runner: one
+    prefill step of all prompts, then one decode step per column of ``decode`` (teacher-forced tokens);
+    (c) with DSpark, a draft block after prompt 0 (anchor ``decode[0][0]``)."""
+    out = {"forward": model(torch.tensor(prompts))}
+    runner, cache = paged_runner(model)
+    seqs = [list(p) for p in prompts]
+    steps = [runner.execute(step_batch(cache, [(s, p, 0, []) for s, p in enumerate(prompts)]))]
+    for k in range(len(decode[0])):
+        runs = [(s, [decode[s][k]], len(seqs[s]), seqs[s]) for s in range(len(prompts))]
+        steps.append(runner.execute(step_batch(cache, runs)))
+        for s in range(len(prompts)):
+            seqs[s].append(decode[s][k])
+    out["paged"] = torch.cat(steps)
+    if model.mtp is not None:
+        c = model.new_cache()
+        model.forward_chunk(torch.tensor(prompts[0]), c)
+        d = model.draft(c, decode[0][0])
+        out["draft_logits"], out["draft_confidence"] = d.logits, d.confidence
+    return out
+
+
+def tp_worker(group, runs: list[tuple[str, str, str, str]], prompts, decode) -> dict[str, dict]:
+    """Per rank: for each (label, checkpoint dir, load_format, numerics), load this rank's shard and run
+    :func:`workload`."""
+    from v41.models.reference import load
+
+    return {label: workload(load(path, load_format=fmt, numerics=numerics, tp=group), prompts, decode)
+            for label, path, fmt, numerics in runs}
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max over positions of ‖a − b‖₂ / ‖b‖₂ along the last dim (DESIGN.md §4)."""
+    return ((a - b).norm(dim=-1) / b.norm(dim=-1)).max().item()
