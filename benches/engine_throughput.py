@@ -50,7 +50,7 @@ def main() -> None:
     core = llm.engine
     sched_s = model_s = 0.0
     steps = 0
-    orig_exec = core.runner.execute
+    orig_exec = core.executor.runner.execute
 
     class TimedScheduler:
         """Forwards to the native scheduler, timing step()."""
@@ -81,7 +81,7 @@ def main() -> None:
         steps += 1
         return out
 
-    core.scheduler, core.runner.execute = TimedScheduler(core.scheduler), timed_exec
+    core.scheduler, core.executor.runner.execute = TimedScheduler(core.scheduler), timed_exec
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - t0

@@ -301,8 +301,10 @@ def test_cli_rejects_unsupported_options(capsys):
     from v41.serve.cli import main
 
     pytest.importorskip("v41.serve.openai_app", reason="the OpenAI HTTP app is not there yet")
-    assert main(["--tensor-parallel-size", "2"]) == 2
-    assert "only 1" in capsys.readouterr().err
+    assert main(["--kv-cache-dtype", "fp8"]) == 2
+    assert "only 'auto'" in capsys.readouterr().err
+    assert main(["--headless"]) == 2
+    assert "node_rank > 0" in capsys.readouterr().err
     assert main(["--model", "/nonexistent/dir"]) == 2
     assert "not found" in capsys.readouterr().err
 

@@ -22,6 +22,13 @@ class EngineArgs:
     numerics: exact | deployed (DESIGN.md §4). index_scratch_bytes: cap on
     an indexer's score scratch. seed: seed of the shared generator of unseeded sampled requests.
     load_format: ``auto`` (safetensors) or ``dummy`` (random weights made on the device; benchmarks).
+
+    Tensor parallelism (one worker process per rank; rank 0 is this process): tensor_parallel_size: ranks
+    (1, 2, 4, 8; must divide the heads and ``o_groups``). all_reduce_backend: ``auto`` | ``nccl`` | ``gloo`` |
+    ``host`` | ``pcie-pull`` (:mod:`v41.distributed.runtime`). nnodes / node_rank / master_addr / master_port:
+    the ``torch.distributed`` env rendezvous when ranks span hosts (node 0 runs the engine, the others run
+    ``v41-serve --headless``); master_port None picks a free port (one host only). threads: torch threads per
+    worker process (CPU ranks).
     """
 
     model: str
@@ -40,6 +47,13 @@ class EngineArgs:
     index_scratch_bytes: int = 64 << 20
     seed: int | None = 0
     load_format: str = "auto"
+    tensor_parallel_size: int = 1
+    all_reduce_backend: str = "auto"
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    threads: int = 1
 
     def torch_dtype(self) -> torch.dtype:
         """The compute dtype. Raises ValueError for an unsupported name."""
@@ -57,5 +71,24 @@ class EngineArgs:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.tensor_parallel_size < 1 or self.nnodes < 1 or self.tensor_parallel_size % self.nnodes:
+            raise ValueError(f"tensor_parallel_size ({self.tensor_parallel_size}) must be a positive multiple of "
+                             f"nnodes ({self.nnodes})")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, {self.nnodes}), got {self.node_rank}")
+        if self.nnodes > 1 and self.master_port is None:
+            raise ValueError("master_port is required when nnodes > 1 (every node must use the same one)")
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise ValueError(f"master_port must be in 1..65535, got {self.master_port}")
+        if self.all_reduce_backend not in ("auto", "nccl", "gloo", "host", "pcie-pull"):
+            raise ValueError(f"all_reduce_backend must be auto, nccl, gloo, host or pcie-pull, "
+                             f"got {self.all_reduce_backend!r}")
+        cuda = str(self.device).startswith("cuda")
+        if self.all_reduce_backend == "nccl" and not cuda:
+            raise ValueError("the nccl backend needs CUDA; use gloo or host on CPU")
+        if self.all_reduce_backend == "gloo" and cuda:
+            raise ValueError("the gloo backend is for CPU ranks; use nccl, host or pcie-pull on CUDA")
+        if self.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {self.threads}")
         if self.numerics not in ("exact", "deployed"):
             raise ValueError(f"numerics must be 'exact' or 'deployed', got {self.numerics!r}")

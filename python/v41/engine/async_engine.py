@@ -138,6 +138,7 @@ class AsyncEngine:
         self._stopped = True
         self._wake.set()
         self._thread.join(timeout=10)
+        self.core.shutdown()
 
     # -- engine thread -----------------------------------------------------------------------------------
     def _send(self, msg) -> None:

@@ -15,11 +15,10 @@ import torch
 from tokenizers import Tokenizer
 
 from .. import _native
-from ..cache import PagedCache, blocks_for_budget, build_layout
-from ..models.reference import load
+from ..cache import blocks_for_budget, build_layout
 from .args import EngineArgs
 from .detokenizer import IncrementalDetokenizer
-from .model_runner import ModelRunner
+from .executor import make_executor
 from .output import build_output
 from .params import RequestOutput, SamplingParams
 from .request import Sequence
@@ -42,16 +41,18 @@ class EngineCore:
         args.validate()
         self.args = args
         dtype = args.torch_dtype()
-        self.model = load(args.model, dtype=dtype, device=args.device, numerics=args.numerics,
-                          load_format=args.load_format)
-        self.cfg = self.model.cfg
-        self.tokenizer = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
-        self.max_model_len = args.max_model_len or min(self.cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-        layout = build_layout(self.cfg, args.block_size)
-        budget = self._cache_budget(dtype)
-        num_blocks = args.num_kv_blocks or blocks_for_budget(layout, budget, args.max_num_seqs, dtype.itemsize)
-        self.cache = PagedCache(layout, num_blocks, args.max_num_seqs, dtype, args.device)
-        self.runner = ModelRunner(self.model, self.cache, args.index_scratch_bytes)
+        self.executor = make_executor(args)
+        try:
+            self.cfg, self.device = self.executor.cfg, self.executor.device
+            self.tokenizer = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
+            self.max_model_len = args.max_model_len or min(self.cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+            layout = build_layout(self.cfg, args.block_size)
+            budget = self._cache_budget(dtype)
+            num_blocks = args.num_kv_blocks or blocks_for_budget(layout, budget, args.max_num_seqs, dtype.itemsize)
+            self.cache = self.executor.init_cache(num_blocks, args.max_num_seqs, layout.block_tokens)
+        except BaseException:
+            self.executor.shutdown()
+            raise
         sched_layout = self.cache.scheduler_layout() + [{"name": "cstate", "state_rows": args.max_num_seqs}]
         self.scheduler = _native.Scheduler(
             sched_layout, max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
@@ -66,9 +67,9 @@ class EngineCore:
                  [k.name for k in layout.kinds])
 
     def _cache_budget(self, dtype: torch.dtype) -> int:
-        if not str(self.args.device).startswith("cuda"):
+        if not str(self.device).startswith("cuda"):
             return self.args.kv_cache_bytes
-        free, total = torch.cuda.mem_get_info(torch.device(self.args.device))
+        free, total = torch.cuda.mem_get_info(torch.device(self.device))
         used = total - free
         return max(0, int(total * self.args.gpu_memory_utilization) - used)
 
@@ -103,7 +104,7 @@ class EngineCore:
                     self.scheduler.add_request(sid, ids, max_tokens, cache_salt=salt)
                 seqs.append(Sequence(
                     request_id=request_id, index=i, seq_id=sid, prompt=prompt, prompt_token_ids=ids, params=p,
-                    sampling=SamplingState.create(p, ids, self.args.device),
+                    sampling=SamplingState.create(p, ids, self.device),
                     detok=IncrementalDetokenizer(self.tokenizer, ids, p.skip_special_tokens, p.stop_strings,
                                                  p.include_stop_str_in_output),
                     prompt_logprobs=[] if p.prompt_logprobs is not None else None,
@@ -154,7 +155,7 @@ class EngineCore:
         req_ids = plan.req_ids.tolist()
         seqs = [self.seqs[sid] for sid in req_ids]
         batch, sample_rows, prompt_rows = self._batch(plan, seqs)
-        logits = self.runner.execute(batch)
+        logits = self.executor.execute(batch)
         row_of = {int(r): i for i, r in enumerate(batch.logits_rows.tolist())}
         touched = set()
         for r, seq in enumerate(seqs):
@@ -189,7 +190,7 @@ class EngineCore:
     def _batch(self, plan, seqs: list[Sequence]):
         """StepBatch from the scheduler's plan, plus per request the row to sample (or None) and the rows
         whose logits score prompt tokens (prompt_logprobs)."""
-        dev = self.args.device
+        dev = self.device
         token_ids = torch.from_numpy(plan.token_ids.astype(np.int64)).to(dev)
         positions = torch.from_numpy(plan.positions.astype(np.int64)).to(dev)
         counts = plan.num_scheduled.astype(np.int64)
@@ -263,6 +264,10 @@ class EngineCore:
                 self.seqs.pop(s.seq_id, None)
             del self.requests[request_id]
         return out
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do at TP=1). The engine is unusable afterwards."""
+        self.executor.shutdown()
 
     def stats(self) -> dict:
         """Scheduler statistics (running, waiting, blocks per kind, prefix hit rate)."""

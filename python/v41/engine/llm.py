@@ -44,6 +44,16 @@ class LLM:
             model = str(embedded_model_dir())
         self.engine = EngineCore(EngineArgs(model=str(model), **kwargs))
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (TP > 1); also done at interpreter exit."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
     def get_tokenizer(self):
         """The ``tokenizers.Tokenizer`` of the model."""
         return self.engine.tokenizer

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgpack
+import numpy as np
 import torch
 
 
@@ -49,3 +51,45 @@ def slots_for_tokens(block_table: torch.Tensor, req_index: torch.Tensor, positio
     entry = torch.where((positions + 1) % tokens_per_entry == 0, positions // tokens_per_entry,
                         torch.full_like(positions, -1))
     return block_slots(block_table[req_index], entry[:, None], rows_per_block)[:, 0]
+
+
+# -- wire format (rank 0 → the other tensor-parallel ranks) ---------------------------------------------------
+def _pack_tensor(t: torch.Tensor) -> list:
+    a = t.detach().cpu().contiguous()
+    return [str(a.dtype).removeprefix("torch."), list(a.shape), a.numpy().tobytes()]
+
+
+def _unpack_tensor(v: list, device: torch.device | str) -> torch.Tensor:
+    dtype, shape, raw = v
+    arr = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape)
+    return torch.from_numpy(arr.copy()).to(device)
+
+
+def encode_step(batch: StepBatch) -> bytes:
+    """One StepBatch → msgpack bytes: every tensor as (dtype name, shape, raw little-endian bytes), never a
+    pickle. Only int64 tensors occur (ids, positions, tables, slots)."""
+    return msgpack.packb({
+        "token_ids": _pack_tensor(batch.token_ids), "positions": _pack_tensor(batch.positions),
+        "req_index": _pack_tensor(batch.req_index), "starts": [list(s) for s in batch.starts],
+        "block_tables": {k: _pack_tensor(v) for k, v in batch.block_tables.items()},
+        "slot_mapping": {k: _pack_tensor(v) for k, v in batch.slot_mapping.items()},
+        "state_rows": _pack_tensor(batch.state_rows),
+        "engram_history": [list(h) for h in batch.engram_history],
+        "logits_rows": _pack_tensor(batch.logits_rows)}, use_bin_type=True)
+
+
+def decode_step(data: bytes, device: torch.device | str) -> StepBatch:
+    """Inverse of :func:`encode_step`, tensors placed on ``device``. Raises ValueError for malformed bytes."""
+    try:
+        d = msgpack.unpackb(data, raw=False)
+        return StepBatch(
+            token_ids=_unpack_tensor(d["token_ids"], device), positions=_unpack_tensor(d["positions"], device),
+            req_index=_unpack_tensor(d["req_index"], device),
+            starts=tuple(tuple(int(x) for x in s) for s in d["starts"]),
+            block_tables={k: _unpack_tensor(v, device) for k, v in d["block_tables"].items()},
+            slot_mapping={k: _unpack_tensor(v, device) for k, v in d["slot_mapping"].items()},
+            state_rows=_unpack_tensor(d["state_rows"], device),
+            engram_history=tuple(tuple(int(x) for x in h) for h in d["engram_history"]),
+            logits_rows=_unpack_tensor(d["logits_rows"], device))
+    except (KeyError, TypeError, ValueError, msgpack.UnpackException) as e:
+        raise ValueError(f"malformed step message ({e})") from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -30,6 +31,11 @@ EMBEDDED_NAME = "v41-tiny"
 
 class CliError(Exception):
     """A user-facing error: printed as ``v41-serve: error: <message>``, exit status 2."""
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,7 +57,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="compute dtype (auto = float32)")
     p.add_argument("--kv-cache-dtype", default="auto", help="only 'auto' (the compute dtype) for now")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N", help="only 1 for now")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
+                   help="tensor-parallel ranks, one process each (GPU r = cuda:r; CPU ranks need --device cpu)")
+    p.add_argument("--all-reduce-backend", default="auto", choices=("auto", "nccl", "gloo", "host", "pcie-pull"),
+                   help="collectives between ranks: auto = nccl on CUDA, host shared memory on CPU (gloo across "
+                        "hosts); host and pcie-pull fall back to torch.distributed when their self-test fails")
+    p.add_argument("--nnodes", type=int, default=int(os.environ.get("NNODES", 1)), metavar="N",
+                   help="hosts the tensor-parallel ranks span (env NNODES)")
+    p.add_argument("--node-rank", type=int, default=int(os.environ.get("NODE_RANK", 0)), metavar="R",
+                   help="this host's index; node 0 serves, the others run --headless (env NODE_RANK)")
+    p.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR", "127.0.0.1"), metavar="HOST",
+                   help="address of node 0 for the torch.distributed rendezvous (env MASTER_ADDR)")
+    p.add_argument("--master-port", type=int, default=_env_int("MASTER_PORT"), metavar="PORT",
+                   help="rendezvous port, required with --nnodes > 1 (env MASTER_PORT; default: a free port)")
+    p.add_argument("--headless", action="store_true",
+                   help="run this node's tensor-parallel ranks only (node_rank > 0 of a multi-host engine)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
     p.add_argument("--max-queue-len", type=int, default=None, metavar="N",
                    help="requests allowed beyond --max-num-seqs before 429 / RESOURCE_EXHAUSTED (default: no limit)")
@@ -100,8 +120,6 @@ def engine_args(opts: argparse.Namespace, model_dir: Path):
     """EngineArgs from the flags. Raises CliError for values the engine does not support."""
     from ..engine.args import EngineArgs
 
-    if opts.tensor_parallel_size != 1:
-        raise CliError(f"--tensor-parallel-size {opts.tensor_parallel_size}: only 1 is supported for now")
     if opts.kv_cache_dtype != "auto":
         raise CliError(f"--kv-cache-dtype {opts.kv_cache_dtype!r}: only 'auto' is supported for now")
     if not 0 < opts.port < 65536:
@@ -121,7 +139,10 @@ def engine_args(opts: argparse.Namespace, model_dir: Path):
               max_num_batched_tokens=opts.max_num_batched_tokens, enable_prefix_caching=opts.enable_prefix_caching,
               gpu_memory_utilization=opts.gpu_memory_utilization,
               dtype="float32" if opts.dtype == "auto" else opts.dtype, device=device, numerics=opts.numerics,
-              load_format=opts.load_format, block_size=opts.block_size, seed=opts.seed)
+              load_format=opts.load_format, block_size=opts.block_size, seed=opts.seed,
+              tensor_parallel_size=opts.tensor_parallel_size, all_reduce_backend=opts.all_reduce_backend,
+              nnodes=opts.nnodes, node_rank=opts.node_rank, master_addr=opts.master_addr,
+              master_port=opts.master_port, threads=opts.threads)
     if opts.kv_cache_bytes is not None:
         kw["kv_cache_bytes"] = opts.kv_cache_bytes
     args = EngineArgs(**kw)
@@ -274,6 +295,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, ValueError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    if opts.headless:
+        from ..engine.tp_worker import run_headless
+
+        try:
+            return run_headless(args)
+        except ValueError as e:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return 2
     name = opts.served_model_name or default_name
     log.info("starting the engine core: model %s, device %s, dtype %s", model_dir, args.device, args.dtype)
     # Until the engine is up, a signal interrupts start-up (EngineClient kills the half-started process).

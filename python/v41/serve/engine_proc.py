@@ -318,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         _close(ctx, out, inbox, beat)
         return 1
     log.info("engine core stopped after %d steps", loop.num_steps)
+    core.shutdown()
     _close(ctx, out, inbox, beat)
     return 0
 

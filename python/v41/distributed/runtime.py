@@ -1,0 +1,217 @@
+"""One tensor-parallel rank's distributed runtime: the ``torch.distributed`` env rendezvous, the collective
+backend chosen by flag behind its start-up self-test, and the step channel (DESIGN.md §3, §6; KF-20).
+
+Rank layout: ``rank = node_rank · ranks_per_node + local_rank``; rank 0 (node 0) runs the engine core; each
+rank uses ``cuda:<local_rank>`` on CUDA. Backends:
+
+* ``nccl`` / ``gloo``: ``torch.distributed`` (NCCL on CUDA, gloo on CPU); the only choice across hosts.
+* ``host``: v41-comm shared memory (:mod:`.host_backend`); one host only, CPU or CUDA without P2P.
+* ``pcie-pull``: paired pull all-reduce over CUDA IPC (:mod:`.pcie_pull`); one host, CUDA with peer access.
+* ``auto``: ``nccl`` on CUDA; on CPU ``host`` on one host, ``gloo`` across hosts.
+
+A custom backend (host, pcie-pull) that cannot be built or fails the self-test on any rank is replaced by
+``torch.distributed`` on every rank, and the reason is logged (never a start-up hang across hosts).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .channel import HostChannel, TorchChannel
+from .group import TPGroup
+from .selftest import run_selftest
+from .torch_backend import TorchDistGroup
+
+log = logging.getLogger("v41.distributed")
+
+BACKENDS = ("auto", "nccl", "gloo", "host", "pcie-pull")
+CHANNEL_LANE_BYTES = 1 << 20
+DEFAULT_COLLECTIVE_TIMEOUT_S = 120.0
+# gloo/NCCL wait this long in a collective; idle workers of a multi-host engine wait in the step channel
+TORCH_TIMEOUT = timedelta(hours=24)
+
+
+def collective_timeout_s() -> float:
+    """Deadline of one v41-comm collective (seconds): env ``V41_COLLECTIVE_TIMEOUT_S``, default 120."""
+    return float(os.environ.get("V41_COLLECTIVE_TIMEOUT_S", DEFAULT_COLLECTIVE_TIMEOUT_S))
+
+
+def host_lane_bytes() -> int:
+    """Lane size of the ``host`` backend's segment (bytes): env ``V41_HOST_LANE_BYTES``, default 1 MiB
+    (cache-sized rounds measured faster than 16 MiB ones, crates/v41-comm/README.md)."""
+    return int(os.environ.get("V41_HOST_LANE_BYTES", 1 << 20))
+
+
+def selftest_max_bytes(device: str) -> int:
+    """Largest self-test message: env ``V41_SELFTEST_MAX_BYTES``; default 64 MiB on CUDA, 4 MiB on CPU."""
+    default = (64 << 20) if device.startswith("cuda") else (4 << 20)
+    return int(os.environ.get("V41_SELFTEST_MAX_BYTES", default))
+
+
+def segment_dir(need_bytes: int) -> str:
+    """Where to put shared segments: /dev/shm when it has ``need_bytes`` free (×2 headroom), else the temp
+    directory (file-backed segment; DESIGN.md §4a)."""
+    shm = "/dev/shm"
+    try:
+        if shutil.disk_usage(shm).free >= 2 * need_bytes:
+            return shm
+    except OSError:
+        pass
+    return tempfile.gettempdir()
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where one rank sits. ``session``: a name unique to this engine, shared by all of its ranks (segment file
+    names); ``device``: ``cpu`` or ``cuda``."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    device: str
+    session: str
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nnodes
+
+    @property
+    def torch_device(self) -> str:
+        return f"cuda:{self.local_rank}" if self.device.startswith("cuda") else "cpu"
+
+    def segment_path(self, what: str, need_bytes: int) -> str:
+        return os.path.join(segment_dir(need_bytes), f"v41-{self.session}-n{self.node_rank}-{what}")
+
+
+class Runtime:
+    """The group (``group``: what the model's collectives run on), the step channel (``channel``) and the
+    backend decision (``backend``, ``reason``) of one rank. Build with :meth:`start`; ``close()`` at exit."""
+
+    def __init__(self, info: RankInfo, group: TPGroup, channel, backend: str, reason: str):
+        self.info, self.group, self.channel, self.backend, self.reason = info, group, channel, backend, reason
+
+    @classmethod
+    def start(cls, info: RankInfo, backend: str = "auto") -> "Runtime":
+        """Rendezvous, choose and self-test the backend, open the step channel. Every rank of the engine must
+        call it. Raises ValueError for a backend that cannot apply (nccl on CPU, gloo on CUDA, unknown name),
+        RuntimeError when even ``torch.distributed`` fails its self-test."""
+        if backend not in BACKENDS:
+            raise ValueError(f"all-reduce backend must be one of {BACKENDS}, got {backend!r}")
+        cuda = info.device.startswith("cuda")
+        if backend == "nccl" and not cuda:
+            raise ValueError("the nccl backend needs CUDA; use gloo or host on CPU")
+        if backend == "gloo" and cuda:
+            raise ValueError("the gloo backend is for CPU ranks; use nccl, host or pcie-pull on CUDA")
+        if cuda:
+            torch.cuda.set_device(info.local_rank)
+        if info.local_rank == 0:
+            from .probe import probe
+
+            log.info("node %d topology: %s", info.node_rank, probe())
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = info.master_addr, str(info.master_port)
+        dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=info.rank,
+                                world_size=info.world_size, timeout=TORCH_TIMEOUT)
+        torch_group, torch_name = TorchDistGroup(), ("nccl" if cuda else "gloo")
+        if backend == "auto":
+            backend = "nccl" if cuda else ("host" if info.nnodes == 1 else "gloo")
+        group, reason = cls._custom(info, backend, torch_group) if backend in ("host", "pcie-pull") \
+            else (torch_group, "requested")
+        chosen = backend if group is not torch_group else torch_name
+        failure = run_selftest(group, info.torch_device, selftest_max_bytes(info.device))
+        if group is not torch_group and not _agree(failure is None, torch_group, info):
+            reason = f"self-test failed: {failure}" if failure else "self-test failed on another rank"
+            group.close()
+            group, chosen = torch_group, torch_name
+            failure = run_selftest(group, info.torch_device, selftest_max_bytes(info.device))
+        if failure is not None:
+            raise RuntimeError(f"rank {info.rank}: the {chosen} backend failed its self-test: {failure}")
+        if chosen != backend:
+            log.warning("rank %d: all-reduce backend %s requested, using %s: %s", info.rank, backend, chosen, reason)
+        else:
+            log.info("rank %d: all-reduce backend %s (%s; self-test passed)", info.rank, chosen, reason)
+        return cls(info, group, cls._channel(info), chosen, reason)
+
+    @staticmethod
+    def _custom(info: RankInfo, backend: str, torch_group: TorchDistGroup) -> tuple[TPGroup, str]:
+        """Build host / pcie-pull; every rank agrees, or all use torch.distributed (returned with the reason)."""
+        group, why = None, None
+        if info.nnodes > 1:
+            why = "ranks span hosts (custom collectives are single-host only)"
+        else:
+            try:
+                group = _make_host(info, torch_group) if backend == "host" else _make_pcie(info, torch_group)
+            except Exception as e:
+                why = f"{type(e).__name__}: {e}"
+        if not _agree(group is not None, torch_group, info):
+            if group is not None:
+                group.close()
+            return torch_group, why or "another rank could not build it"
+        return group, "all ranks on one host"
+
+    @staticmethod
+    def _channel(info: RankInfo):
+        if info.nnodes > 1:
+            return TorchChannel(dist.new_group(backend="gloo", timeout=TORCH_TIMEOUT)
+                                if info.device.startswith("cuda") else None)
+        from .. import _native
+
+        path = info.segment_path("channel", (2 * info.world_size + 4) * CHANNEL_LANE_BYTES)
+        comm = _native.HostComm(path, info.local_rank, info.world_size, CHANNEL_LANE_BYTES, collective_timeout_s())
+        _unlink_joined(path, info)
+        return HostChannel(comm)
+
+    def close(self) -> None:
+        """Close the channel and the group, leave the process group. Safe to call twice."""
+        for obj in (self.channel, self.group):
+            try:
+                obj.close()
+            except Exception:  # closing after a peer died must not mask the original error
+                pass
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _agree(ok: bool, torch_group: TorchDistGroup, info: RankInfo) -> bool:
+    """True only when ``ok`` holds on every rank (a MIN all-reduce over torch.distributed)."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=info.torch_device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _make_host(info: RankInfo, fallback: TPGroup) -> TPGroup:
+    from .. import _native
+    from .host_backend import HostGroup
+
+    lane = host_lane_bytes()
+    path = info.segment_path("host", (2 * info.world_size + 4) * lane)
+    comm = _native.HostComm(path, info.local_rank, info.world_size, lane, collective_timeout_s())
+    _unlink_joined(path, info)
+    return HostGroup(comm, fallback)
+
+
+def _unlink_joined(path: str, info: RankInfo) -> None:
+    """Remove a segment's name once every rank has mapped it (HostComm returns only after all joined), so
+    no file outlives the engine."""
+    if info.local_rank == 0:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _make_pcie(info: RankInfo, fallback: TPGroup) -> TPGroup:
+    from .pcie_pull import PciePullGroup
+
+    return PciePullGroup.create(info, fallback)
