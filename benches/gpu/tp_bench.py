@@ -15,6 +15,7 @@ import json
 import logging
 import multiprocessing as mp
 import statistics
+import sys
 import time
 import uuid
 
@@ -102,10 +103,12 @@ def cmd_engine(a) -> None:
     g = torch.Generator().manual_seed(0)
     prompts = [[0] + torch.randint(3, 1000, (n,), generator=g).tolist() for n in (4, 19, 63, 130)]
     kw = dict(device="cuda", load_format=a.load_format, block_size=a.block_size, max_num_seqs=16,
-              gpu_memory_utilization=0.5)
+              num_kv_blocks=a.num_kv_blocks)
     runs = [(1, "nccl")] + [(a.tp, b) for b in a.backends.split(",")]
     base = None
     for tp, backend in runs:
+        free, total = torch.cuda.mem_get_info(0)
+        print(f"cuda:0 free {free / 2**30:.1f} of {total / 2**30:.1f} GiB before TP={tp} {backend}", file=sys.stderr)
         with LLM(a.model, tensor_parallel_size=tp, all_reduce_backend=backend, **kw) as llm:
             outs = [o.outputs[0] for o in llm.generate(prompts, sp, use_tqdm=False)]
             used = getattr(llm.engine.executor, "backend", "none (TP=1)")
@@ -146,6 +149,7 @@ def main() -> None:
     en.add_argument("--block-size", type=int, default=None)
     en.add_argument("--max-tokens", type=int, default=16)
     en.add_argument("--steps", type=int, default=16)
+    en.add_argument("--num-kv-blocks", type=int, default=256)
     a = p.parse_args()
     {"probe": cmd_probe, "allreduce": cmd_allreduce, "engine": cmd_engine}[a.cmd](a)
 

@@ -18,6 +18,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 nvidia-smi topo -m | tee -a "$OUT/gpu.txt"
 df -h /dev/shm | tee -a "$OUT/gpu.txt"
 python3 benches/gpu/tp_bench.py probe | tee -a "$R"
+python3 -c "import sys, torch; sys.path.insert(0, 'tests'); import test_peer_pull as t
+[t.test_triton_kernels_equal_the_references(w, d) for w in (1, 2, 5, 8) for d in (torch.float32, torch.bfloat16)]
+print('peer_pull Triton kernels == PyTorch reference (W = 1, 2, 5, 8; fp32, bf16)')" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
 timeout 120 python3 benches/gpu/tp_bench.py allreduce --world "$WORLD" 2>"$OUT/allreduce.log" | tee -a "$R"
 python3 - <<'PY'
 from v41.testing.tiny import make_tiny
@@ -34,7 +37,7 @@ timeout 120 python3 benches/gpu/tp_bench.py engine --model /tmp/tiny41 --tp "$WO
   2>"$OUT/engine_tiny.log" | tee -a "$R"
 timeout 180 python3 benches/gpu/tp_bench.py engine --model /tmp/mid41 --load-format dummy --tp "$WORLD" \
   --max-tokens 8 --steps 8 2>"$OUT/engine_mid.log" | tee -a "$R"
-if [ -x .whl/allreduce_bench ]; then
+if [ -x .whl/allreduce_bench ] && [ -z "${SKIP_RUST_BENCH:-}" ]; then
   timeout 100 .whl/allreduce_bench --bench --warm-up-time 1 --measurement-time 2 2>&1 | grep -E "allreduce|memcpy|time:|thrpt:" | tee "$OUT/host_allreduce_bench.txt"
 fi
 grep -h -E "backend|Error|error" "$OUT"/*.log | sort | uniq -c | head -40

@@ -33,16 +33,32 @@ class HostGroup(TPGroup):
     def __init__(self, comm, fallback: TPGroup):
         self.comm, self.fallback = comm, fallback
         self.rank, self.world_size = comm.rank, comm.world_size
+        self._pinned = torch.empty(0, dtype=torch.uint8)
+
+    def _staging(self, x: torch.Tensor) -> torch.Tensor:
+        """A flat host tensor of x's dtype and size: pinned and reused for CUDA tensors (grown as needed)."""
+        nbytes = x.numel() * x.element_size()
+        if x.device.type != "cuda":
+            return torch.empty(x.numel(), dtype=x.dtype)
+        if self._pinned.numel() < nbytes:
+            self._pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        return self._pinned[:nbytes].view(x.dtype)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks of x (any shape, float32 or bfloat16; others via the fallback); returns x, reduced
-        in place."""
+        in place. CUDA tensors go through a pinned staging buffer (copy out, synchronize, reduce, copy back
+        queued on the current stream, which orders it before the next call's copy out)."""
         if x.dtype not in _COMM_DTYPES:
             return self.fallback.all_reduce(x)
-        host = x if x.device.type == "cpu" and x.is_contiguous() else x.detach().to("cpu", copy=True).contiguous()
-        self.comm.all_reduce(_as_numpy(host.view(-1)), _COMM_DTYPES[x.dtype])
-        if host is not x:
-            x.copy_(host, non_blocking=False)
+        if x.device.type == "cpu" and x.is_contiguous():
+            self.comm.all_reduce(_as_numpy(x.view(-1)), _COMM_DTYPES[x.dtype])
+            return x
+        host = self._staging(x)
+        host.copy_(x.reshape(-1), non_blocking=True)
+        if x.device.type == "cuda":
+            torch.cuda.current_stream(x.device).synchronize()
+        self.comm.all_reduce(_as_numpy(host), _COMM_DTYPES[x.dtype])
+        x.copy_(host.view(x.shape), non_blocking=True)
         return x
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:

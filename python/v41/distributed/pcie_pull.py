@@ -7,11 +7,13 @@ All-reduce of x (bf16 or fp32, at most ``buffer_bytes``):
 1. copy x into my input half; synchronize; flag barrier (v41-comm);
 2. pull my shard (element range ``split_range(n, W, rank)``) from every peer's input half, in rank order
    0..W−1, accumulating in FP32; round once into my reduced half; synchronize; flag barrier;
-3. pull every peer's reduced shard back into x; synchronize.
+3. pull every peer's reduced shard back into x (queued; the next call's first synchronize covers it).
 
-Two barriers per call suffice: a rank overwrites its input half (step 1 of call n+1) only after every peer
-passed call n's second barrier (so finished reading it), and its reduced half (step 2 of n+1) only after every
-peer passed call n+1's first barrier (so finished step 3 of call n). IPC handles are exchanged with v41-comm's
+Steps 2 and 3 are one kernel each (:mod:`v41.kernels.peer_pull`, reading peer memory directly). Two barriers
+per call suffice: a rank overwrites its input half (step 1 of call n+1) only after every peer passed call n's
+second barrier (so finished reading it), and its reduced half (step 2 of n+1) only after every peer passed
+call n+1's first barrier, which each peer reaches only after synchronizing its stream, i.e. after its step 3
+of call n completed. IPC handles are exchanged with v41-comm's
 byte all-gather. Larger messages, other dtypes and all-gather go to the fallback group (NCCL).
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import msgpack
 import torch
 
+from ..kernels.peer_pull import pull_gather, pull_reduce
 from .group import TPGroup, split_range
 
 DEFAULT_BUFFER_BYTES = 32 << 20
@@ -35,13 +38,16 @@ def share_handle(buf: torch.Tensor) -> bytes:
     return packed + b"\0" * (HANDLE_BYTES - len(packed))
 
 
-def open_handle(record: bytes) -> torch.Tensor:
-    """A peer's buffer (uint8, on the peer's device) from its :func:`share_handle` record."""
+def open_handle(record: bytes, device: int) -> torch.Tensor:
+    """A peer's buffer from its :func:`share_handle` record, mapped into ``device``'s address space (CUDA
+    enables peer access lazily, cudaIpcMemLazyEnablePeerAccess): a uint8 tensor that torch sees on
+    ``cuda:device`` whose memory lives on the peer's GPU, so kernels on ``device`` read it directly."""
     fields = msgpack.Unpacker(raw=False)
     fields.feed(record)
     args = next(fields)
+    args[0] = device
     storage = torch.UntypedStorage._new_shared_cuda(*args)
-    return torch.empty(0, dtype=torch.uint8, device=torch.device("cuda", args[0])).set_(storage)
+    return torch.empty(0, dtype=torch.uint8, device=torch.device("cuda", device)).set_(storage)
 
 
 class PciePullGroup(TPGroup):
@@ -82,7 +88,8 @@ class PciePullGroup(TPGroup):
         comm.all_gather(torch.frombuffer(bytearray(share_handle(mine)), dtype=torch.uint8).numpy(),
                         records.numpy())
         raw = records.numpy().tobytes()
-        bufs = [mine if k == me else open_handle(raw[k * HANDLE_BYTES:(k + 1) * HANDLE_BYTES]) for k in range(w)]
+        bufs = [mine if k == me else open_handle(raw[k * HANDLE_BYTES:(k + 1) * HANDLE_BYTES], me)
+                for k in range(w)]
         return cls(comm, bufs, fallback)
 
     def _halves(self, k: int, dtype: torch.dtype, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,24 +102,19 @@ class PciePullGroup(TPGroup):
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks of x (CUDA, bf16/fp32, ≤ half the buffer), FP32-accumulated in rank order and rounded
-        once; identical bytes on every rank. Anything else goes to the fallback. Returns x, reduced in place."""
+        once; identical bytes on every rank. Anything else goes to the fallback. Returns x, reduced in place
+        (the last pull is queued on the current stream, not waited for)."""
         n = x.numel()
         if x.dtype not in _DTYPES or x.device != self.device or n * x.element_size() > self.half:
             return self.fallback.all_reduce(x)
         flat = x.view(-1) if x.is_contiguous() else x.contiguous().view(-1)
-        my_in, my_out = self._halves(self.rank, x.dtype, n)
-        my_in.copy_(flat)
+        halves = [self._halves(k, x.dtype, n) for k in range(self.world_size)]
+        halves[self.rank][0].copy_(flat)
         self._sync_barrier()
         a, e = split_range(n, self.world_size, self.rank)
-        acc = torch.zeros(e - a, dtype=torch.float32, device=self.device)
-        for k in range(self.world_size):  # fixed rank order: identical rounding on every rank
-            acc += self._halves(k, x.dtype, n)[0][a:e].to(self.device).float()
-        my_out[a:e].copy_(acc)
+        pull_reduce([h[0] for h in halves], halves[self.rank][1], a, e)
         self._sync_barrier()
-        for k in range(self.world_size):
-            ka, ke = split_range(n, self.world_size, k)
-            flat[ka:ke].copy_(self._halves(k, x.dtype, n)[1][ka:ke].to(self.device))
-        torch.cuda.current_stream(self.device).synchronize()
+        pull_gather([h[1] for h in halves], flat)
         if flat.data_ptr() != x.data_ptr():
             x.copy_(flat.view(x.shape))
         return x
