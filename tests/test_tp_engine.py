@@ -60,7 +60,7 @@ def _assert_matches(outs, tp1) -> None:
                 assert abs(a.logprobs[i][tok].logprob - lp.logprob) < LOGPROB_TOL, (i, tok)
 
 
-@pytest.mark.parametrize("tp,backend", [(2, "host"), (2, "gloo"), (4, "host")])
+@pytest.mark.parametrize("tp,backend", [(2, "host"), (2, "gloo"), (4, "host"), (4, "gloo")])
 def test_tp_gives_tp1_tokens_and_logprobs(ckpt, prompts, tp1, tp, backend):
     if tp == 4 and "v4" in ckpt.name and "v41" not in ckpt.name:
         pytest.skip("TP=4 runs on V4.1 only (CI time); V4 is covered at TP=2")
