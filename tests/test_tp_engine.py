@@ -123,3 +123,22 @@ def test_bad_tensor_parallel_settings_are_refused_before_spawning(ckpt):
         LLM(str(ckpt), **_kw(tensor_parallel_size=2, nnodes=2))
     with pytest.raises(ValueError, match="headless"):
         LLM(str(ckpt), **_kw(tensor_parallel_size=2, nnodes=2, node_rank=1, master_port=free_port()))
+
+
+def test_a_worker_dying_before_the_rendezvous_fails_start_up_at_once(ckpt, tmp_path):
+    """A script without the ``__main__`` guard: each spawned worker re-runs it and dies while bootstrapping.
+    Rank 0 must say so within seconds, not wait in the rendezvous."""
+    if "v41" not in ckpt.name:
+        pytest.skip("one architecture is enough")
+    script = tmp_path / "no_guard.py"
+    script.write_text(f"from v41 import LLM\nLLM({str(ckpt)!r}, tensor_parallel_size=2, block_size=16)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "tensor-parallel start-up failed" in proc.stderr and "v41-tp1" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_more_ranks_than_gpus_is_refused(ckpt):
+    if torch.cuda.device_count() >= 4:
+        pytest.skip("this host has 4 GPUs")
+    with pytest.raises(ValueError, match="needs 4 GPUs on this host"):
+        LLM(str(ckpt), **_kw(tensor_parallel_size=4, device="cuda"))

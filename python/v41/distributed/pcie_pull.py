@@ -76,12 +76,15 @@ class PciePullGroup(TPGroup):
         w, me = info.world_size, info.local_rank
         if not torch.cuda.is_available():
             raise RuntimeError("pcie-pull needs CUDA")
-        no_peer = [k for k in range(w) if k != me and not torch.cuda.can_device_access_peer(me, k)]
-        if no_peer:
-            raise RuntimeError(f"GPU {me} has no peer access to GPU(s) {no_peer}")
+        # Join first: a rank that then fails a check leaves, and its peers' next collective fails at once
+        # (instead of waiting out the join deadline).
         path = info.segment_path("pcie", (2 * w + 4) * HANDLE_BYTES)
         comm = _native.HostComm(path, me, w, HANDLE_BYTES, collective_timeout_s())
         _unlink_joined(path, info)
+        no_peer = [k for k in range(w) if k != me and not torch.cuda.can_device_access_peer(me, k)]
+        if no_peer:
+            comm.close()
+            raise RuntimeError(f"GPU {me} has no peer access to GPU(s) {no_peer}")
         mine = torch.zeros(2 * buffer_bytes, dtype=torch.uint8, device=torch.device("cuda", me))
         torch.cuda.synchronize(me)
         records = torch.empty(w * HANDLE_BYTES, dtype=torch.uint8)

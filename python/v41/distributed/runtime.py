@@ -19,6 +19,8 @@ import logging
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -103,10 +105,13 @@ class Runtime:
         self.info, self.group, self.channel, self.backend, self.reason = info, group, channel, backend, reason
 
     @classmethod
-    def start(cls, info: RankInfo, backend: str = "auto") -> "Runtime":
+    def start(cls, info: RankInfo, backend: str = "auto",
+              check_peers: Callable[[], str | None] | None = None) -> "Runtime":
         """Rendezvous, choose and self-test the backend, open the step channel. Every rank of the engine must
-        call it. Raises ValueError for a backend that cannot apply (nccl on CPU, gloo on CUDA, unknown name),
-        RuntimeError when even ``torch.distributed`` fails its self-test."""
+        call it. ``check_peers`` (rank 0): returns a reason when a local worker process has died, so start-up
+        fails at once instead of waiting for it. Raises ValueError for a backend that cannot apply (nccl on
+        CPU, gloo on CUDA, unknown name), RuntimeError when a peer died or even ``torch.distributed`` fails its
+        self-test, TimeoutError when ranks did not join in time."""
         if backend not in BACKENDS:
             raise ValueError(f"all-reduce backend must be one of {BACKENDS}, got {backend!r}")
         cuda = info.device.startswith("cuda")
@@ -120,8 +125,8 @@ class Runtime:
             from .probe import probe
 
             log.info("node %d topology: %s", info.node_rank, probe())
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = info.master_addr, str(info.master_port)
-        dist.init_process_group("nccl" if cuda else "gloo", init_method="env://", rank=info.rank,
+        store = rendezvous(info, check_peers)
+        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=info.rank,
                                 world_size=info.world_size, timeout=TORCH_TIMEOUT)
         torch_group, torch_name = TorchDistGroup(), ("nccl" if cuda else "gloo")
         if backend == "auto":
@@ -172,6 +177,12 @@ class Runtime:
         _unlink_joined(path, info)
         return HostChannel(comm)
 
+    def failed_ranks(self, ok: bool) -> list[int]:
+        """Every rank reports whether its last action succeeded (an all-gather over the group); returns the
+        ranks that failed, the same list on every rank."""
+        flags = self.group.all_gather(torch.tensor([1.0 if ok else 0.0], device=self.info.torch_device), dim=0)
+        return [r for r, f in enumerate(flags.tolist()) if f == 0.0]
+
     def close(self) -> None:
         """Close the channel and the group, leave the process group. Safe to call twice."""
         for obj in (self.channel, self.group):
@@ -181,6 +192,36 @@ class Runtime:
                 pass
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def rendezvous_timeout_s() -> float:
+    """How long rank 0 waits for every rank to join (seconds): env ``V41_RENDEZVOUS_TIMEOUT_S``, default 600
+    (other hosts may start later; dead local workers are noticed at once)."""
+    return float(os.environ.get("V41_RENDEZVOUS_TIMEOUT_S", 600))
+
+
+def rendezvous(info: RankInfo, check_peers: Callable[[], str | None] | None = None) -> dist.TCPStore:
+    """The torch.distributed env rendezvous (a TCPStore on ``master_addr:master_port`` served by rank 0).
+    Rank 0 polls until every rank has checked in, so a worker that died first is reported within ~50 ms
+    (``check_peers``) and a missing remote rank after :func:`rendezvous_timeout_s`, naming the ranks."""
+    timeout = rendezvous_timeout_s()
+    store = dist.TCPStore(info.master_addr, info.master_port, info.world_size, is_master=info.rank == 0,
+                          timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    store.set(f"v41/joined/{info.rank}", "1")
+    if info.rank != 0:
+        return store
+    keys = [f"v41/joined/{r}" for r in range(info.world_size)]
+    deadline = time.monotonic() + timeout
+    while not store.check(keys):
+        problem = check_peers() if check_peers is not None else None
+        if problem:
+            raise RuntimeError(f"tensor-parallel start-up failed: {problem}")
+        if time.monotonic() > deadline:
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            raise TimeoutError(f"tensor-parallel rank(s) {missing} did not join {info.master_addr}:"
+                               f"{info.master_port} within {timeout:.0f} s")
+        time.sleep(0.05)
+    return store
 
 
 def _agree(ok: bool, torch_group: TorchDistGroup, info: RankInfo) -> bool:

@@ -8,9 +8,12 @@ broadcasts the step's metadata through the step channel, so every rank runs the 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing as mp
 import socket
+import threading
+import time
 import uuid
 
 import msgpack
@@ -27,6 +30,8 @@ from .step import StepBatch, encode_step
 
 log = logging.getLogger("v41.engine")
 WORKER_JOIN_TIMEOUT_S = 10.0
+KEEPALIVE_IDLE_S = 600.0  # an idle multi-host engine sends a no-op step message this often
+KEEPALIVE_CHECK_S = 30.0
 
 
 class LocalExecutor:
@@ -76,7 +81,8 @@ def spawn_workers(args: EngineArgs, infos: list[RankInfo]) -> list:
     from .tp_worker import worker_main
 
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker_main, args=(args, info), name=f"v41-tp{info.rank}", daemon=True)
+    level = logging.getLogger("v41").getEffectiveLevel()
+    procs = [ctx.Process(target=worker_main, args=(args, info, level), name=f"v41-tp{info.rank}", daemon=True)
              for info in infos]
     for p in procs:
         p.start()
@@ -110,10 +116,13 @@ class TPExecutor:
         infos = rank_infos(args, uuid.uuid4().hex[:12], args.master_port or free_port())
         self.info = infos[0]
         self.device = self.info.torch_device
+        if self.info.device == "cuda" and len(infos) > torch.cuda.device_count():
+            raise ValueError(f"tensor_parallel_size {args.tensor_parallel_size} needs {len(infos)} GPUs on this "
+                             f"host, {torch.cuda.device_count()} visible")
         self.procs = spawn_workers(args, infos[1:])
         self.runtime: Runtime | None = None
         try:
-            self.runtime = Runtime.start(self.info, args.all_reduce_backend)
+            self.runtime = Runtime.start(self.info, args.all_reduce_backend, self._dead_worker)
             self.model = load(args.model, dtype=args.torch_dtype(), device=self.device, numerics=args.numerics,
                               load_format=args.load_format, tp=self.runtime.group)
         except BaseException:
@@ -122,30 +131,67 @@ class TPExecutor:
         self.cfg = self.model.cfg
         self.backend = self.runtime.backend
         self.runner: ModelRunner | None = None
+        self._lock = threading.Lock()  # one message + step at a time (the keep-alive thread sends too)
+        self._last_send = time.monotonic()
+        atexit.register(self.shutdown)
+        if args.nnodes > 1:  # gloo broadcasts time out after TORCH_TIMEOUT: never let remote ranks idle that long
+            threading.Thread(target=self._keepalive, name="v41-tp-keepalive", daemon=True).start()
         log.info("tensor parallel: %d ranks (%d per node), backend %s", args.tensor_parallel_size,
                  len(infos), self.backend)
 
-    def _send(self, *msg) -> None:
+    def _dead_worker(self) -> str | None:
         for p in self.procs:
             if not p.is_alive():
-                raise RuntimeError(f"tensor-parallel worker {p.name} (pid {p.pid}) exited with code {p.exitcode}")
+                return f"tensor-parallel worker {p.name} (pid {p.pid}) exited with code {p.exitcode}"
+        return None
+
+    def _send(self, *msg) -> None:
+        problem = self._dead_worker()
+        if problem:
+            raise RuntimeError(problem)
         self.runtime.channel.send(msgpack.packb(list(msg), use_bin_type=True))
+        self._last_send = time.monotonic()
+
+    def _keepalive(self) -> None:
+        while self.runtime is not None:
+            time.sleep(KEEPALIVE_CHECK_S)
+            with self._lock:
+                if self.runtime is not None and time.monotonic() - self._last_send > KEEPALIVE_IDLE_S:
+                    try:
+                        self._send("noop")
+                    except Exception as e:  # the next step reports it to the engine
+                        log.warning("tensor-parallel keep-alive: %s", e)
+                        return
 
     def init_cache(self, num_blocks: int, num_state_rows: int, block_tokens: int) -> PagedCache:
-        """Allocate the paged cache on every rank (same block count everywhere; KV is replicated)."""
-        self._send("cache", num_blocks, num_state_rows, block_tokens)
-        layout = build_layout(self.cfg, block_tokens)
-        self.cache = PagedCache(layout, num_blocks, num_state_rows, self.args.torch_dtype(), self.device)
-        self.runner = ModelRunner(self.model, self.cache, self.args.index_scratch_bytes)
+        """Allocate the paged cache on every rank (same block count everywhere; KV is replicated). Raises
+        RuntimeError naming the ranks that could not allocate it (their log says why)."""
+        with self._lock:
+            self._send("cache", num_blocks, num_state_rows, block_tokens)
+            failure = None
+            try:
+                self.cache = PagedCache(build_layout(self.cfg, block_tokens), num_blocks, num_state_rows,
+                                        self.args.torch_dtype(), self.device)
+                self.runner = ModelRunner(self.model, self.cache, self.args.index_scratch_bytes)
+            except Exception as e:
+                failure = e
+            bad = self.runtime.failed_ranks(failure is None)
+            if failure is not None:
+                raise failure
+            if bad:
+                raise RuntimeError(f"tensor-parallel rank(s) {bad} could not allocate the KV cache ({num_blocks} "
+                                   "blocks per kind); their log says why")
         return self.cache
 
     def execute(self, batch: StepBatch, return_aux: bool = False):
         """Broadcast ``batch`` to every rank, run rank 0's shard; returns what :class:`ModelRunner` does."""
-        self._send("step", encode_step(batch), return_aux)
-        return self.runner.execute(batch, return_aux)
+        with self._lock:
+            self._send("step", encode_step(batch), return_aux)
+            return self.runner.execute(batch, return_aux)
 
     def shutdown(self) -> None:
-        """Tell the workers to exit, join (kill after a timeout), close the runtime. Safe to call twice."""
+        """Tell the workers to exit, join (kill after a timeout), close the runtime. Safe to call twice; also
+        runs at interpreter exit."""
         if self.runtime is not None and all(p.is_alive() for p in self.procs):
             try:
                 self._send("shutdown")

@@ -21,11 +21,11 @@ from .step import decode_step
 log = logging.getLogger("v41.engine")
 
 
-def worker_main(args: EngineArgs, info: RankInfo) -> None:
-    """Entry point of rank ``info.rank`` (not 0). Exits when rank 0 sends ``shutdown``; raises (exit code 1)
-    when rank 0 dies or a collective fails."""
+def worker_main(args: EngineArgs, info: RankInfo, log_level: int = logging.INFO) -> None:
+    """Entry point of rank ``info.rank`` (not 0). Exits when rank 0 sends ``shutdown`` or closes its end;
+    raises (exit code 1) when rank 0 dies or a collective fails. ``log_level``: rank 0's logging level."""
     torch.set_num_threads(args.threads)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    logging.basicConfig(level=log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s tp-rank{info.rank}: %(message)s")
     runtime = Runtime.start(info, args.all_reduce_backend)
     try:
@@ -34,20 +34,38 @@ def worker_main(args: EngineArgs, info: RankInfo) -> None:
                      load_format=args.load_format, tp=runtime.group)
         runner = None
         while True:
-            op, *rest = msgpack.unpackb(runtime.channel.recv(None), raw=False)
+            try:
+                data = runtime.channel.recv(None)
+            except Exception as e:  # noqa: BLE001 - rank 0 closed its end (exit without shutdown) or died
+                if "rank 0" in str(e) and "left" in str(e):
+                    log.info("rank 0 closed the engine; exiting")
+                    return
+                raise
+            op, *rest = msgpack.unpackb(data, raw=False)
             if op == "step":
                 runner.execute(decode_step(rest[0], info.torch_device), return_aux=rest[1])
             elif op == "cache":
-                num_blocks, num_state_rows, block_tokens = rest
-                cache = PagedCache(build_layout(model.cfg, block_tokens), num_blocks, num_state_rows, dtype,
-                                   info.torch_device)
-                runner = ModelRunner(model, cache, args.index_scratch_bytes)
+                runner = _make_runner(args, model, runtime, rest, info.torch_device)
             elif op == "shutdown":
                 return
-            else:
+            elif op != "noop":
                 raise RuntimeError(f"unknown step-channel message {op!r}")
     finally:
         runtime.close()
+
+
+def _make_runner(args: EngineArgs, model, runtime: Runtime, msg: list, device: str) -> ModelRunner:
+    """Allocate this rank's paged cache as rank 0 asked and report success or failure to every rank."""
+    num_blocks, num_state_rows, block_tokens = msg
+    try:
+        cache = PagedCache(build_layout(model.cfg, block_tokens), num_blocks, num_state_rows, args.torch_dtype(),
+                           device)
+    except Exception:
+        log.exception("could not allocate the KV cache (%d blocks per kind)", num_blocks)
+        runtime.failed_ranks(False)
+        raise
+    runtime.failed_ranks(True)
+    return ModelRunner(model, cache, args.index_scratch_bytes)
 
 
 def run_headless(args: EngineArgs) -> int:
