@@ -196,6 +196,7 @@ def test_model_info_server_info_and_loads(server, ckpt):
     assert "swa" in info.capabilities.cache_kinds
     si = server.stub.GetServerInfo(pb2.GetServerInfoRequest(), timeout=TIMEOUT_S)
     assert si.version == v41.__version__ and si.uptime_s > 0 and json.loads(si.config_json)["block_tokens"] == 16
+    assert json.loads(si.config_json)["tensor_parallel_size"] == 1
     loads = _wait_idle(server)
     assert {c.kind for c in loads.caches} == set(info.capabilities.cache_kinds)
     assert all(c.used_blocks + c.free_blocks == c.total_blocks > 0 for c in loads.caches)

@@ -265,7 +265,9 @@ def _ready(core) -> m.Ready:
             "num_blocks": {k: v["total"] for k, v in stats["blocks"].items()},
             "max_num_seqs": core.args.max_num_seqs, "max_num_batched_tokens": core.args.max_num_batched_tokens,
             "enable_prefix_caching": core.args.enable_prefix_caching, "dtype": core.args.dtype,
-            "device": str(core.args.device), "numerics": core.args.numerics}
+            "device": str(core.args.device), "numerics": core.args.numerics,
+            "tensor_parallel_size": core.args.tensor_parallel_size,
+            "all_reduce_backend": getattr(core.executor, "backend", None)}
     model_dir = str(Path(core.args.model).resolve())
     return m.Ready(os.getpid(), model_dir, str(Path(model_dir) / "tokenizer.json"), core.max_model_len, info)
 
