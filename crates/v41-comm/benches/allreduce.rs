@@ -21,7 +21,13 @@ use v41_comm::Communicator;
 const LANE_DEFAULT: usize = 1 << 20;
 const SIZES: [(usize, &str); 3] = [(64 << 10, "64KB"), (1 << 20, "1MB"), (16 << 20, "16MB")];
 /// (world size, lane bytes); cases with lanes larger than 1 MiB only run the largest message.
-const CASES: [(usize, usize); 3] = [(2, 1 << 20), (4, 1 << 20), (2, 16 << 20)];
+const CASES: [(usize, usize); 5] = [
+    (2, 1 << 20),
+    (4, 1 << 20),
+    (2, 4 << 20),
+    (4, 4 << 20),
+    (2, 16 << 20),
+];
 
 /// Rank 0 runs in the calling thread; ranks 1.. are threads that run `iters` all-reduces of `len`
 /// floats on command.
