@@ -2,7 +2,7 @@
 //! /dev/shm) at 2 and 4 ranks for 64 KB, 1 MB and 16 MB messages, against a single-thread memcpy of
 //! the same bytes. Throughput counts the message bytes once (what one rank hands to all_reduce).
 //! Lanes are 1 MiB (the Python default: a round's working set stays in cache); 16 MB messages are
-//! also measured with 16 MiB lanes (one round), to show what that costs.
+//! also measured with 4 MiB lanes (W = 2, 4) and 16 MiB lanes (W = 2, one round), to show what that changes.
 //!
 //! Run: `cargo bench -p v41-comm --bench allreduce`. To carry it to another machine:
 //! `cargo bench -p v41-comm --no-run` prints `target/release/deps/allreduce-<hash>`; copy that file
