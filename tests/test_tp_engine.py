@@ -142,3 +142,19 @@ def test_more_ranks_than_gpus_is_refused(ckpt):
         pytest.skip("this host has 4 GPUs")
     with pytest.raises(ValueError, match="needs 4 GPUs on this host"):
         LLM(str(ckpt), **_kw(tensor_parallel_size=4, device="cuda"))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("backend", ["nccl", "host", "pcie-pull"])
+def test_tp2_on_gpus_gives_tp1_tokens(ckpt, prompts, backend):
+    """GPU counterpart of the CPU tests (device tool, nvidia-h200-x2): each backend passes its self-test on
+    the real topology and TP=2 gives TP=1's tokens and logprobs."""
+    ref = load(ckpt, device="cuda")
+    ties = [reference_greedy(ref, p, SP.max_tokens)[1] for p in prompts]
+    del ref
+    with LLM(str(ckpt), **_kw(device="cuda", num_kv_blocks=64)) as llm:
+        want = llm.generate(prompts, SP, use_tqdm=False)
+    with LLM(str(ckpt), **_kw(device="cuda", num_kv_blocks=64, tensor_parallel_size=2,
+                              all_reduce_backend=backend)) as llm:
+        assert llm.engine.executor.backend == backend
+        _assert_matches(llm.generate(prompts, SP, use_tqdm=False), (want, ties))

@@ -54,7 +54,7 @@ def compress_v4(mod: V4Attention, x: torch.Tensor, st: StepState):
         cov_row = None
         w0 = pos0 // r
         if csa and w0 > 0:
-            slot = block_slots(b.block_tables[cov_kind][ri:ri + 1], torch.tensor([[w0 - 1]]),
+            slot = block_slots(b.block_tables[cov_kind][ri:ri + 1], torch.tensor([[w0 - 1]], device=x.device),
                                cache.rows_per_block(cov_kind))
             cov_row = gather_slots(cache.tensors[cov_kind][plan.layer_id], slot)[0, 0]
         main_cols = slice(0, 2 * c * hd)
