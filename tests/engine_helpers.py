@@ -30,3 +30,31 @@ def assert_same_tokens(got: list[int], want: list[int], first_tie: int) -> None:
     if n < len(want):
         print(f"margin rule: compared {n} of {len(want)} tokens")
     assert got[:n] == want[:n], (got, want, first_tie)
+
+
+def step_batch(cache, runs: list[tuple[int, list[int], int, list[int]]], max_blocks: int = 8,
+               all_rows: bool = True):
+    """A StepBatch without a scheduler: request slot s owns blocks s·max_blocks .. (s+1)·max_blocks − 1.
+
+    runs: (slot, new token ids, first position, all earlier token ids). ``all_rows``: logits for every token
+    row, else only for each run's last row."""
+    from v41.engine.step import StepBatch, slots_for_tokens
+
+    layout = cache.layout
+    ids, pos, req, starts, hist = [], [], [], [], []
+    for r, (slot, toks, p0, earlier) in enumerate(runs):
+        starts.append((len(ids), len(toks), p0))
+        ids += toks
+        pos += list(range(p0, p0 + len(toks)))
+        req += [r] * len(toks)
+        hist.append(tuple(earlier[-3:]))
+    ids_t, pos_t, req_t = (torch.tensor(v, dtype=torch.long) for v in (ids, pos, req))
+    tables, slots = {}, {}
+    for k in layout.kinds:
+        bt = torch.stack([torch.arange(max_blocks) + s * max_blocks for s, *_ in runs])
+        tables[k.name] = bt
+        slots[k.name] = slots_for_tokens(bt, req_t, pos_t, layout.block_tokens, k.tokens_per_entry)
+    rows = torch.arange(len(ids)) if all_rows else torch.tensor([a + n - 1 for a, n, _ in starts])
+    return StepBatch(token_ids=ids_t, positions=pos_t, req_index=req_t, starts=tuple(starts), block_tables=tables,
+                     slot_mapping=slots, state_rows=torch.tensor([s for s, *_ in runs]),
+                     engram_history=tuple(hist), logits_rows=rows)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine_helpers import step_batch
 from v41.cache import PagedCache, build_layout
 from v41.engine.model_runner import ModelRunner
-from v41.engine.step import StepBatch, slots_for_tokens
+from v41.engine.step import StepBatch
 from v41.models.reference import load
 from v41.testing.tiny import make_tiny
 
@@ -23,27 +24,9 @@ class Planner:
         self.cache, self.n_slots = cache, n_slots
 
     def batch(self, runs: list[tuple[int, list[int], int, list[int]]]) -> StepBatch:
-        """runs: (request slot, new token ids, first position, all earlier token ids)."""
-        layout = self.cache.layout
-        ids, pos, req = [], [], []
-        starts, hist = [], []
-        for r, (slot, toks, p0, earlier) in enumerate(runs):
-            starts.append((len(ids), len(toks), p0))
-            ids += toks
-            pos += list(range(p0, p0 + len(toks)))
-            req += [r] * len(toks)
-            hist.append(tuple(earlier[-3:]))
-        ids_t, pos_t, req_t = (torch.tensor(v, dtype=torch.long) for v in (ids, pos, req))
-        tables, slots = {}, {}
-        for k in layout.kinds:
-            bt = torch.stack([torch.arange(MAX_BLOCKS) + s * MAX_BLOCKS for s, *_ in runs])
-            tables[k.name] = bt
-            slots[k.name] = slots_for_tokens(bt, req_t, pos_t, layout.block_tokens, k.tokens_per_entry)
-        last_rows = torch.tensor([a + n - 1 for a, n, _ in starts])
-        return StepBatch(token_ids=ids_t, positions=pos_t, req_index=req_t, starts=tuple(starts),
-                         block_tables=tables, slot_mapping=slots,
-                         state_rows=torch.tensor([s for s, *_ in runs]), engram_history=tuple(hist),
-                         logits_rows=torch.arange(len(ids)) if len(runs) == 1 else last_rows)
+        """runs: (request slot, new token ids, first position, all earlier token ids). Logits for every row
+        of a single run, else for each run's last row."""
+        return step_batch(self.cache, runs, MAX_BLOCKS, all_rows=len(runs) == 1)
 
 
 def setup(arch: str, tmp, block_tokens: int):

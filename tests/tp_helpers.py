@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from engine_helpers import step_batch
 from v41.distributed.group import TPGroup
 
 SPAWN_TIMEOUT_S = 50.0
@@ -90,30 +91,6 @@ def paged_runner(model, block_tokens: int = 16, max_blocks: int = 8, n_slots: in
     cache = PagedCache(layout, num_blocks=n_slots * max_blocks, num_state_rows=n_slots, dtype=torch.float32,
                        device="cpu")
     return ModelRunner(model, cache, index_scratch_bytes=4096), cache
-
-
-def step_batch(cache, runs: list[tuple[int, list[int], int, list[int]]], max_blocks: int = 8):
-    """A StepBatch where request slot s owns blocks s·max_blocks..; runs: (slot, new ids, first position,
-    earlier ids). Logits for every row."""
-    from v41.engine.step import StepBatch, slots_for_tokens
-
-    layout = cache.layout
-    ids, pos, req, starts, hist = [], [], [], [], []
-    for r, (slot, toks, p0, earlier) in enumerate(runs):
-        starts.append((len(ids), len(toks), p0))
-        ids += toks
-        pos += list(range(p0, p0 + len(toks)))
-        req += [r] * len(toks)
-        hist.append(tuple(earlier[-3:]))
-    ids_t, pos_t, req_t = (torch.tensor(v, dtype=torch.long) for v in (ids, pos, req))
-    tables, slots = {}, {}
-    for k in layout.kinds:
-        bt = torch.stack([torch.arange(max_blocks) + s * max_blocks for s, *_ in runs])
-        tables[k.name] = bt
-        slots[k.name] = slots_for_tokens(bt, req_t, pos_t, layout.block_tokens, k.tokens_per_entry)
-    return StepBatch(token_ids=ids_t, positions=pos_t, req_index=req_t, starts=tuple(starts), block_tables=tables,
-                     slot_mapping=slots, state_rows=torch.tensor([s for s, *_ in runs]),
-                     engram_history=tuple(hist), logits_rows=torch.arange(len(ids)))
 
 
 def workload(model, prompts: list[list[int]], decode: list[list[int]]) -> dict[str, torch.Tensor]:

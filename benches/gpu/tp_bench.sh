@@ -22,17 +22,7 @@ python3 -c "import sys, torch; sys.path.insert(0, 'tests'); import test_peer_pul
 [t.test_triton_kernels_equal_the_references(w, d) for w in (1, 2, 5, 8) for d in (torch.float32, torch.bfloat16)]
 print('peer_pull Triton kernels == PyTorch reference (W = 1, 2, 5, 8; fp32, bf16)')" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
 timeout 120 python3 benches/gpu/tp_bench.py allreduce --world "$WORLD" 2>"$OUT/allreduce.log" | tee -a "$R"
-python3 - <<'PY'
-from v41.testing.tiny import make_tiny
-make_tiny("/tmp/tiny41", "deepseek_v41")
-# v41-mid (DESIGN.md §5): 12 layers covering every role, hidden 2048, 64 heads x 512, o_groups 8.
-make_tiny("/tmp/mid41", "deepseek_v41", weights=False, hidden_size=2048, num_attention_heads=64, head_dim=512,
-          qk_rope_head_dim=64, q_lora_rank=1024, o_lora_rank=1024, o_groups=8, moe_intermediate_size=1024,
-          n_routed_experts=64, num_experts_per_tok=6, sliding_window=128, index_n_heads=32, index_head_dim=128,
-          index_topk=512, candidate_topk_blocks=2048, candidate_block_size=8, engram_n_heads=8,
-          engram_head_dim=256, engram_vocab_size=4001, dspark_markov_rank=256, dspark_n_routed_experts=16,
-          dspark_num_experts_per_tok=3)
-PY
+python3 benches/gpu/make_models.py /tmp
 timeout 120 python3 benches/gpu/tp_bench.py engine --model /tmp/tiny41 --tp "$WORLD" --block-size 16 \
   2>"$OUT/engine_tiny.log" | tee -a "$R"
 timeout 180 python3 benches/gpu/tp_bench.py engine --model /tmp/mid41 --load-format dummy --tp "$WORLD" \

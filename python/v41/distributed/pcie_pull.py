@@ -70,17 +70,12 @@ class PciePullGroup(TPGroup):
     def create(cls, info, fallback: TPGroup, buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> "PciePullGroup":
         """Allocate and exchange the IPC buffers. Raises RuntimeError without CUDA peer access between every pair
         of this host's GPUs (checked, not assumed)."""
-        from .. import _native
-        from .runtime import _unlink_joined, collective_timeout_s
-
         w, me = info.world_size, info.local_rank
         if not torch.cuda.is_available():
             raise RuntimeError("pcie-pull needs CUDA")
         # Join first: a rank that then fails a check leaves, and its peers' next collective fails at once
         # (instead of waiting out the join deadline).
-        path = info.segment_path("pcie", (2 * w + 4) * HANDLE_BYTES)
-        comm = _native.HostComm(path, me, w, HANDLE_BYTES, collective_timeout_s())
-        _unlink_joined(path, info)
+        comm = info.join_segment("pcie", HANDLE_BYTES)
         no_peer = [k for k in range(w) if k != me and not torch.cuda.can_device_access_peer(me, k)]
         if no_peer:
             comm.close()

@@ -41,6 +41,18 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 120.0
 TORCH_TIMEOUT = timedelta(hours=24)
 
 
+def check_backend(backend: str, device: str) -> None:
+    """Raises ValueError for an unknown backend name or one that cannot run on ``device`` (nccl on CPU, gloo
+    on CUDA)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"all-reduce backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    cuda = str(device).startswith("cuda")
+    if backend == "nccl" and not cuda:
+        raise ValueError("the nccl backend needs CUDA; use gloo or host on CPU")
+    if backend == "gloo" and cuda:
+        raise ValueError("the gloo backend is for CPU ranks; use nccl, host or pcie-pull on CUDA")
+
+
 def collective_timeout_s() -> float:
     """Deadline of one v41-comm collective (seconds): env ``V41_COLLECTIVE_TIMEOUT_S``, default 120."""
     return float(os.environ.get("V41_COLLECTIVE_TIMEOUT_S", DEFAULT_COLLECTIVE_TIMEOUT_S))
@@ -93,8 +105,15 @@ class RankInfo:
     def torch_device(self) -> str:
         return f"cuda:{self.local_rank}" if self.device.startswith("cuda") else "cpu"
 
-    def segment_path(self, what: str, need_bytes: int) -> str:
-        return os.path.join(segment_dir(need_bytes), f"v41-{self.session}-n{self.node_rank}-{what}")
+    def join_segment(self, what: str, lane_bytes: int):
+        """This node's v41-comm segment ``what`` (one per engine session), joined as ``local_rank`` of the
+        node's ranks: a ``v41._native.HostComm`` that returns once every rank has joined (rank 0 then removes
+        the file name, so nothing outlives the engine). Deadline: :func:`collective_timeout_s`."""
+        from .. import _native
+
+        need = _native.HostComm.segment_bytes(self.ranks_per_node, lane_bytes)
+        path = os.path.join(segment_dir(need), f"v41-{self.session}-n{self.node_rank}-{what}")
+        return _native.HostComm(path, self.local_rank, self.ranks_per_node, lane_bytes, collective_timeout_s())
 
 
 class Runtime:
@@ -112,13 +131,8 @@ class Runtime:
         fails at once instead of waiting for it. Raises ValueError for a backend that cannot apply (nccl on
         CPU, gloo on CUDA, unknown name), RuntimeError when a peer died or even ``torch.distributed`` fails its
         self-test, TimeoutError when ranks did not join in time."""
-        if backend not in BACKENDS:
-            raise ValueError(f"all-reduce backend must be one of {BACKENDS}, got {backend!r}")
+        check_backend(backend, info.device)
         cuda = info.device.startswith("cuda")
-        if backend == "nccl" and not cuda:
-            raise ValueError("the nccl backend needs CUDA; use gloo or host on CPU")
-        if backend == "gloo" and cuda:
-            raise ValueError("the gloo backend is for CPU ranks; use nccl, host or pcie-pull on CUDA")
         if cuda:
             torch.cuda.set_device(info.local_rank)
         if info.local_rank == 0:
@@ -170,12 +184,7 @@ class Runtime:
         if info.nnodes > 1:
             return TorchChannel(dist.new_group(backend="gloo", timeout=TORCH_TIMEOUT)
                                 if info.device.startswith("cuda") else None)
-        from .. import _native
-
-        path = info.segment_path("channel", (2 * info.world_size + 4) * CHANNEL_LANE_BYTES)
-        comm = _native.HostComm(path, info.local_rank, info.world_size, CHANNEL_LANE_BYTES, collective_timeout_s())
-        _unlink_joined(path, info)
-        return HostChannel(comm)
+        return HostChannel(info.join_segment("channel", CHANNEL_LANE_BYTES))
 
     def failed_ranks(self, ok: bool) -> list[int]:
         """Every rank reports whether its last action succeeded (an all-gather over the group); returns the
@@ -232,24 +241,9 @@ def _agree(ok: bool, torch_group: TorchDistGroup, info: RankInfo) -> bool:
 
 
 def _make_host(info: RankInfo, fallback: TPGroup) -> TPGroup:
-    from .. import _native
     from .host_backend import HostGroup
 
-    lane = host_lane_bytes()
-    path = info.segment_path("host", (2 * info.world_size + 4) * lane)
-    comm = _native.HostComm(path, info.local_rank, info.world_size, lane, collective_timeout_s())
-    _unlink_joined(path, info)
-    return HostGroup(comm, fallback)
-
-
-def _unlink_joined(path: str, info: RankInfo) -> None:
-    """Remove a segment's name once every rank has mapped it (HostComm returns only after all joined), so
-    no file outlives the engine."""
-    if info.local_rank == 0:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+    return HostGroup(info.join_segment("host", host_lane_bytes()), fallback)
 
 
 def _make_pcie(info: RankInfo, fallback: TPGroup) -> TPGroup:

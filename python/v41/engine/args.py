@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..distributed.runtime import check_backend
+
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -80,14 +82,7 @@ class EngineArgs:
             raise ValueError("master_port is required when nnodes > 1 (every node must use the same one)")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise ValueError(f"master_port must be in 1..65535, got {self.master_port}")
-        if self.all_reduce_backend not in ("auto", "nccl", "gloo", "host", "pcie-pull"):
-            raise ValueError(f"all_reduce_backend must be auto, nccl, gloo, host or pcie-pull, "
-                             f"got {self.all_reduce_backend!r}")
-        cuda = str(self.device).startswith("cuda")
-        if self.all_reduce_backend == "nccl" and not cuda:
-            raise ValueError("the nccl backend needs CUDA; use gloo or host on CPU")
-        if self.all_reduce_backend == "gloo" and cuda:
-            raise ValueError("the gloo backend is for CPU ranks; use nccl, host or pcie-pull on CUDA")
+        check_backend(self.all_reduce_backend, self.device)
         if self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
         if self.numerics not in ("exact", "deployed"):

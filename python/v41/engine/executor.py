@@ -21,9 +21,10 @@ import torch
 
 from ..cache import PagedCache, build_layout
 from ..config import load_config
-from ..distributed.group import check_tp
+from ..distributed.group import TPGroup, check_tp
 from ..distributed.runtime import RankInfo, Runtime
 from ..models.reference import load
+from ..models.reference.model import Transformer
 from .args import EngineArgs
 from .model_runner import ModelRunner
 from .step import StepBatch, encode_step
@@ -34,23 +35,33 @@ KEEPALIVE_IDLE_S = 600.0  # an idle multi-host engine sends a no-op step message
 KEEPALIVE_CHECK_S = 30.0
 
 
+def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None) -> Transformer:
+    """The model (this rank's shard with ``tp``) as ``args`` describe it, on ``device``."""
+    return load(args.model, dtype=args.torch_dtype(), device=device, numerics=args.numerics,
+                load_format=args.load_format, tp=tp)
+
+
+def paged_runner(args: EngineArgs, model: Transformer, num_blocks: int, num_state_rows: int, block_tokens: int,
+                 device: str) -> ModelRunner:
+    """A runner over a new paged cache: ``num_blocks`` blocks of ``block_tokens`` tokens per kind and
+    ``num_state_rows`` compressor-state rows, in the compute dtype on ``device`` (raises on allocation failure)."""
+    cache = PagedCache(build_layout(model.cfg, block_tokens), num_blocks, num_state_rows, args.torch_dtype(), device)
+    return ModelRunner(model, cache, args.index_scratch_bytes)
+
+
 class LocalExecutor:
     """TP=1: model, paged cache and runner in this process. ``device``: the torch device of the model."""
 
     def __init__(self, args: EngineArgs):
         self.args, self.device = args, args.device
-        self.model = load(args.model, dtype=args.torch_dtype(), device=args.device, numerics=args.numerics,
-                          load_format=args.load_format)
+        self.model = load_model(args, args.device)
         self.cfg = self.model.cfg
-        self.cache: PagedCache | None = None
         self.runner: ModelRunner | None = None
 
     def init_cache(self, num_blocks: int, num_state_rows: int, block_tokens: int) -> PagedCache:
         """Allocate the paged cache (``num_blocks`` per kind) and the runner over it."""
-        layout = build_layout(self.cfg, block_tokens)
-        self.cache = PagedCache(layout, num_blocks, num_state_rows, self.args.torch_dtype(), self.device)
-        self.runner = ModelRunner(self.model, self.cache, self.args.index_scratch_bytes)
-        return self.cache
+        self.runner = paged_runner(self.args, self.model, num_blocks, num_state_rows, block_tokens, self.device)
+        return self.runner.cache
 
     def execute(self, batch: StepBatch, return_aux: bool = False):
         """Logits [N, vocab] of ``batch.logits_rows`` (with ``return_aux``: and the DSpark aux states)."""
@@ -123,8 +134,7 @@ class TPExecutor:
         self.runtime: Runtime | None = None
         try:
             self.runtime = Runtime.start(self.info, args.all_reduce_backend, self._dead_worker)
-            self.model = load(args.model, dtype=args.torch_dtype(), device=self.device, numerics=args.numerics,
-                              load_format=args.load_format, tp=self.runtime.group)
+            self.model = load_model(args, self.device, self.runtime.group)
         except BaseException:
             self.shutdown()
             raise
@@ -170,9 +180,8 @@ class TPExecutor:
             self._send("cache", num_blocks, num_state_rows, block_tokens)
             failure = None
             try:
-                self.cache = PagedCache(build_layout(self.cfg, block_tokens), num_blocks, num_state_rows,
-                                        self.args.torch_dtype(), self.device)
-                self.runner = ModelRunner(self.model, self.cache, self.args.index_scratch_bytes)
+                self.runner = paged_runner(self.args, self.model, num_blocks, num_state_rows, block_tokens,
+                                           self.device)
             except Exception as e:
                 failure = e
             bad = self.runtime.failed_ranks(failure is None)
@@ -181,7 +190,7 @@ class TPExecutor:
             if bad:
                 raise RuntimeError(f"tensor-parallel rank(s) {bad} could not allocate the KV cache ({num_blocks} "
                                    "blocks per kind); their log says why")
-        return self.cache
+        return self.runner.cache
 
     def execute(self, batch: StepBatch, return_aux: bool = False):
         """Broadcast ``batch`` to every rank, run rank 0's shard; returns what :class:`ModelRunner` does."""

@@ -11,10 +11,9 @@ import uuid
 import msgpack
 import torch
 
-from ..cache import PagedCache, build_layout
 from ..distributed.runtime import RankInfo, Runtime
-from ..models.reference import load
 from .args import EngineArgs
+from .executor import load_model, paged_runner
 from .model_runner import ModelRunner
 from .step import decode_step
 
@@ -29,9 +28,7 @@ def worker_main(args: EngineArgs, info: RankInfo, log_level: int = logging.INFO)
                         format=f"%(asctime)s %(levelname)s tp-rank{info.rank}: %(message)s")
     runtime = Runtime.start(info, args.all_reduce_backend)
     try:
-        dtype = args.torch_dtype()
-        model = load(args.model, dtype=dtype, device=info.torch_device, numerics=args.numerics,
-                     load_format=args.load_format, tp=runtime.group)
+        model = load_model(args, info.torch_device, runtime.group)
         runner = None
         while True:
             try:
@@ -58,14 +55,13 @@ def _make_runner(args: EngineArgs, model, runtime: Runtime, msg: list, device: s
     """Allocate this rank's paged cache as rank 0 asked and report success or failure to every rank."""
     num_blocks, num_state_rows, block_tokens = msg
     try:
-        cache = PagedCache(build_layout(model.cfg, block_tokens), num_blocks, num_state_rows, args.torch_dtype(),
-                           device)
+        runner = paged_runner(args, model, num_blocks, num_state_rows, block_tokens, device)
     except Exception:
         log.exception("could not allocate the KV cache (%d blocks per kind)", num_blocks)
         runtime.failed_ranks(False)
         raise
     runtime.failed_ranks(True)
-    return ModelRunner(model, cache, args.index_scratch_bytes)
+    return runner
 
 
 def run_headless(args: EngineArgs) -> int:

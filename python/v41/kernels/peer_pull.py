@@ -4,15 +4,16 @@ reading every peer's buffer directly (CUDA peer access over UVA), with the PyTor
 ``pull_reduce``: ``out[a:e] = round(Σ_{k=0..W−1} srcs[k][a:e])`` with the sum in float32 in rank order
 k = 0, 1, ... (so every rank rounds identically). ``pull_gather``: ``dst[i] = srcs[owner(i)][i]`` where
 ``owner`` is the rank whose :func:`~v41.distributed.group.split_range` share holds element i.
-The Triton kernels take up to :data:`MAX_RANKS` peer tensors and add in the same order as the reference, so
-their results are bitwise equal to it.
+The Triton kernels get the sources as an int64 tensor of addresses and add in the same order as the
+reference, so their results are bitwise equal to it.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-MAX_RANKS = 8
 BLOCK = 1024
 
 
@@ -43,49 +44,25 @@ except ImportError:  # CPU-only installs: the references serve
 
 if triton is not None:
     @triton.jit
-    def _reduce_kernel(out, p0, p1, p2, p3, p4, p5, p6, p7, a, e, W: tl.constexpr, BLOCK: tl.constexpr):
+    def _reduce_kernel(out, addrs, a, e, W: tl.constexpr, BLOCK: tl.constexpr):
         offs = a + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < e
         acc = tl.zeros([BLOCK], dtype=tl.float32)
-        acc += tl.load(p0 + offs, mask=m, other=0.0).to(tl.float32)
-        if W > 1:
-            acc += tl.load(p1 + offs, mask=m, other=0.0).to(tl.float32)
-        if W > 2:
-            acc += tl.load(p2 + offs, mask=m, other=0.0).to(tl.float32)
-        if W > 3:
-            acc += tl.load(p3 + offs, mask=m, other=0.0).to(tl.float32)
-        if W > 4:
-            acc += tl.load(p4 + offs, mask=m, other=0.0).to(tl.float32)
-        if W > 5:
-            acc += tl.load(p5 + offs, mask=m, other=0.0).to(tl.float32)
-        if W > 6:
-            acc += tl.load(p6 + offs, mask=m, other=0.0).to(tl.float32)
-        if W > 7:
-            acc += tl.load(p7 + offs, mask=m, other=0.0).to(tl.float32)
+        for k in tl.static_range(W):  # rank order, as the reference
+            src = tl.load(addrs + k).to(out.dtype)  # int64 address → pointer of out's element type
+            acc += tl.load(src + offs, mask=m, other=0.0).to(tl.float32)
         tl.store(out + offs, acc.to(out.dtype.element_ty), mask=m)
 
     @triton.jit
-    def _gather_kernel(dst, p0, p1, p2, p3, p4, p5, p6, p7, n, base, extra, W: tl.constexpr,
-                       BLOCK: tl.constexpr):
+    def _gather_kernel(dst, addrs, n, base, extra, W: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         big = extra * (base + 1)
         owner = tl.where(offs < big, offs // (base + 1), extra + (offs - big) // tl.maximum(base, 1))
-        val = tl.load(p0 + offs, mask=m & (owner == 0), other=0.0)
-        if W > 1:
-            val = tl.where(owner == 1, tl.load(p1 + offs, mask=m & (owner == 1), other=0.0), val)
-        if W > 2:
-            val = tl.where(owner == 2, tl.load(p2 + offs, mask=m & (owner == 2), other=0.0), val)
-        if W > 3:
-            val = tl.where(owner == 3, tl.load(p3 + offs, mask=m & (owner == 3), other=0.0), val)
-        if W > 4:
-            val = tl.where(owner == 4, tl.load(p4 + offs, mask=m & (owner == 4), other=0.0), val)
-        if W > 5:
-            val = tl.where(owner == 5, tl.load(p5 + offs, mask=m & (owner == 5), other=0.0), val)
-        if W > 6:
-            val = tl.where(owner == 6, tl.load(p6 + offs, mask=m & (owner == 6), other=0.0), val)
-        if W > 7:
-            val = tl.where(owner == 7, tl.load(p7 + offs, mask=m & (owner == 7), other=0.0), val)
+        val = tl.zeros([BLOCK], dtype=dst.dtype.element_ty)
+        for k in tl.static_range(W):
+            src = tl.load(addrs + k).to(dst.dtype)
+            val = tl.where(owner == k, tl.load(src + offs, mask=m & (owner == k), other=0.0), val)
         tl.store(dst + offs, val, mask=m)
 
 
@@ -94,19 +71,20 @@ def has_kernels(device: torch.device) -> bool:
     return triton is not None and device.type == "cuda"
 
 
-def _padded(srcs: list[torch.Tensor]) -> list[torch.Tensor]:
-    if not 1 <= len(srcs) <= MAX_RANKS:
-        raise ValueError(f"peer pull takes 1..{MAX_RANKS} ranks, got {len(srcs)}")
-    return srcs + [srcs[0]] * (MAX_RANKS - len(srcs))
+@functools.lru_cache(maxsize=64)
+def _addresses(ptrs: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The sources' base addresses as an int64 tensor on ``device``; cached, since a group's buffers (and so
+    the addresses of its two halves) never move."""
+    return torch.tensor(ptrs, dtype=torch.int64, device=device)
 
 
 def pull_reduce(srcs: list[torch.Tensor], out: torch.Tensor, a: int, e: int) -> None:
-    """:func:`pull_reduce_ref` as one kernel on ``out``'s device (srcs may live on peer GPUs with peer access
-    enabled); the reference when Triton or CUDA is missing."""
+    """:func:`pull_reduce_ref` as one kernel on ``out``'s device (srcs: memory of this or a peer GPU mapped into
+    this device's address space); the reference when Triton or CUDA is missing."""
     if not has_kernels(out.device) or e <= a:
         return pull_reduce_ref(srcs, out, a, e)
-    grid = (triton.cdiv(e - a, BLOCK),)
-    _reduce_kernel[grid](out, *_padded(srcs), a, e, W=len(srcs), BLOCK=BLOCK)
+    addrs = _addresses(tuple(s.data_ptr() for s in srcs), out.device)
+    _reduce_kernel[(triton.cdiv(e - a, BLOCK),)](out, addrs, a, e, W=len(srcs), BLOCK=BLOCK)
 
 
 def pull_gather(srcs: list[torch.Tensor], dst: torch.Tensor) -> None:
@@ -115,4 +93,5 @@ def pull_gather(srcs: list[torch.Tensor], dst: torch.Tensor) -> None:
     if not has_kernels(dst.device) or n == 0:
         return pull_gather_ref(srcs, dst)
     base, extra = divmod(n, len(srcs))
-    _gather_kernel[(triton.cdiv(n, BLOCK),)](dst, *_padded(srcs), n, base, extra, W=len(srcs), BLOCK=BLOCK)
+    addrs = _addresses(tuple(s.data_ptr() for s in srcs), dst.device)
+    _gather_kernel[(triton.cdiv(n, BLOCK),)](dst, addrs, n, base, extra, W=len(srcs), BLOCK=BLOCK)

@@ -39,6 +39,8 @@ def _env_int(name: str) -> int | None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from ..distributed.runtime import BACKENDS
+
     p = argparse.ArgumentParser(prog=PROG, description="Serve a DeepSeek-V4.1 / V4 checkpoint over OpenAI-"
                                 "compatible HTTP (default) or gRPC (--grpc).")
     p.add_argument("--model", default=None, metavar="DIR|REPO_ID",
@@ -59,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype", default="auto", help="only 'auto' (the compute dtype) for now")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                    help="tensor-parallel ranks, one process each (GPU r = cuda:r; CPU ranks need --device cpu)")
-    p.add_argument("--all-reduce-backend", default="auto", choices=("auto", "nccl", "gloo", "host", "pcie-pull"),
+    p.add_argument("--all-reduce-backend", default="auto", choices=BACKENDS,
                    help="collectives between ranks: auto = nccl on CUDA, host shared memory on CPU (gloo across "
                         "hosts); host and pcie-pull fall back to torch.distributed when their self-test fails")
     p.add_argument("--nnodes", type=int, default=int(os.environ.get("NNODES", 1)), metavar="N",
