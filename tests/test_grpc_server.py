@@ -212,6 +212,27 @@ def test_health_is_serving_and_reflection_lists_the_services(server):
     assert "v41.v1.Engine" in services and "grpc.health.v1.Health" in services
 
 
+def test_cache_salt_scopes_prefix_hits_and_priority_reaches_the_scheduler(server, monkeypatch):
+    seen, add = [], server.engine.core.add_request
+
+    def recording_add(*args, **kw):
+        seen.append((kw["priority"], kw["cache_salt"]))
+        return add(*args, **kw)
+
+    monkeypatch.setattr(server.engine.core, "add_request", recording_add)
+    prompt = pb2.TokenIds(ids=[0] + list(range(200, 247)))  # 48 tokens: three full pages
+
+    def cached(salt: str, priority: int = 0) -> int:
+        msgs = _generate(server.stub, tokens=prompt, sampling_params=_greedy(2), cache_salt=salt,
+                         priority=priority)
+        return msgs[-1].complete.usage.cached_tokens
+
+    assert cached("grpc-alice", priority=-7) == 0
+    assert cached("grpc-bob", priority=2**31 - 1) == 0  # a salt of its own: no hit on alice's prefix
+    assert cached("grpc-alice") >= 32
+    assert seen == [(-7, "grpc-alice"), (2**31 - 1, "grpc-bob"), (0, "grpc-alice")]
+
+
 # ------------------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("req, message", [
     (dict(tokens=pb2.TokenIds(ids=[])), "empty"),  # KF-16
@@ -280,7 +301,7 @@ class _FailingEngine:
         self.is_running = not isinstance(error, EngineDeadError)
         self.last_heartbeat_s = time.monotonic() - (60 if isinstance(error, EngineDeadError) else 0)
 
-    async def generate(self, prompt, params, request_id):
+    async def generate(self, prompt, params, request_id, *, priority=0, cache_salt=None):
         raise self.error
         yield  # an async generator
 

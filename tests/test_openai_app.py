@@ -183,6 +183,31 @@ def test_usage_counts_prompt_completion_and_cached_tokens(client, engine):
     assert again["prompt_tokens_details"]["cached_tokens"] >= 32  # two whole 16-token blocks at least
 
 
+def test_cache_salt_scopes_cached_tokens_and_priority_is_accepted(client, engine, monkeypatch):
+    seen, add = [], engine.core.add_request
+
+    def recording_add(*args, **kw):
+        seen.append((kw["priority"], kw["cache_salt"]))
+        return add(*args, **kw)
+
+    monkeypatch.setattr(engine.core, "add_request", recording_add)
+    prompt = list(range(300, 348))  # 48 tokens: three full pages
+
+    def cached(path: str, **extra) -> int:
+        body = {"max_tokens": 2, **GREEDY, **extra}
+        body |= {"prompt": prompt} if path == "/v1/completions" else {
+            "messages": [{"role": "user", "content": "salted " * 40}]}
+        r = client.post(path, json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    for path in ("/v1/completions", "/v1/chat/completions") if HAVE_CHAT else ("/v1/completions",):
+        assert cached(path, cache_salt=f"{path}-a", priority=-2) == 0
+        assert cached(path, cache_salt=f"{path}-b") == 0  # another namespace: no hit on a's prefix
+        assert cached(path, cache_salt=f"{path}-a", priority=9) >= 32
+        assert seen[-3:] == [(-2, f"{path}-a"), (0, f"{path}-b"), (9, f"{path}-a")]
+
+
 def test_completion_logprobs_and_echo(client):
     r = client.post("/v1/completions", json={"prompt": "abc def", "max_tokens": 3, "logprobs": 2, "echo": True,
                                              **GREEDY})
@@ -370,6 +395,9 @@ def test_health_follows_the_heartbeat(engine):
     ({"model": "no-such-model"}, "model"),
     ({"temperature": "hot"}, "temperature"),
     ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"priority": 2**31}, "priority"),
+    ({"priority": 1.5}, "priority"),
+    ({"cache_salt": 5}, "cache_salt"),
 ])
 def test_bad_completion_inputs_are_400(client, engine, body, param):
     err = assert_error(client.post("/v1/completions", json={"prompt": "x", **body}), 400)
@@ -420,7 +448,7 @@ class ScriptedEngine:
         self.tokenizer, self.cfg, self.max_model_len = core.tokenizer, core.cfg, core.max_model_len
         self.ids = self.tokenizer.encode(self.text, add_special_tokens=False).ids + [self.cfg.eos_token_ids[0]]
 
-    async def generate(self, prompt, params, request_id):
+    async def generate(self, prompt, params, request_id, *, priority=0, cache_salt=None):
         for k, tok in enumerate(self.ids):
             last = k == len(self.ids) - 1
             yield RequestOutput(request_id, None, prompt["prompt_token_ids"], None, [
@@ -443,7 +471,7 @@ class FailingEngine(ScriptedEngine):
     error: BaseException = None
     after: int = 0
 
-    async def generate(self, prompt, params, request_id):
+    async def generate(self, prompt, params, request_id, *, priority=0, cache_salt=None):
         for k in range(self.after):
             yield RequestOutput(request_id, None, prompt["prompt_token_ids"], None,
                                 [CompletionOutput(0, "x", [self.ids[0]], None, None)], finished=False)

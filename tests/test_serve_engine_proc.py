@@ -97,7 +97,8 @@ def _assert_logprobs_close(got: list, want: list) -> None:
 # -- codec -------------------------------------------------------------------------------------------------------
 def test_every_message_round_trips_through_the_codec():
     params = SamplingParams(temperature=0.5, stop=["x", "yz"], stop_token_ids=[7], logit_bias={5: -1.5}, seed=3)
-    samples = [m.AddRequest("r", [0, 5, 9], m.params_to_dict(params), "hi"), m.Abort("r"), m.StatsRequest(4),
+    samples = [m.AddRequest("r", [0, 5, 9], m.params_to_dict(params), "hi", -4, "tenant"), m.Abort("r"),
+               m.StatsRequest(4),
                m.Shutdown(), m.Ready(1, "/d", "/d/tokenizer.json", 4096, {"kinds": ["swa"]}),
                m.StartupFailed("FileNotFoundError", "no dir"), m.Outputs([{"request_id": "r"}]),
                m.Error("r", "invalid", "bad"), m.Heartbeat(3, 0.25, {"running": 1}), m.StatsReply(4, {"a": 1})]
@@ -156,6 +157,20 @@ def test_streamed_deltas_concatenate_to_the_final_output(client, llm):
     assert final.prompt == prompt and final.outputs[0].finish_reason == want.outputs[0].finish_reason
     met = final.metrics
     assert met.arrival_time <= met.first_scheduled_time <= met.first_token_time <= met.finished_time
+
+
+def test_cache_salt_and_priority_reach_the_engine_process(client):
+    prompt = [0] + list(range(400, 447))  # 48 tokens: three full pages
+
+    async def cached(rid: str, **options) -> int:
+        deltas = [o async for o in client.generate(prompt, GREEDY, rid, **options)]
+        return deltas[-1].num_cached_tokens
+
+    assert asyncio.run(cached("salt-a", cache_salt="proc-a", priority=3)) == 0
+    assert asyncio.run(cached("salt-b", cache_salt="proc-b", priority=-3)) == 0
+    assert asyncio.run(cached("salt-a2", cache_salt="proc-a")) >= 32
+    with pytest.raises(ValueError, match="priority"):  # refused by the client, before the engine process
+        asyncio.run(cached("bad-priority", priority=1 << 40))
 
 
 def test_concurrent_requests_all_complete(client):

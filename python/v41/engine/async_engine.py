@@ -103,16 +103,18 @@ class AsyncEngine:
 
     # -- public --------------------------------------------------------------------------------------------
     async def generate(self, prompt: PromptLike, params: SamplingParams | None = None,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream one request. Raises ValueError for a bad prompt or parameters (before any output) and
-        EngineDeadError if the engine stops while the request runs."""
+                       request_id: str | None = None, *, priority: int = 0,
+                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream one request. ``priority`` (lower runs first) and ``cache_salt`` (prefix-cache namespace) as
+        in :meth:`EngineCore.add_request`. Raises ValueError for a bad prompt or parameters (before any
+        output) and EngineDeadError if the engine stops while the request runs."""
         if not self.is_running:
             raise EngineDeadError("the engine is not running") from self.error
         rid = request_id or f"req-{next(self._ids)}"
         loop = asyncio.get_running_loop()
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (loop, stream)
-        self._send(("add", rid, prompt, params or SamplingParams()))
+        self._send(("add", rid, prompt, params or SamplingParams(), priority, cache_salt))
         sent: dict[int, tuple[int, int]] = {}
         finished = False
         try:
@@ -166,10 +168,10 @@ class AsyncEngine:
                                    "uptime_s": time.monotonic() - self._started_s, "stale": False}
                 msg[1].set_result(stats)
             elif msg[0] == "add":
-                _, rid, prompt, params = msg
+                _, rid, prompt, params, priority, cache_salt = msg
                 try:
                     text, ids = encode_prompt(core, prompt)
-                    core.add_request(rid, ids, params, prompt=text)
+                    core.add_request(rid, ids, params, prompt=text, priority=priority, cache_salt=cache_salt)
                 except ValueError as e:
                     self._deliver(rid, e)
             else:

@@ -20,7 +20,7 @@ from .args import EngineArgs
 from .detokenizer import IncrementalDetokenizer
 from .executor import make_executor
 from .output import build_output
-from .params import RequestOutput, SamplingParams
+from .params import RequestOutput, SamplingParams, check_request_options
 from .request import Sequence
 from .sampler import Sampler, SamplingState, compute_prompt_logprobs
 from .step import StepBatch
@@ -75,9 +75,16 @@ class EngineCore:
 
     # -- requests ------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None) -> None:
-        """Enqueue a request (n sequences). Raises ValueError for an empty or too long prompt, ids outside
-        the vocabulary, a duplicate id or invalid sampling parameters."""
+                    prompt: str | None = None, *, priority: int = 0, cache_salt: str | None = None) -> None:
+        """Enqueue a request (n sequences).
+
+        priority: lower runs first (vLLM's convention): the scheduler admits waiting requests by
+        (priority, arrival) and preempts the highest value, latest arrival first. cache_salt: a prefix-cache
+        namespace (vLLM ``cache_salt``, SGLang ``extra_key``): a request reuses cached prefix blocks only of
+        requests with the same salt; None or "" is the shared default namespace.
+        Raises ValueError for an empty or too long prompt, ids outside the vocabulary, a duplicate id, a
+        priority outside int32, a salt that is no string, or invalid sampling parameters."""
+        check_request_options(priority, cache_salt)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = [int(t) for t in prompt_token_ids]
@@ -99,16 +106,19 @@ class EngineCore:
                 p = params if params.n == 1 else params.child(i)
                 sid = next(self._ids)
                 # Prompt logprobs need every prompt position computed: no prefix hit for such sequences.
-                salt = f"\x00prompt-logprobs-{sid}" if p.prompt_logprobs is not None else None
+                # User salts get a prefix that the engine's own ("\x00…") cannot have.
+                salt = (f"\x00prompt-logprobs-{sid}" if p.prompt_logprobs is not None
+                        else f"user:{cache_salt}" if cache_salt else None)
                 if i == 0 or not self.args.enable_prefix_caching:
-                    self.scheduler.add_request(sid, ids, max_tokens, cache_salt=salt)
+                    self.scheduler.add_request(sid, ids, max_tokens, priority=priority, cache_salt=salt)
                 seqs.append(Sequence(
                     request_id=request_id, index=i, seq_id=sid, prompt=prompt, prompt_token_ids=ids, params=p,
                     sampling=SamplingState.create(p, ids, self.device),
                     detok=IncrementalDetokenizer(self.tokenizer, ids, p.skip_special_tokens, p.stop_strings,
                                                  p.include_stop_str_in_output),
                     prompt_logprobs=[] if p.prompt_logprobs is not None else None,
-                    logprobs=[] if p.logprobs is not None else None, max_tokens=max_tokens, salt=salt))
+                    logprobs=[] if p.logprobs is not None else None, max_tokens=max_tokens, salt=salt,
+                    priority=priority))
         except ValueError:
             for s in seqs:
                 if s.seq_id in self.scheduler:
@@ -184,7 +194,7 @@ class EngineCore:
             for child in self._deferred.pop(seq.seq_id, []):
                 if not child.finished:
                     self.scheduler.add_request(child.seq_id, child.prompt_token_ids, child.max_tokens,
-                                               cache_salt=child.salt)
+                                               priority=child.priority, cache_salt=child.salt)
         return touched
 
     def _batch(self, plan, seqs: list[Sequence]):

@@ -60,11 +60,14 @@ class LLM:
 
     def generate(self, prompts: PromptLike | Seq[PromptLike],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, *, priority: int | Seq[int] = 0,
+                 cache_salt: str | None = None) -> list[RequestOutput]:
         """Generate for every prompt; returns one finished RequestOutput per prompt, in input order.
 
-        sampling_params: one for all prompts or one per prompt (default: ``SamplingParams()``). Raises
-        ValueError (nothing is generated) if any prompt or parameter set is invalid.
+        sampling_params: one for all prompts or one per prompt (default: ``SamplingParams()``). priority: one
+        for all prompts or one per prompt, lower runs first (vLLM's convention; matters when the batch is
+        full). cache_salt: prefix-cache namespace of these requests (:meth:`EngineCore.add_request`). Raises
+        ValueError (nothing is generated) if any prompt, parameter set or priority is invalid.
         """
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
                                                  and isinstance(prompts[0], int)):
@@ -76,14 +79,17 @@ class LLM:
             else list(sampling_params)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling parameter sets for {len(prompts)} prompts")
+        priorities = [priority] * len(prompts) if isinstance(priority, int) else list(priority)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"{len(priorities)} priorities for {len(prompts)} prompts")
         core = self.engine
         base = f"gen{id(self)}-{len(core.requests)}-"
         ids = [f"{base}{i}" for i in range(len(prompts))]
         added = []
         try:
-            for rid, prompt, p in zip(ids, prompts, params):
+            for rid, prompt, p, prio in zip(ids, prompts, params, priorities):
                 text, tokens = encode_prompt(core, prompt)
-                core.add_request(rid, tokens, p, prompt=text)
+                core.add_request(rid, tokens, p, prompt=text, priority=prio, cache_salt=cache_salt)
                 added.append(rid)
         except ValueError:
             for rid in added:

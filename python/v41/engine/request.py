@@ -16,7 +16,8 @@ class Sequence:
 
     request_id/index: the user request and completion index. seq_id: the scheduler's u64 id.
     prompt_token_ids / output_token_ids: committed tokens (the engine's source of Engram history too).
-    max_tokens: the resolved output limit; salt: the prefix-cache namespace it was scheduled under.
+    max_tokens: the resolved output limit; salt: the prefix-cache namespace it was scheduled under;
+    priority: its scheduling priority (lower runs first).
     finish_reason / stop_reason: set once, when the sequence ends.
     """
 
@@ -30,6 +31,7 @@ class Sequence:
     detok: IncrementalDetokenizer
     max_tokens: int
     salt: str | None = None
+    priority: int = 0
     arrival_s: float = field(default_factory=time.monotonic)
     first_token_s: float | None = None
     text: str = ""

@@ -43,7 +43,7 @@ import zmq
 
 from ..engine.args import EngineArgs
 from ..engine.async_engine import EngineDeadError
-from ..engine.params import RequestOutput, SamplingParams
+from ..engine.params import RequestOutput, SamplingParams, check_request_options
 from . import messages as m
 from .errors import QueueFullError  # more requests in flight than max_num_seqs + max_queue_len: HTTP 429
 
@@ -64,17 +64,19 @@ class EngineStartupError(RuntimeError):
 class EngineProtocol(Protocol):
     """What the HTTP and gRPC front ends need from an engine.
 
-    ``generate(prompt, params, request_id)`` is an async generator of :class:`RequestOutput` *deltas*: each
-    completion's ``text``, ``token_ids`` and ``logprobs`` hold only what is new since the previous yield
-    (several tokens per yield are possible); ``prompt``, ``prompt_token_ids``, ``num_cached_tokens`` and
-    ``prompt_logprobs`` (the list so far) are whole. The last yield has ``finished=True`` and every
-    completion's ``finish_reason`` ("stop" | "length" | "abort") and ``stop_reason``. ``prompt`` is text (BOS
-    prepended, no chat template), a list of token ids, or ``{"prompt": str}`` / ``{"prompt_token_ids": [...]}``.
+    ``generate(prompt, params, request_id, *, priority=0, cache_salt=None)`` is an async generator of
+    :class:`RequestOutput` *deltas*: each completion's ``text``, ``token_ids`` and ``logprobs`` hold only what
+    is new since the previous yield (several tokens per yield are possible); ``prompt``, ``prompt_token_ids``,
+    ``num_cached_tokens`` and ``prompt_logprobs`` (the list so far) are whole. The last yield has
+    ``finished=True`` and every completion's ``finish_reason`` ("stop" | "length" | "abort") and
+    ``stop_reason``. ``prompt`` is text (BOS prepended, no chat template), a list of token ids, or
+    ``{"prompt": str}`` / ``{"prompt_token_ids": [...]}``. ``priority``: lower runs first; ``cache_salt``: the
+    prefix-cache namespace (both as in ``EngineCore.add_request``).
     Errors: ``ValueError`` for bad input (empty or too long prompt, prompt + max_tokens over max_model_len,
-    invalid sampling values, a request id already in flight), raised before any output; ``EngineDeadError``
-    when the engine is dead or dies during the request; ``QueueFullError`` (EngineClient with a queue limit).
-    Closing or cancelling the iterator before the end aborts the request (its blocks are freed within about
-    one step).
+    invalid sampling values, a priority outside int32, a request id already in flight), raised before any
+    output; ``EngineDeadError`` when the engine is dead or dies during the request; ``QueueFullError``
+    (EngineClient with a queue limit). Closing or cancelling the iterator before the end aborts the request
+    (its blocks are freed within about one step).
 
     ``abort(request_id)``: end a request now; its stream ends with finish reason "abort" (no-op if unknown).
     ``stats()``: scheduler stats — ``running``, ``waiting``, ``blocks`` ({kind: {used, free, total}}),
@@ -91,8 +93,8 @@ class EngineProtocol(Protocol):
     blocking.
     """
 
-    def generate(self, prompt: str | list[int] | dict, params: SamplingParams,
-                 request_id: str) -> AsyncIterator[RequestOutput]: ...
+    def generate(self, prompt: str | list[int] | dict, params: SamplingParams, request_id: str, *,
+                 priority: int = 0, cache_salt: str | None = None) -> AsyncIterator[RequestOutput]: ...
 
     async def abort(self, request_id: str) -> None: ...
 
@@ -271,7 +273,8 @@ class EngineClient:
         return len(self._streams)
 
     async def generate(self, prompt: str | list[int] | dict, params: SamplingParams | None = None,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, *, priority: int = 0,
+                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
         """Stream one request (EngineProtocol.generate)."""
         self._check_alive()
         params = params or SamplingParams()
@@ -281,7 +284,8 @@ class EngineClient:
         try:
             text, ids = encode_prompt(self, prompt)
             params.validate(self._cfg.vocab_size)
-            msg = m.encode(m.AddRequest(rid, ids, m.params_to_dict(params), text))
+            check_request_options(priority, cache_salt)
+            msg = m.encode(m.AddRequest(rid, ids, m.params_to_dict(params), text, priority, cache_salt))
         except TypeError as e:  # e.g. a prompt_token_ids entry that is no number
             raise ValueError(f"invalid request: {e}") from e
         if not ids:

@@ -132,7 +132,8 @@ class EngineLoop:
     def _add(self, msg: m.AddRequest) -> None:
         try:
             params = m.params_from_dict(msg.params)
-            self.core.add_request(msg.request_id, msg.prompt_token_ids, params, prompt=msg.prompt)
+            self.core.add_request(msg.request_id, msg.prompt_token_ids, params, prompt=msg.prompt,
+                                  priority=msg.priority, cache_salt=msg.cache_salt)
             self._times[msg.request_id] = {"arrival_time": time.time()}
         except (ValueError, TypeError) as e:
             self._send(m.Error(msg.request_id, "invalid", str(e) or type(e).__name__))

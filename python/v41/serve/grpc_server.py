@@ -174,8 +174,6 @@ class EngineServicer(pb2_grpc.EngineServicer):
             prompt, chat = self._prompt(request)
             params = sampling_params_from_proto(request.sampling_params)
             params.validate(self.engine.cfg.vocab_size)
-            if request.cache_salt:
-                raise NotImplementedError("cache_salt is not supported yet")
             if request.parse_output and _chat_api() is None:
                 raise NotImplementedError("parse_output needs v41.chat, which this build lacks")
             if rid in self._active:
@@ -188,7 +186,8 @@ class EngineServicer(pb2_grpc.EngineServicer):
         ended = False  # every completion sent its Complete, or the engine failed the request
         error: Exception | None = None
         try:
-            async with aclosing(self.engine.generate(prompt, params, request_id=rid)) as outputs:
+            async with aclosing(self.engine.generate(prompt, params, request_id=rid, priority=request.priority,
+                                                          cache_salt=request.cache_salt or None)) as outputs:
                 async for out in outputs:
                     for msg in self._on_output(request, params, chat, out, states, received_s):
                         yield pb2.GenerateResponse(request_id=rid, **msg)

@@ -25,7 +25,8 @@ class StreamOptions(_Request):
 
 
 class SamplingFields(_Request):
-    """Sampling and stopping fields shared by chat and completions (vLLM's extra fields included)."""
+    """Sampling, stopping and scheduling fields shared by chat and completions (vLLM's extra fields included:
+    ``priority``, lower runs first; ``cache_salt``, the prefix-cache namespace)."""
 
     model: str | None = None  # None: the served model
     n: int = 1
@@ -48,6 +49,8 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     response_format: dict[str, Any] | None = None
     user: str | None = None
+    priority: int = 0
+    cache_salt: str | None = None
 
 
 class FunctionDefinition(_Request):

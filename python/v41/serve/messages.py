@@ -35,12 +35,15 @@ HEARTBEAT_INTERVAL_S = 0.5
 @dataclass(frozen=True, slots=True)
 class AddRequest:
     """Enqueue a request. ``prompt_token_ids`` are already tokenized by the front end; ``prompt`` is the text
-    (None for token input); ``params`` is :func:`params_to_dict` output."""
+    (None for token input); ``params`` is :func:`params_to_dict` output; ``priority`` (lower runs first) and
+    ``cache_salt`` as in ``EngineCore.add_request``."""
 
     request_id: str
     prompt_token_ids: list[int]
     params: dict
     prompt: str | None = None
+    priority: int = 0
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ..engine.params import CompletionOutput, RequestOutput, SamplingParams
+from ..engine.params import CompletionOutput, RequestOutput, SamplingParams, check_request_options
 from . import http_schema as hs
 from .errors import (ClientDisconnected, ModelNotFoundError, RequestError, error_status, openai_error_body)
 from .metrics import ServerMetrics
@@ -246,11 +246,17 @@ class OpenAIServer:
         return sp
 
     def start(self, request_id: str, prompts: list[tuple[str | None, list[int]]], params: SamplingParams,
-              arrival_s: float) -> Generation:
-        """Submit one engine request per prompt (ids ``request_id``, or ``request_id-i`` for several)."""
+              arrival_s: float, req: hs.SamplingFields) -> Generation:
+        """Submit one engine request per prompt (ids ``request_id``, or ``request_id-i`` for several), with the
+        request's ``priority`` and ``cache_salt`` (RequestError naming a bad one → 400)."""
+        try:
+            check_request_options(req.priority, req.cache_salt)
+        except ValueError as e:
+            raise RequestError(str(e), str(e).split(" ", 1)[0]) from None
         subs = [(request_id if len(prompts) == 1 else f"{request_id}-{i}", {"prompt": text,
                  "prompt_token_ids": ids}) for i, (text, ids) in enumerate(prompts)]
-        return Generation(self, subs, params, arrival_s)
+        return Generation(self, subs, params, arrival_s, {"priority": req.priority,
+                                                            "cache_salt": req.cache_salt or None})
 
     # -- chat -----------------------------------------------------------------------------------------------
     def encode_chat(self, messages: list[hs.ChatMessageIn], tools: list[hs.ToolDefinition] | None,
@@ -306,7 +312,7 @@ class OpenAIServer:
             return ChatChoice(index, parser, think_close)
 
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        gen = self.start(rid, [(None, ids)], sp, arrival_s)
+        gen = self.start(rid, [(None, ids)], sp, arrival_s, req)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             await self._prime(gen, request)
@@ -404,7 +410,7 @@ class OpenAIServer:
         for i, (_, ids) in enumerate(prompts):
             self.check_prompt(ids, sp, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
         rid = f"cmpl-{uuid.uuid4().hex}"
-        gen = self.start(rid, prompts, sp, arrival_s)
+        gen = self.start(rid, prompts, sp, arrival_s, req)
         choices: dict[int, CompletionChoice] = {}
 
         def choice(p: int, out: RequestOutput, c: CompletionOutput) -> CompletionChoice:
@@ -547,11 +553,13 @@ class OpenAIServer:
 class Generation:
     """The engine requests of one HTTP request (one per prompt, each with ``n`` completions), merged into one
     stream of ``(prompt index, delta RequestOutput)``. Each engine stream is pumped by a task of its own;
-    :meth:`close` cancels the pumps, which closes the engine streams of unfinished requests (= abort)."""
+    :meth:`close` cancels the pumps, which closes the engine streams of unfinished requests (= abort).
+    ``options``: keyword arguments of every ``engine.generate`` call (priority, cache_salt)."""
 
     def __init__(self, server: OpenAIServer, subs: list[tuple[str, dict]], params: SamplingParams,
-                 arrival_s: float):
+                 arrival_s: float, options: dict):
         self.engine = server.engine
+        self._options = options
         self.request_ids = [rid for rid, _ in subs]
         self.prompt_ids = [p["prompt_token_ids"] for _, p in subs]
         self.cached_tokens = [0] * len(subs)
@@ -569,7 +577,7 @@ class Generation:
     async def _pump(self, i: int, rid: str, prompt: dict, params: SamplingParams) -> None:
         stream = None
         try:
-            stream = self.engine.generate(prompt, params, request_id=rid)
+            stream = self.engine.generate(prompt, params, request_id=rid, **self._options)
             if inspect.isawaitable(stream):
                 stream = await stream
             async for out in stream:

@@ -1,0 +1,92 @@
+"""Per-request scheduling options of the engine (serving-api.md, GenerateRequest "cache"): ``cache_salt`` keeps
+prefix-cache hits inside one namespace, ``priority`` orders admission (lower first, vLLM's convention); bad
+values are refused before anything is queued."""
+
+from __future__ import annotations
+
+import pytest
+
+from v41.engine.llm import LLM
+from v41.engine.params import SamplingParams
+from v41.testing.tiny import make_tiny
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+PROMPT = [0] + list(range(100, 147))  # 48 tokens: three full 16-token pages
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("v41"), "deepseek_v41")
+
+
+def engine(ckpt, **kw) -> LLM:
+    return LLM(str(ckpt), block_size=16, kv_cache_bytes=32 << 20, **kw)
+
+
+def run(llm: LLM, **options):
+    out = llm.generate([PROMPT], GREEDY, use_tqdm=False, **options)[0]
+    return out.outputs[0].token_ids, out.num_cached_tokens
+
+
+def test_cache_salt_shares_prefix_blocks_only_within_one_salt(ckpt):
+    llm = engine(ckpt)
+    tokens, cached = run(llm, cache_salt="alice")
+    assert cached == 0
+    assert run(llm, cache_salt="bob") == (tokens, 0)  # another tenant: no hit on alice's blocks
+    assert run(llm) == (tokens, 0)  # the default namespace is a namespace of its own
+    hits = [run(llm, cache_salt=s) for s in ("alice", "bob", None, "")]  # "" is the default namespace
+    assert all(t == tokens and c >= 32 for t, c in hits), hits
+
+
+def test_cache_salt_with_n_and_prompt_logprobs(ckpt):
+    llm = engine(ckpt)
+    llm.generate([PROMPT], GREEDY, use_tqdm=False, cache_salt="a")
+    both = llm.generate([PROMPT], SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=3), use_tqdm=False,
+                        cache_salt="a")[0]
+    assert both.num_cached_tokens >= 32 and len(both.outputs) == 2
+    scored = llm.generate([PROMPT], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False,
+                          cache_salt="a")[0]
+    assert len(scored.prompt_logprobs) == len(PROMPT)  # every position computed: no hit under prompt logprobs
+    assert llm.engine.stats()["running"] == 0
+
+
+def test_priority_orders_admission_lower_first_then_arrival(ckpt):
+    llm = engine(ckpt, max_num_seqs=1)
+    core = llm.engine
+    for rid, prio in [("late-low", 5), ("first-high", -3), ("mid-a", 1), ("mid-b", 1)]:
+        core.add_request(rid, PROMPT[:20], GREEDY, priority=prio)
+    finished = []
+    while core.has_unfinished():
+        finished += [o.request_id for o in core.step() if o.finished]
+    assert finished == ["first-high", "mid-a", "mid-b", "late-low"]
+
+
+def test_llm_takes_one_priority_per_prompt(ckpt, monkeypatch):
+    llm = engine(ckpt, max_num_seqs=1)
+    order, step = [], llm.engine.step
+
+    def recording_step():
+        outs = step()
+        order.extend(o.request_id for o in outs if o.finished)
+        return outs
+
+    monkeypatch.setattr(llm.engine, "step", recording_step)
+    outs = llm.generate([PROMPT[:10], PROMPT[:12], PROMPT[:14]], GREEDY, use_tqdm=False, priority=[1, 0, 1])
+    assert order == [outs[1].request_id, outs[0].request_id, outs[2].request_id]
+    with pytest.raises(ValueError, match="1 priorities for 2 prompts"):
+        llm.generate([PROMPT[:10], PROMPT[:12]], GREEDY, use_tqdm=False, priority=[1])
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"priority": 2**31}, "priority must be an integer"),
+    ({"priority": -2**31 - 1}, "priority must be an integer"),
+    ({"priority": "1"}, "priority must be an integer"),
+    ({"priority": True}, "priority must be an integer"),
+    ({"cache_salt": 7}, "cache_salt must be a string"),
+])
+def test_bad_options_are_refused_and_queue_nothing(ckpt, options, message):
+    llm = engine(ckpt)
+    with pytest.raises(ValueError, match=message):
+        llm.generate([PROMPT], GREEDY, use_tqdm=False, **options)
+    assert not llm.engine.requests and llm.engine.stats()["waiting"] == 0
+    assert run(llm)[1] == 0  # the engine still serves
