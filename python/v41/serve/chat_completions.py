@@ -1,0 +1,279 @@
+"""``POST /v1/chat/completions``: chat prompts encoded with ``v41.chat``, outputs parsed into reasoning,
+content and tool calls, answered as one JSON body or an SSE stream."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from ..engine.params import CompletionOutput, SamplingParams
+from . import http_schema as hs
+from .errors import RequestError
+from .generation import EventStream, Generation, prime_stream, unless_disconnected
+from .openai_server import OpenAIServer
+
+_EFFORT_ALIASES = {"minimal": "low", "medium": "high"}  # OpenAI names the V4.1 encoder does not know
+
+
+class ChatCompletions:
+    """The chat endpoint of ``server``; ``revision``: the chat format revision (None: the model's default)."""
+
+    def __init__(self, server: OpenAIServer, revision: str | None = None):
+        self.server = server
+        self._revision = revision
+
+    @property
+    def revision(self) -> str:
+        """The chat format revision (v41-architecture.md §7.1): given, else the model's default."""
+        if self._revision is None:
+            by_type = _chat_api().formats.DEFAULT_REVISION_BY_MODEL_TYPE
+            self._revision = by_type["deepseek_v41" if self.server.cfg.is_v41 else "deepseek_v4"]
+        return self._revision
+
+    def encode_chat(self, messages: list[hs.ChatMessageIn], tools: list[hs.ToolDefinition] | None,
+                    tool_choice: Any, effort: str | int | None, template_kwargs: dict | None,
+                    thinking_field: bool | dict | None,
+                    response_format: dict | None = None) -> tuple[list[int], bool, list[dict] | None]:
+        """Prompt ids, effective thinking flag and the tools to render/parse (None: no tools). Raises
+        RequestError (KF-16: no messages, an empty user message; malformed tool calls; bad tool_choice)
+        and the encoder's ValueError. ``response_format`` is rendered into the prompt (no constrained
+        decoding)."""
+        if not messages:
+            raise RequestError("messages is empty: give at least one message", "messages")
+        msgs = []
+        for i, m in enumerate(messages):
+            if m.role == "user" and _is_empty_content(m.content):
+                raise RequestError(f"messages[{i}].content is empty: a user message needs text",
+                                   f"messages[{i}].content")
+            for j, call in enumerate(m.tool_calls or []):
+                try:
+                    args = json.loads(call.function.arguments)
+                except json.JSONDecodeError:
+                    args = None
+                if not isinstance(args, dict):
+                    raise RequestError(f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON object",
+                                       f"messages[{i}].tool_calls")
+            msgs.append(m.model_dump(exclude_none=True))
+        tool_dicts = _select_tools([t.model_dump(exclude_none=True) for t in tools or []], tool_choice)
+        thinking, effort = _resolve_thinking(template_kwargs, thinking_field, effort)
+        if response_format is not None and response_format.get("type") == "text":
+            response_format = None
+        enc = _chat_api().encode_chat(self.server.tokenizer, msgs, tools=tool_dicts, thinking=thinking,
+                                      reasoning_effort=effort, revision=self.revision,
+                                      response_format=response_format)
+        return list(enc.token_ids), enc.thinking, tool_dicts
+
+    async def create(self, req: hs.ChatCompletionRequest, request: Request) -> Response:
+        """Answer one chat completion request (JSON, or SSE when ``stream``)."""
+        server = self.server
+        arrival_s = time.monotonic()
+        server.check_model(req.model)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
+        top_n = req.top_logprobs or 0
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        sp = server.sampling_params(req, max_tokens, top_n if req.logprobs else None)
+        ids, thinking, tools = self.encode_chat(req.messages, req.tools, req.tool_choice, req.reasoning_effort,
+                                                req.chat_template_kwargs, req.thinking, req.response_format)
+        server.check_prompt(ids, sp, "messages")
+        chat = _chat_api()
+        think_close = server.tokenizer.token_to_id("</think>")
+
+        def new_choice(index: int) -> ChatChoice:
+            parser = chat.OutputParser(server.tokenizer, thinking=thinking, tools=tools, prompt_ids=ids,
+                                       revision=self.revision)
+            return ChatChoice(index, parser, think_close)
+
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        gen = server.start(rid, [(None, ids)], sp, arrival_s, req)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            await prime_stream(gen, request)
+            return EventStream(self._events(gen, rid, sp, new_choice, top_n, include_usage), gen)
+        choices: dict[int, ChatChoice] = {}
+
+        async def consume() -> None:
+            while (item := await gen.next()) is not None:
+                for c in item[1].outputs:
+                    st = choices.get(c.index) or choices.setdefault(c.index, new_choice(c.index))
+                    if not st.done:
+                        st.feed(c)
+
+        try:
+            await unless_disconnected(request, consume())
+        finally:
+            await gen.close()
+        decode = server.decode_token
+        out = [hs.ChatChoice(index=i, message=st.message(), finish_reason=st.openai_finish_reason,
+                             stop_reason=st.stop_reason,
+                             logprobs=hs.ChatLogprobs(content=hs.chat_logprobs(st.ids, st.lps, top_n, decode))
+                             if sp.logprobs is not None else None)
+               for i, st in sorted(choices.items())]
+        resp = hs.ChatCompletionResponse(id=rid, model=server.served_model_name, choices=out,
+                                         usage=gen.usage(choices.values()))
+        return Response(resp.model_dump_json(), media_type="application/json")
+
+    async def _events(self, gen: Generation, rid: str, sp: SamplingParams, new_choice, top_n: int,
+                      include_usage: bool) -> AsyncIterator[str]:
+        server = self.server
+        created, model = int(time.time()), server.served_model_name
+        choices: dict[int, ChatChoice] = {}
+
+        def event(choice: hs.ChatChunkChoice | None, usage: hs.Usage | None = None) -> str:
+            chunk = hs.ChatCompletionChunk(id=rid, created=created, model=model,
+                                           choices=[] if choice is None else [choice], usage=usage)
+            return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
+
+        try:
+            for i in range(sp.n):
+                yield event(hs.ChatChunkChoice(index=i, delta=hs.ChatDelta(role="assistant", content="")))
+            while (item := await gen.next()) is not None:
+                for c in item[1].outputs:
+                    st = choices.get(c.index) or choices.setdefault(c.index, new_choice(c.index))
+                    if st.done:
+                        continue
+                    reasoning, content, tool_deltas = st.feed(c)
+                    lp = None
+                    if sp.logprobs is not None and c.logprobs:
+                        lp = hs.ChatLogprobs(content=hs.chat_logprobs(list(c.token_ids), c.logprobs, top_n,
+                                                                      server.decode_token))
+                    if reasoning or content or tool_deltas or lp is not None:
+                        yield event(hs.ChatChunkChoice(index=c.index, logprobs=lp, delta=hs.ChatDelta(
+                            reasoning_content=reasoning or None, content=content or None,
+                            tool_calls=tool_deltas or None)))
+                    if st.done:
+                        yield event(hs.ChatChunkChoice(index=c.index, delta=hs.ChatDelta(),
+                                                       finish_reason=st.openai_finish_reason,
+                                                       stop_reason=st.stop_reason))
+            if include_usage:
+                yield event(None, gen.usage(choices.values()))
+        except Exception as e:  # noqa: BLE001 - the stream's one terminal event
+            yield server.error_event(e)
+        finally:
+            await gen.close()
+        yield "data: [DONE]\n\n"
+
+
+class ChatChoice:
+    """One chat completion being parsed (``v41.chat.OutputParser``): its ids, logprobs and final result."""
+
+    def __init__(self, index: int, parser: Any, think_close_id: int | None):
+        self.index = index
+        self.parser = parser
+        self.think_close_id = think_close_id
+        self.ids: list[int] = []
+        self.lps: list = []
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.result: Any = None  # v41.chat.ParserResult once finished
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def feed(self, c: CompletionOutput) -> tuple[str, str, list[dict]]:
+        """Account one delta; returns the new (reasoning, content, OpenAI tool-call deltas) to stream."""
+        ids = list(c.token_ids)
+        self.ids += ids
+        if c.logprobs:
+            self.lps += c.logprobs
+        if c.finish_reason == "stop" and ids and not isinstance(c.stop_reason, str):
+            ids = ids[:-1]  # the EOS / stop token that ended generation is no text
+        deltas = [self.parser.feed(ids)] if ids else []
+        if c.finish_reason is not None:
+            self.finish_reason, self.stop_reason = c.finish_reason, c.stop_reason
+            self.result = self.parser.finish()
+            deltas.append(self.result.final_delta)  # what the parser held back until the end
+        return ("".join(d.reasoning_delta for d in deltas), "".join(d.content_delta for d in deltas),
+                [t.to_openai() for d in deltas for t in d.tool_call_deltas])
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        return self.result.tool_calls if self.result is not None else []
+
+    @property
+    def openai_finish_reason(self) -> str | None:
+        return self.result.finish_reason(self.finish_reason) if self.result is not None else self.finish_reason
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Generated tokens before ``</think>`` (all of them if reasoning never closed); 0 without reasoning."""
+        if self.result is None or not self.result.reasoning_content:
+            return 0
+        if self.think_close_id is not None and self.think_close_id in self.ids:
+            return self.ids.index(self.think_close_id)
+        return len(self.ids)
+
+    def message(self) -> hs.ChatMessageOut:
+        calls = [hs.ToolCallOut(id=c["id"], function=hs.ToolCallFunctionOut(
+            name=c["function"]["name"], arguments=c["function"]["arguments"])) for c in self.tool_calls]
+        content = self.result.content
+        return hs.ChatMessageOut(content=None if calls and not content else content,
+                                 reasoning_content=self.result.reasoning_content, tool_calls=calls)
+
+
+def _chat_api():
+    try:
+        from .. import chat
+    except ImportError as e:
+        raise NotImplementedError(f"chat is unavailable: v41.chat does not import ({e})") from e
+    return chat
+
+
+def _is_empty_content(content: Any) -> bool:
+    if content is None or content == "":
+        return True
+    if isinstance(content, list):
+        return all(p.get("type") == "text" and not p.get("text") for p in content)
+    return False
+
+
+def _select_tools(tools: list[dict], tool_choice: Any) -> list[dict] | None:
+    """The tools to render and parse for ``tool_choice`` (``openai_app`` module docstring); RequestError when
+    it is inconsistent with ``tools``."""
+    names = [t["function"]["name"] for t in tools]
+    if len(set(names)) != len(names):
+        raise RequestError("tools holds two functions with the same name", "tools")
+    if isinstance(tool_choice, hs.NamedToolChoice):
+        name = tool_choice.function.name
+        if name not in names:
+            raise RequestError(f"tool_choice names {name!r}, which is not in tools", "tool_choice")
+        return [t for t in tools if t["function"]["name"] == name]
+    if tool_choice == "required" and not tools:
+        raise RequestError("tool_choice 'required' needs tools", "tool_choice")
+    if tool_choice == "none" or not tools:
+        return None
+    return tools
+
+
+def _resolve_thinking(kwargs: dict | None, thinking_field: bool | dict | None,
+                      effort: str | int | None) -> tuple[bool | None, str | int | None]:
+    """The effective thinking flag (KF-04: the parser starts from it) and the encoder's reasoning effort.
+    ``chat_template_kwargs.thinking`` / ``enable_thinking``, DeepSeek's ``thinking`` field, and
+    ``reasoning_effort: "none"`` (thinking off) decide; None leaves it to the chat format's default."""
+    thinking = None
+    for key in ("thinking", "enable_thinking"):
+        if kwargs and key in kwargs:
+            if not isinstance(kwargs[key], bool):
+                raise RequestError(f"chat_template_kwargs.{key} must be true or false", "chat_template_kwargs")
+            thinking = kwargs[key]
+    if isinstance(thinking_field, bool):
+        thinking = thinking_field
+    elif isinstance(thinking_field, dict):
+        kind = thinking_field.get("type")
+        if kind not in ("enabled", "disabled"):
+            raise RequestError("thinking.type must be 'enabled' or 'disabled'", "thinking")
+        thinking = kind == "enabled"
+    if isinstance(effort, str):
+        effort = effort.strip().lower()
+        if effort == "none":
+            thinking, effort = False, None
+        else:
+            effort = _EFFORT_ALIASES.get(effort, effort)
+    return thinking, effort
