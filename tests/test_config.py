@@ -413,6 +413,13 @@ def test_ratio_3_in_v41_names_compress_ratios():
         ModelConfig.from_dict(_v41_with(compress_ratios=ratios))
 
 
+def test_compressed_dspark_stage_names_compress_ratios():
+    ratios = list(V41_FLASH_RATIOS)
+    ratios[41] = 2  # the second DSpark stage (layers 40..42 follow the 40 backbone layers)
+    with pytest.raises(ConfigError, match=r"^compress_ratios:.*DSpark.*\[0, 2, 0\]"):
+        ModelConfig.from_dict(_v41_with(compress_ratios=ratios))
+
+
 def test_o_groups_not_dividing_heads_names_o_groups():
     with pytest.raises(ConfigError, match=r"^o_groups:"):
         ModelConfig.from_dict(_v41_with(o_groups=7))

@@ -640,6 +640,10 @@ def _plan_v41(c: ModelConfig) -> list[LayerPlan]:
         _check(len(c.dspark_target_layer_ids) > 0, "dspark_target_layer_ids", "required with DSpark stages")
         _check(len(c.compress_ratios) >= n + c.num_nextn_predict_layers, "compress_ratios",
                "needs one entry per DSpark stage after the backbone layers")
+        stages = list(c.compress_ratios[n:n + c.num_nextn_predict_layers])
+        _check(all(r == 0 for r in stages), "compress_ratios",
+               f"DSpark stages attend over their sliding window only (v41-architecture.md §1.4): the entries "
+               f"after the {n} backbone layers must be 0, got {stages}")
         _check(0 <= c.dspark_noise_token_id < c.vocab_size, "dspark_noise_token_id",
                f"{c.dspark_noise_token_id} outside the vocabulary")
         _check(0 < c.dspark_num_experts_per_tok <= c.dspark_n_routed_experts, "dspark_num_experts_per_tok",
