@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 import v41
+import v41.chat
 from v41.engine.async_engine import AsyncEngine, EngineDeadError
 from v41.serve.errors import QueueFullError
 from v41.serve.grpc_server import pb2, pb2_grpc, serve_grpc
@@ -361,11 +362,8 @@ def test_health_watch_sees_the_engine_die():
 
 # ------------------------------------------------------------------------------------------ chat
 def test_chat_input_is_encoded_and_parsed(server):
-    chat = pytest.importorskip("v41.chat", reason="v41.chat is not available yet")
-    if not hasattr(chat, "encode_messages"):
-        pytest.skip("v41.chat has no encode_messages yet")
     messages = '[{"role": "user", "content": "Hello"}]'
-    ids = chat.encode_messages(server.engine.tokenizer, [{"role": "user", "content": "Hello"}])
+    ids = v41.chat.encode_messages(server.engine.tokenizer, [{"role": "user", "content": "Hello"}])
     tok = server.stub.Tokenize(pb2.TokenizeRequest(chat=pb2.ChatInput(messages_json=messages)))
     assert list(tok.token_ids) == list(ids)
     msgs = _generate(server.stub, chat=pb2.ChatInput(messages_json=messages), sampling_params=_greedy(8),

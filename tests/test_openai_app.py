@@ -20,6 +20,7 @@ import pytest
 import uvicorn
 
 import v41
+import v41.chat
 from v41.engine.async_engine import EngineDeadError
 from v41.engine.params import CompletionOutput, RequestOutput
 from v41.serve.errors import QueueFullError
@@ -31,13 +32,6 @@ MODEL = "tiny-v41"
 ENGINE_KW = dict(block_size=16, kv_cache_bytes=32 << 20)
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
-try:
-    import v41.chat  # noqa: F401
-
-    HAVE_CHAT = True
-except ImportError:
-    HAVE_CHAT = False
-needs_chat = pytest.mark.skipif(not HAVE_CHAT, reason="v41.chat (chat encoding + output parser) not importable yet")
 
 
 # -------------------------------------------------------------------------------------------- fixtures
@@ -114,10 +108,12 @@ def client(server):
 
 
 def wait_idle(engine, timeout_s: float = 10.0) -> dict:
-    """Engine stats once nothing runs or waits (fails after ``timeout_s``)."""
+    """Engine stats once nothing runs or waits (fails after ``timeout_s``). Asked through the engine loop:
+    the scheduler is borrowed by the engine thread during a step, so ``engine.core.stats()`` from this thread
+    can fail with "Already mutably borrowed"."""
     deadline = time.monotonic() + timeout_s
     while True:
-        stats = engine.core.stats()
+        stats = asyncio.run(engine.stats())
         if stats["running"] == 0 and stats["waiting"] == 0 and not engine.core.has_unfinished():
             return stats
         assert time.monotonic() < deadline, f"engine still busy: {stats}"
@@ -201,7 +197,7 @@ def test_cache_salt_scopes_cached_tokens_and_priority_is_accepted(client, engine
         assert r.status_code == 200, r.text
         return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
-    for path in ("/v1/completions", "/v1/chat/completions") if HAVE_CHAT else ("/v1/completions",):
+    for path in ("/v1/completions", "/v1/chat/completions"):
         assert cached(path, cache_salt=f"{path}-a", priority=-2) == 0
         assert cached(path, cache_salt=f"{path}-b") == 0  # another namespace: no hit on a's prefix
         assert cached(path, cache_salt=f"{path}-a", priority=9) >= 32
@@ -311,7 +307,7 @@ def test_kf17_disconnect_aborts_and_a_finished_request_sends_no_abort(server, en
             wait_idle(engine, 5)
         for path, body in [("/v1/completions", long)] + ([("/v1/chat/completions", {
                 "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000,
-                "chat_template_kwargs": {"thinking": False}, **GREEDY})] if HAVE_CHAT else []):
+                "chat_template_kwargs": {"thinking": False}, **GREEDY})]):
             for _ in range(3):  # streaming: the client closes after 3 events
                 with httpx.Client(base_url=server.url, timeout=30) as c:
                     with c.stream("POST", path, json={**body, "stream": True}) as r:
@@ -573,8 +569,6 @@ def test_openai_client_against_the_real_server(server, llm):
     assert "".join(c.choices[0].text for c in stream if c.choices) == want
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=MODEL, prompt="x", max_tokens=0)
-    if not HAVE_CHAT:
-        return
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"location": {"type": "string"}}}}}]
     msgs = [{"role": "user", "content": "Weather in Tokyo?"}]
@@ -591,7 +585,6 @@ def test_openai_client_against_the_real_server(server, llm):
 # ------------------------------------------------------------------------------------------------ chat
 
 
-@needs_chat
 @pytest.mark.parametrize("thinking", [True, False])
 def test_chat_greedy_matches_llm_and_streaming(client, llm, thinking):
     msgs = [{"role": "user", "content": "Say hello."}]
@@ -629,7 +622,6 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     "type": "object", "properties": {"location": {"type": "string"}}}}}]
 
 
-@needs_chat
 def test_chat_tool_calls_streaming_and_not(engine):
     scripted = ScriptedEngine(engine, TOOL_TEXT)
     app = build_app(scripted, MODEL)

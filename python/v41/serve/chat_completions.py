@@ -12,6 +12,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
+from ..chat import OutputParser, encode_chat
+from ..chat.formats import DEFAULT_REVISION_BY_MODEL_TYPE
 from ..engine.params import CompletionOutput, SamplingParams
 from . import http_schema as hs
 from .errors import RequestError
@@ -32,8 +34,7 @@ class ChatCompletions:
     def revision(self) -> str:
         """The chat format revision (v41-architecture.md §7.1): given, else the model's default."""
         if self._revision is None:
-            by_type = _chat_api().formats.DEFAULT_REVISION_BY_MODEL_TYPE
-            self._revision = by_type["deepseek_v41" if self.server.cfg.is_v41 else "deepseek_v4"]
+            self._revision = DEFAULT_REVISION_BY_MODEL_TYPE[self.server.cfg.arch]
         return self._revision
 
     def encode_chat(self, messages: list[hs.ChatMessageIn], tools: list[hs.ToolDefinition] | None,
@@ -64,9 +65,8 @@ class ChatCompletions:
         thinking, effort = _resolve_thinking(template_kwargs, thinking_field, effort)
         if response_format is not None and response_format.get("type") == "text":
             response_format = None
-        enc = _chat_api().encode_chat(self.server.tokenizer, msgs, tools=tool_dicts, thinking=thinking,
-                                      reasoning_effort=effort, revision=self.revision,
-                                      response_format=response_format)
+        enc = encode_chat(self.server.tokenizer, msgs, tools=tool_dicts, thinking=thinking,
+                          reasoning_effort=effort, revision=self.revision, response_format=response_format)
         return list(enc.token_ids), enc.thinking, tool_dicts
 
     async def create(self, req: hs.ChatCompletionRequest, request: Request) -> Response:
@@ -82,11 +82,10 @@ class ChatCompletions:
         ids, thinking, tools = self.encode_chat(req.messages, req.tools, req.tool_choice, req.reasoning_effort,
                                                 req.chat_template_kwargs, req.thinking, req.response_format)
         server.check_prompt(ids, sp, "messages")
-        chat = _chat_api()
         think_close = server.tokenizer.token_to_id("</think>")
 
         def new_choice(index: int) -> ChatChoice:
-            parser = chat.OutputParser(server.tokenizer, thinking=thinking, tools=tools, prompt_ids=ids,
+            parser = OutputParser(server.tokenizer, thinking=thinking, tools=tools, prompt_ids=ids,
                                        revision=self.revision)
             return ChatChoice(index, parser, think_close)
 
@@ -216,14 +215,6 @@ class ChatChoice:
         content = self.result.content
         return hs.ChatMessageOut(content=None if calls and not content else content,
                                  reasoning_content=self.result.reasoning_content, tool_calls=calls)
-
-
-def _chat_api():
-    try:
-        from .. import chat
-    except ImportError as e:
-        raise NotImplementedError(f"chat is unavailable: v41.chat does not import ({e})") from e
-    return chat
 
 
 def _is_empty_content(content: Any) -> bool:

@@ -37,6 +37,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ..chat import OutputParser, encode_chat
+from ..chat.formats import DEFAULT_REVISION_BY_MODEL_TYPE
 from ..engine.params import CompletionOutput, RequestOutput, SamplingParams
 from .errors import INTERNAL, error_message, error_status
 from .grpc_gen import load as _load_stubs
@@ -91,15 +93,6 @@ def sampling_params_from_proto(p) -> SamplingParams:
         **kw, min_tokens=p.min_tokens, stop=list(p.stop) or None, stop_token_ids=list(p.stop_token_ids) or None,
         include_stop_str_in_output=p.include_stop_str_in_output, ignore_eos=p.ignore_eos,
         logit_bias={int(k): float(v) for k, v in p.logit_bias.items()} or None)
-
-
-def _chat_api():
-    """``v41.chat``, or None when this build lacks it."""
-    try:
-        from .. import chat
-    except ImportError:
-        return None
-    return chat
 
 
 @dataclass(frozen=True)
@@ -174,11 +167,9 @@ class EngineServicer(pb2_grpc.EngineServicer):
             prompt, chat = self._prompt(request)
             params = sampling_params_from_proto(request.sampling_params)
             params.validate(self.engine.cfg.vocab_size)
-            if request.parse_output and _chat_api() is None:
-                raise NotImplementedError("parse_output needs v41.chat, which this build lacks")
             if rid in self._active:
                 await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request id {rid!r} is already in flight")
-        except (ValueError, NotImplementedError) as e:
+        except ValueError as e:
             await _abort_with(context, e, "Generate")
         self._active.add(rid)
         received_s = time.monotonic()
@@ -224,14 +215,10 @@ class EngineServicer(pb2_grpc.EngineServicer):
     def chat_revision(self) -> str:
         """The chat format revision of the served model (as openai_app's)."""
         if self._revision is None:
-            by_type = _chat_api().formats.DEFAULT_REVISION_BY_MODEL_TYPE
-            self._revision = by_type["deepseek_v41" if self.engine.cfg.is_v41 else "deepseek_v4"]
+            self._revision = DEFAULT_REVISION_BY_MODEL_TYPE[self.engine.cfg.arch]
         return self._revision
 
     def _encode_chat(self, c) -> _Chat:
-        chat = _chat_api()
-        if chat is None:
-            raise NotImplementedError("chat input needs v41.chat, which this build lacks")
         messages = _json_list(c.messages_json, "messages_json")
         if not messages:
             raise ValueError("the prompt is empty: chat.messages_json has no messages")
@@ -240,9 +227,9 @@ class EngineServicer(pb2_grpc.EngineServicer):
         if effort is not None and effort.isdigit():
             effort = int(effort)
         try:
-            enc = chat.encode_chat(self.engine.tokenizer, messages, tools=tools,
-                                   thinking=c.thinking if c.HasField("thinking") else None,
-                                   reasoning_effort=effort, revision=self.chat_revision)
+            enc = encode_chat(self.engine.tokenizer, messages, tools=tools,
+                              thinking=c.thinking if c.HasField("thinking") else None,
+                              reasoning_effort=effort, revision=self.chat_revision)
         except (TypeError, KeyError, AttributeError) as e:  # a JSON shape the encoder does not expect
             raise ValueError(f"malformed chat input: {type(e).__name__}: {e}") from None
         if not enc.token_ids:
@@ -291,7 +278,7 @@ class EngineServicer(pb2_grpc.EngineServicer):
     def _parser(self, request, chat: _Chat | None, out: RequestOutput):
         if not request.parse_output:
             return None
-        return _chat_api().OutputParser(
+        return OutputParser(
             self.engine.tokenizer, thinking=chat.thinking if chat else None, tools=chat.tools if chat else None,
             prompt_ids=list(out.prompt_token_ids), revision=self.chat_revision)
 
@@ -358,7 +345,6 @@ class EngineServicer(pb2_grpc.EngineServicer):
     async def GetModelInfo(self, request, context):
         e, cfg, info = self.engine, self.engine.cfg, _engine_info(self.engine)
         kinds = info.get("kinds") or list((await self._stats()).get("blocks", {}))
-        chat = _chat_api() is not None
         return pb2.ModelInfo(
             served_model_name=self.served_model_name, model_path=str(e.model_dir), architecture=cfg.arch,
             max_context_length=e.max_model_len, vocab_size=cfg.vocab_size, eos_token_ids=list(cfg.eos_token_ids),
@@ -366,8 +352,7 @@ class EngineServicer(pb2_grpc.EngineServicer):
             tokenizer_sha256=_tokenizer_sha256(e), kv_block_size=info.get("block_tokens", 0),
             capabilities=pb2.Capabilities(
                 prefix_caching=bool(info.get("enable_prefix_caching")), chunked_prefill=True,
-                reasoning_parser=cfg.arch if chat else "", tool_parser="dsml" if chat else "",
-                chat=chat, cache_kinds=kinds),
+                reasoning_parser=cfg.arch, tool_parser="dsml", chat=True, cache_kinds=kinds),
             default_sampling_params_json=json.dumps(dataclasses.asdict(SamplingParams())))
 
     @_guarded
