@@ -5,6 +5,7 @@ values are refused before anything is queued."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from v41.engine.llm import LLM
 from v41.engine.params import SamplingParams
@@ -82,7 +83,10 @@ def test_llm_takes_one_priority_per_prompt(ckpt, monkeypatch):
     ({"priority": -2**31 - 1}, "priority must be an integer"),
     ({"priority": "1"}, "priority must be an integer"),
     ({"priority": True}, "priority must be an integer"),
+    ({"priority": 1.0}, "priority must be an integer"),
+    ({"priority": None}, "priority must be an integer"),
     ({"cache_salt": 7}, "cache_salt must be a string"),
+    ({"cache_salt": "tenant-\ud800"}, "cache_salt must be valid UTF-8 text: .* at character 7"),
 ])
 def test_bad_options_are_refused_and_queue_nothing(ckpt, options, message):
     llm = engine(ckpt)
@@ -90,3 +94,16 @@ def test_bad_options_are_refused_and_queue_nothing(ckpt, options, message):
         llm.generate([PROMPT], GREEDY, use_tqdm=False, **options)
     assert not llm.engine.requests and llm.engine.stats()["waiting"] == 0
     assert run(llm)[1] == 0  # the engine still serves
+
+
+def test_a_preempted_request_reports_only_its_first_admissions_prefix_hit(ckpt):
+    """Re-admitted after preemption, a request hits its own pages: that is no prefix-cache hit to report."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [[0] + torch.randint(3, 1000, (39,), generator=g).tolist() for _ in range(2)]  # unrelated
+    sp = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    roomy = engine(ckpt).generate(prompts, sp, use_tqdm=False)
+    llm = LLM(str(ckpt), block_size=16, kv_cache_bytes=32 << 20, num_kv_blocks=6, max_num_seqs=2)
+    tight = llm.generate(prompts, sp, use_tqdm=False, priority=[5, -5])
+    assert llm.engine.stats()["num_preemptions"] > 0  # the priority-5 request was preempted and re-admitted
+    assert [o.outputs[0].token_ids for o in tight] == [o.outputs[0].token_ids for o in roomy]
+    assert [o.num_cached_tokens for o in tight] == [0, 0]

@@ -393,12 +393,21 @@ def test_health_follows_the_heartbeat(engine):
     ({"logit_bias": {"x": 1}}, "logit_bias"),
     ({"priority": 2**31}, "priority"),
     ({"priority": 1.5}, "priority"),
+    ({"priority": True}, "priority"),
+    ({"priority": "1"}, "priority"),
     ({"cache_salt": 5}, "cache_salt"),
 ])
 def test_bad_completion_inputs_are_400(client, engine, body, param):
     err = assert_error(client.post("/v1/completions", json={"prompt": "x", **body}), 400)
     assert err["param"] == param, err
     assert engine.is_running
+
+
+def test_a_cache_salt_with_a_lone_surrogate_is_a_400_naming_it(client, engine):
+    body = b'{"prompt": "x", "max_tokens": 2, "cache_salt": "tenant-\\ud800"}'  # JSON may escape one; UTF-8 not
+    r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    err = assert_error(r, 400, "valid UTF-8")
+    assert err["param"] == "cache_salt" and engine.is_running
 
 
 @pytest.mark.parametrize("body,param", [

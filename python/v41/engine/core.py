@@ -226,7 +226,8 @@ class EngineCore:
             engram_history=tuple(seq.history(p) for (_, _, p), seq in zip(starts, seqs)),
             logits_rows=torch.tensor(sorted(set(rows)), dtype=torch.long, device=dev))
         for seq, hit in zip(seqs, plan.prefix_hit_tokens.tolist()):
-            seq.num_cached_tokens = max(seq.num_cached_tokens, int(hit))
+            if not seq.scheduled:  # the hit of the first admission (vLLM): a preempted sequence that is
+                seq.num_cached_tokens, seq.scheduled = int(hit), True  # re-admitted hits its own pages
         return batch, sample_rows, prompt_rows
 
     def _prompt_logprobs(self, seq: Sequence, logits: torch.Tensor, start: int) -> None:

@@ -79,7 +79,7 @@ class LLM:
             else list(sampling_params)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling parameter sets for {len(prompts)} prompts")
-        priorities = [priority] * len(prompts) if isinstance(priority, int) else list(priority)
+        priorities = list(priority) if isinstance(priority, (list, tuple)) else [priority] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"{len(priorities)} priorities for {len(prompts)} prompts")
         core = self.engine

@@ -17,7 +17,8 @@ class Sequence:
     request_id/index: the user request and completion index. seq_id: the scheduler's u64 id.
     prompt_token_ids / output_token_ids: committed tokens (the engine's source of Engram history too).
     max_tokens: the resolved output limit; salt: the prefix-cache namespace it was scheduled under;
-    priority: its scheduling priority (lower runs first).
+    priority: its scheduling priority (lower runs first). num_cached_tokens: prompt tokens its first
+    admission took from the prefix cache.
     finish_reason / stop_reason: set once, when the sequence ends.
     """
 
@@ -32,6 +33,7 @@ class Sequence:
     max_tokens: int
     salt: str | None = None
     priority: int = 0
+    scheduled: bool = False  # in a step batch at least once (its first admission is behind it)
     arrival_s: float = field(default_factory=time.monotonic)
     first_token_s: float | None = None
     text: str = ""

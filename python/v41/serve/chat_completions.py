@@ -94,7 +94,8 @@ class ChatCompletions:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             await prime_stream(gen, request)
-            return EventStream(self._events(gen, rid, sp, new_choice, top_n, include_usage), gen)
+            return EventStream(self._events(gen, rid, sp, new_choice, top_n, include_usage), gen,
+                               server.error_event)
         choices: dict[int, ChatChoice] = {}
 
         async def consume() -> None:
@@ -129,34 +130,28 @@ class ChatCompletions:
                                            choices=[] if choice is None else [choice], usage=usage)
             return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
 
-        try:
-            for i in range(sp.n):
-                yield event(hs.ChatChunkChoice(index=i, delta=hs.ChatDelta(role="assistant", content="")))
-            while (item := await gen.next()) is not None:
-                for c in item[1].outputs:
-                    st = choices.get(c.index) or choices.setdefault(c.index, new_choice(c.index))
-                    if st.done:
-                        continue
-                    reasoning, content, tool_deltas = st.feed(c)
-                    lp = None
-                    if sp.logprobs is not None and c.logprobs:
-                        lp = hs.ChatLogprobs(content=hs.chat_logprobs(list(c.token_ids), c.logprobs, top_n,
-                                                                      server.decode_token))
-                    if reasoning or content or tool_deltas or lp is not None:
-                        yield event(hs.ChatChunkChoice(index=c.index, logprobs=lp, delta=hs.ChatDelta(
-                            reasoning_content=reasoning or None, content=content or None,
-                            tool_calls=tool_deltas or None)))
-                    if st.done:
-                        yield event(hs.ChatChunkChoice(index=c.index, delta=hs.ChatDelta(),
-                                                       finish_reason=st.openai_finish_reason,
-                                                       stop_reason=st.stop_reason))
-            if include_usage:
-                yield event(None, gen.usage(choices.values()))
-        except Exception as e:  # noqa: BLE001 - the stream's one terminal event
-            yield server.error_event(e)
-        finally:
-            await gen.close()
-        yield "data: [DONE]\n\n"
+        for i in range(sp.n):
+            yield event(hs.ChatChunkChoice(index=i, delta=hs.ChatDelta(role="assistant", content="")))
+        while (item := await gen.next()) is not None:
+            for c in item[1].outputs:
+                st = choices.get(c.index) or choices.setdefault(c.index, new_choice(c.index))
+                if st.done:
+                    continue
+                reasoning, content, tool_deltas = st.feed(c)
+                lp = None
+                if sp.logprobs is not None and c.logprobs:
+                    lp = hs.ChatLogprobs(content=hs.chat_logprobs(list(c.token_ids), c.logprobs, top_n,
+                                                                  server.decode_token))
+                if reasoning or content or tool_deltas or lp is not None:
+                    yield event(hs.ChatChunkChoice(index=c.index, logprobs=lp, delta=hs.ChatDelta(
+                        reasoning_content=reasoning or None, content=content or None,
+                        tool_calls=tool_deltas or None)))
+                if st.done:
+                    yield event(hs.ChatChunkChoice(index=c.index, delta=hs.ChatDelta(),
+                                                   finish_reason=st.openai_finish_reason,
+                                                   stop_reason=st.stop_reason))
+        if include_usage:
+            yield event(None, gen.usage(choices.values()))
 
 
 class ChatChoice:

@@ -7,7 +7,7 @@ import asyncio
 import inspect
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -162,14 +162,17 @@ async def prime_stream(gen: Generation, request: Request) -> None:
 
 
 class EventStream(StreamingResponse):
-    """An SSE response that always closes its events and its generation when it ends, also when the client
-    went away mid-stream (Starlette cancels the sending task then, leaving the iterator suspended) or before
-    the first event (the iterator never started, so its own ``finally`` never runs)."""
+    """An SSE response: the body's ``events``, then one ``{"error": ...}`` event (``error_event(exc)``) if they
+    raised, then ``data: [DONE]`` — the stream's one terminal event. It always closes its events and its
+    generation when it ends, also when the client went away mid-stream (Starlette cancels the sending task
+    then, leaving the iterator suspended) or before the first event (the iterator never started, so its own
+    ``finally`` never runs)."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[str], gen: Generation):
-        super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    def __init__(self, events: AsyncIterator[str], gen: Generation, error_event: Callable[[BaseException], str]):
+        super().__init__(_framed(events, gen, error_event),
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.gen = gen
 
     async def __call__(self, scope, receive, send) -> None:
@@ -180,3 +183,15 @@ class EventStream(StreamingResponse):
                 await self.body_iterator.aclose()
             finally:
                 await self.gen.close()
+
+
+async def _framed(events: AsyncIterator[str], gen: Generation,
+                  error_event: Callable[[BaseException], str]) -> AsyncIterator[str]:
+    try:
+        async for event in events:
+            yield event
+    except Exception as e:  # noqa: BLE001 - the stream's one terminal event
+        yield error_event(e)
+    finally:
+        await gen.close()
+    yield "data: [DONE]\n\n"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 # ------------------------------------------------------------------------------------------------ requests
 
@@ -49,7 +49,7 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     response_format: dict[str, Any] | None = None
     user: str | None = None
-    priority: int = 0
+    priority: StrictInt = 0  # as the Python API: true, "1" and 1.0 are refused, not coerced
     cache_salt: str | None = None
 
 

@@ -68,7 +68,8 @@ class TextCompletions:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             await prime_stream(gen, request)
-            return EventStream(self._events(gen, rid, sp, choices, choice, include_usage), gen)
+            return EventStream(self._events(gen, rid, sp, choices, choice, include_usage), gen,
+                               server.error_event)
 
         async def consume() -> None:
             while (item := await gen.next()) is not None:
@@ -115,32 +116,26 @@ class TextCompletions:
                                           usage=usage)
             return f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
 
-        try:
-            while (item := await gen.next()) is not None:
-                p, out = item
-                for c in out.outputs:
-                    st = choice(p, out, c)
-                    if st.done:
-                        continue
-                    first = not st.started
-                    text = st.feed(c)
-                    lp = None
-                    if sp.logprobs is not None:
-                        lp = st.new_logprobs(list(c.token_ids), c.logprobs or [], sp.logprobs, server.decode_token)
-                        if first:
-                            lp = _join_logprobs(st.echo_logprobs(sp.logprobs, server.decode_token), lp)
+        while (item := await gen.next()) is not None:
+            p, out = item
+            for c in out.outputs:
+                st = choice(p, out, c)
+                if st.done:
+                    continue
+                first = not st.started
+                text = st.feed(c)
+                lp = None
+                if sp.logprobs is not None:
+                    lp = st.new_logprobs(list(c.token_ids), c.logprobs or [], sp.logprobs, server.decode_token)
                     if first:
-                        text = st.echo_text + text
-                    if text or (lp is not None and lp.tokens) or st.done:
-                        yield event(hs.CompletionChoice(index=st.index, text=text, logprobs=lp,
-                                                        finish_reason=st.finish_reason, stop_reason=st.stop_reason))
-            if include_usage:
-                yield event(None, gen.usage(choices.values()))
-        except Exception as e:  # noqa: BLE001 - the stream's one terminal event
-            yield server.error_event(e)
-        finally:
-            await gen.close()
-        yield "data: [DONE]\n\n"
+                        lp = _join_logprobs(st.echo_logprobs(sp.logprobs, server.decode_token), lp)
+                if first:
+                    text = st.echo_text + text
+                if text or (lp is not None and lp.tokens) or st.done:
+                    yield event(hs.CompletionChoice(index=st.index, text=text, logprobs=lp,
+                                                    finish_reason=st.finish_reason, stop_reason=st.stop_reason))
+        if include_usage:
+            yield event(None, gen.usage(choices.values()))
 
 
 class CompletionChoice:

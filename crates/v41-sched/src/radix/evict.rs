@@ -87,19 +87,26 @@ impl RadixCache {
         let parent = self.node_mut(parent_id);
         parent.children -= 1;
         if parent.is_root() {
-            if parent.children == 0 {
-                let root = self.nodes[parent_id as usize].take().expect("live root");
-                match root.root_salt {
-                    None => self.unsalted_root = None,
-                    Some(salt) => {
-                        self.salted_roots.remove(&salt);
-                    }
-                }
-                self.free_ids.push(parent_id);
-            }
+            self.remove_root_if_empty(parent_id);
         } else if Self::is_evictable(parent) {
             let key = (parent.last_access, parent_id);
             self.evictable.insert(key);
         }
+    }
+
+    /// Drops root sentinel `id` when nothing hangs below it (its namespace has nothing cached).
+    pub(super) fn remove_root_if_empty(&mut self, id: NodeId) {
+        if self.node(id).children > 0 {
+            return;
+        }
+        let root = self.nodes[id as usize].take().expect("live root");
+        debug_assert!(root.is_root(), "not a root");
+        match root.root_salt {
+            None => self.unsalted_root = None,
+            Some(salt) => {
+                self.salted_roots.remove(&salt);
+            }
+        }
+        self.free_ids.push(id);
     }
 }

@@ -5,6 +5,12 @@
 //! the tree resolves by comparing tokens, so a collision can cost reuse but never give wrong KV. The
 //! function is fixed (no per-process seed) so that replicas agree; cache-aware routing and KV events
 //! will publish these values. Cost: one 64×64→128-bit multiply per two tokens.
+//!
+//! Salts are caller-chosen strings, so their roots come from SHA-256 (once per admission): with the
+//! multiply chain a tenant could craft a salt whose root equals another tenant's and block that
+//! tenant's pages from being cached (the tree keeps one node per hash).
+
+use sha2::{Digest, Sha256};
 
 const SEED: u64 = 0x9E37_79B9_7F4A_7C15;
 const K1: u64 = 0xA076_1D64_78BD_642F;
@@ -31,18 +37,17 @@ pub fn page_hash(parent: u64, tokens: &[u32]) -> u64 {
     mum(h ^ tokens.len() as u64, K2)
 }
 
-/// Seed of the namespace of `salt` (`None` = unsalted requests).
+/// Seed of the namespace of `salt` (`None` = unsalted requests): for a salt, the first 8 bytes
+/// (little-endian) of SHA-256("v41 cache salt\0" ‖ salt).
 pub fn root_hash(salt: Option<&str>) -> u64 {
     let Some(salt) = salt else {
         return mum(SEED, K2);
     };
-    let mut h = mum(SEED ^ 1, K1);
-    for chunk in salt.as_bytes().chunks(8) {
-        let mut word = [0u8; 8];
-        word[..chunk.len()].copy_from_slice(chunk);
-        h = mum(h ^ u64::from_le_bytes(word), K1);
-    }
-    mum(h ^ salt.len() as u64, K2)
+    let digest = Sha256::new()
+        .chain_update(b"v41 cache salt\0")
+        .chain_update(salt.as_bytes())
+        .finalize();
+    u64::from_le_bytes(digest[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
 }
 
 /// `Hasher` for maps keyed by these already-mixed hashes (identity on `u64`).
@@ -77,6 +82,16 @@ mod tests {
         assert_ne!(a, page_hash(root_hash(Some("s")), &[1, 2, 3, 4]));
         assert_ne!(page_hash(0, &[0, 0]), page_hash(0, &[0, 0, 0]));
         assert_eq!(a, page_hash(root_hash(None), &[1, 2, 3, 4]));
+    }
+
+    const SALT_ROOT_TENANT_A: u64 = 0xcc6e_f02a_d9f9_7d28;
+
+    #[test]
+    fn salt_roots_are_fixed_sha256_prefixes() {
+        // Replicas must agree: pinned to SHA-256("v41 cache salt\0tenant-a")[..8] (Python hashlib).
+        assert_eq!(root_hash(Some("tenant-a")), SALT_ROOT_TENANT_A);
+        assert_ne!(root_hash(Some("")), root_hash(None));
+        assert_ne!(root_hash(Some("a")), root_hash(Some("a\0")));
     }
 
     #[test]

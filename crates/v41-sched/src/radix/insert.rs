@@ -133,6 +133,9 @@ impl RadixCache {
             }
             done = p + 1;
         }
+        if done == 0 {
+            self.remove_root_if_empty(cur); // collided on the first page of a namespace created above
+        }
         let cursor = (done > 0).then_some(InsertCursor {
             node: cur,
             hash: h,

@@ -80,6 +80,25 @@ fn salts_isolate_namespaces() {
 }
 
 #[test]
+fn a_namespace_whose_first_page_collides_leaves_no_root_behind() {
+    let (mut tree, mut pools) = setup();
+    let tokens = seq(2 * B, 5);
+    let mut alice = tables(&mut pools, 2);
+    tree.insert(Some("alice"), &tokens, &mut alice, &mut pools, None);
+    // Make bob's first page hash collide with alice's first page (SHA-256 salt roots cannot be
+    // crafted to do this; a 64-bit collision still can happen by chance).
+    let bob_first = page_hash(root_hash(Some("bob")), &tokens[..B]);
+    let alice_first = tree.by_hash[&page_hash(root_hash(Some("alice")), &tokens[..B])];
+    tree.by_hash.insert(bob_first, alice_first);
+    let mut bob = tables(&mut pools, 2);
+    let out = tree.insert(Some("bob"), &tokens, &mut bob, &mut pools, None);
+    assert_eq!((out.cached_tokens, out.cursor), (0, None));
+    assert!(!tree.salted_roots.contains_key("bob"), "an empty root for bob stayed");
+    tree.by_hash.remove(&bob_first);
+    tree.check().unwrap();
+}
+
+#[test]
 fn duplicate_insert_switches_to_cached_block_and_frees_own() {
     let (mut tree, mut pools) = setup();
     let tokens = seq(2 * B, 5);
