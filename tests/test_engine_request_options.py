@@ -35,8 +35,20 @@ def test_cache_salt_shares_prefix_blocks_only_within_one_salt(ckpt):
     assert cached == 0
     assert run(llm, cache_salt="bob") == (tokens, 0)  # another tenant: no hit on alice's blocks
     assert run(llm) == (tokens, 0)  # the default namespace is a namespace of its own
-    hits = [run(llm, cache_salt=s) for s in ("alice", "bob", None, "")]  # "" is the default namespace
+    hits = [run(llm, cache_salt=s) for s in ("alice", "bob", None)]
     assert all(t == tokens and c >= 32 for t, c in hits), hits
+
+
+def test_a_prompt_dict_carries_its_own_salt_as_in_vllm(ckpt):
+    llm = engine(ckpt)
+    salted = [{"prompt_token_ids": PROMPT, "cache_salt": s} for s in ("dict-a", "dict-b", "dict-a")]
+    outs = [llm.generate(p, GREEDY, use_tqdm=False)[0] for p in salted]  # one after the other
+    assert [o.num_cached_tokens for o in outs[:2]] == [0, 0] and outs[2].num_cached_tokens >= 32
+    assert run(llm, cache_salt="dict-b")[1] >= 32  # the argument and the dict name the same namespace
+    with pytest.raises(ValueError, match="cache_salt given twice"):
+        llm.generate([salted[0]], GREEDY, use_tqdm=False, cache_salt="other")
+    with pytest.raises(ValueError, match=r"unknown prompt dict key\(s\) \['salt'\]"):
+        llm.generate([{"prompt_token_ids": PROMPT, "salt": "x"}], GREEDY, use_tqdm=False)
 
 
 def test_cache_salt_with_n_and_prompt_logprobs(ckpt):
@@ -86,6 +98,7 @@ def test_llm_takes_one_priority_per_prompt(ckpt, monkeypatch):
     ({"priority": 1.0}, "priority must be an integer"),
     ({"priority": None}, "priority must be an integer"),
     ({"cache_salt": 7}, "cache_salt must be a string"),
+    ({"cache_salt": ""}, "cache_salt must be a non-empty string"),
     ({"cache_salt": "tenant-\ud800"}, "cache_salt must be valid UTF-8 text: .* at character 7"),
 ])
 def test_bad_options_are_refused_and_queue_nothing(ckpt, options, message):

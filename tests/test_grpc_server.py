@@ -273,9 +273,13 @@ def test_cancelled_calls_abort_their_requests_and_free_their_blocks(server):
         assert next(call).WhichOneof("response") == "chunk" and next(call).chunk
         call.cancel()
         quiet = server.stub.Generate(pb2.GenerateRequest(stream=False, **LONG), timeout=TIMEOUT_S)
-        time.sleep(0.2)
-        assert server.stub.GetLoads(pb2.GetLoadsRequest()).running >= 1
-        quiet.cancel()
+        try:  # wait until it runs (a loaded CI machine may take a while to admit it)
+            deadline = time.monotonic() + TIMEOUT_S
+            while server.stub.GetLoads(pb2.GetLoadsRequest()).running < 1:
+                assert time.monotonic() < deadline, "the non-streaming request never started"
+                time.sleep(0.05)
+        finally:
+            quiet.cancel()
         _assert_all_blocks_free(server)
 
 

@@ -396,6 +396,7 @@ def test_health_follows_the_heartbeat(engine):
     ({"priority": True}, "priority"),
     ({"priority": "1"}, "priority"),
     ({"cache_salt": 5}, "cache_salt"),
+    ({"cache_salt": ""}, "cache_salt"),
 ])
 def test_bad_completion_inputs_are_400(client, engine, body, param):
     err = assert_error(client.post("/v1/completions", json={"prompt": "x", **body}), 400)

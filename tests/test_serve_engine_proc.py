@@ -173,6 +173,32 @@ def test_cache_salt_and_priority_reach_the_engine_process(client):
         asyncio.run(cached("bad-priority", priority=1 << 40))
 
 
+def test_priority_orders_admission_in_the_engine_process(ckpt):
+    """One sequence at a time: while "first" runs, "low" (priority 5) and then "high" (-5) arrive; "high"
+    must run next."""
+    c = EngineClient(EngineArgs(model=str(ckpt), **{**ENGINE_KW, "max_num_seqs": 1}))
+    try:
+        async def run() -> list[str]:
+            done: list[str] = []
+
+            async def one(rid: str, params: SamplingParams, priority: int, started=None):
+                async for out in c.generate([0, 5, 6, 7], params, rid, priority=priority):
+                    if started is not None and not started.is_set():
+                        started.set()
+                done.append(rid)
+
+            started = asyncio.Event()
+            first = asyncio.create_task(one("first", SamplingParams(max_tokens=60, ignore_eos=True), 0, started))
+            await started.wait()
+            await asyncio.gather(first, one("low", GREEDY, 5), one("high", GREEDY, -5))
+            return done
+
+        assert asyncio.run(run()) == ["first", "high", "low"]
+    finally:
+        c.shutdown()
+        _kill_group(c.proc)
+
+
 def test_concurrent_requests_all_complete(client):
     async def run():
         return await asyncio.gather(*(_collect(client, [0, 5 + i, 9], GREEDY, f"conc-{i}") for i in range(8)))
@@ -315,7 +341,6 @@ def _free_port() -> int:
 def test_cli_rejects_unsupported_options(capsys):
     from v41.serve.cli import main
 
-    pytest.importorskip("v41.serve.openai_app", reason="the OpenAI HTTP app is not there yet")
     assert main(["--kv-cache-dtype", "fp8"]) == 2
     assert "only 'auto'" in capsys.readouterr().err
     assert main(["--headless"]) == 2
@@ -325,7 +350,6 @@ def test_cli_rejects_unsupported_options(capsys):
 
 
 def test_sigterm_lets_the_in_flight_request_finish_and_exits_zero(ckpt, tmp_path):
-    pytest.importorskip("v41.serve.openai_app", reason="the OpenAI HTTP app (openai_app.py) is not there yet")
     port = _free_port()
     log_path = tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "v41.serve.cli", "--model", str(ckpt), "--port", str(port), "--device", "cpu",

@@ -30,7 +30,12 @@ from v41.testing.tiny import make_tiny
 pytestmark = pytest.mark.timeout(60)
 V41, V4 = "deepseek_v41", "deepseek_v4"
 TOL = 1e-4
-_TP1: dict[str, dict] = {}  # TP=1 workload per run label: computed once, shared by the TP=2 and TP=4 cases
+
+
+@pytest.fixture(scope="module")
+def tp1_outputs() -> dict[str, dict]:
+    """TP=1 workload per run label, filled on first use: shared by the TP=2 and TP=4 cases."""
+    return {}
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +271,7 @@ def _argmax_agrees(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int]:
 @pytest.mark.timeout(300)  # spawns W ranks; a 2-core CI machine took over 60 s for TP=4
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("arch", [V41, V4])
-def test_tp_logits_equal_tp1_on_every_rank(ckpts, tmp_path, arch, world_size):
+def test_tp_logits_equal_tp1_on_every_rank(ckpts, tp1_outputs, tmp_path, arch, world_size):
     prompts, decode = _inputs()
     runs = [(arch, ckpts[arch], "auto", "exact"), (f"{arch}-dummy", ckpts[arch], "dummy", "exact")]
     if arch == V4:  # vocab 1021: uneven vocab-parallel embedding / head split
@@ -274,9 +279,9 @@ def test_tp_logits_equal_tp1_on_every_rank(ckpts, tmp_path, arch, world_size):
     ranks = spawn_ranks(world_size, tmp_path, tp_worker, runs, prompts, decode)
     worst = {}
     for label, path, fmt, numerics in runs:
-        if label not in _TP1:
-            _TP1[label] = workload(load(path, load_format=fmt, numerics=numerics), prompts, decode)
-        want = _TP1[label]
+        if label not in tp1_outputs:
+            tp1_outputs[label] = workload(load(path, load_format=fmt, numerics=numerics), prompts, decode)
+        want = tp1_outputs[label]
         assert set(ranks[0][label]) == set(want)
         for key, ref in want.items():
             for r in range(1, world_size):  # every rank returns the same bits

@@ -12,7 +12,8 @@
 //! alone can always get that footprint: every other block is then held only by the prefix cache,
 //! either in unlocked pages (evictable) or in its own locked path, whose unbounded-kind blocks it
 //! holds itself and whose other sliding-window blocks are trimmable ([`crate::radix`]). Preemption
-//! always picks the lowest-priority, latest-arrived running request, so the most important one makes
+//! always picks the least important (highest `priority` value), latest-arrived running request, so the
+//! most important one makes
 //! progress; waiting requests never overtake the head of the queue, so none starves.
 //!
 //! Cost: `step` is O(running + scheduled tokens × kinds + Σ block-table sizes) plus prefix-cache work
@@ -366,7 +367,8 @@ impl Scheduler {
         id
     }
 
-    /// The running request to preempt first: lowest priority, then latest arrival.
+    /// The running request to preempt first: highest `priority` value (least important), then latest
+    /// arrival.
     pub(crate) fn pick_victim(&self) -> u32 {
         let key = |&&slot: &&u32| {
             let r = self.req(slot);

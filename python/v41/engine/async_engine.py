@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from .args import EngineArgs
 from .core import EngineCore
-from .llm import PromptLike, encode_prompt
+from .llm import PromptLike, encode_prompt, prompt_cache_salt
 from .params import CompletionOutput, RequestOutput, SamplingParams
 
 log = logging.getLogger("v41.engine")
@@ -171,7 +171,8 @@ class AsyncEngine:
                 _, rid, prompt, params, priority, cache_salt = msg
                 try:
                     text, ids = encode_prompt(core, prompt)
-                    core.add_request(rid, ids, params, prompt=text, priority=priority, cache_salt=cache_salt)
+                    core.add_request(rid, ids, params, prompt=text, priority=priority,
+                                     cache_salt=prompt_cache_salt(prompt, cache_salt))
                 except ValueError as e:
                     self._deliver(rid, e)
             else:

@@ -81,9 +81,12 @@ class EngineCore:
         priority: lower runs first (vLLM's convention): the scheduler admits waiting requests by
         (priority, arrival) and preempts the highest value, latest arrival first. cache_salt: a prefix-cache
         namespace (vLLM ``cache_salt``, SGLang ``extra_key``): a request reuses cached prefix blocks only of
-        requests with the same salt; None or "" is the shared default namespace.
+        requests with the same salt; None is the shared default namespace. A salt isolates only as well as
+        it is secret: whoever sends the same salt shares the cache (and sees hits in ``num_cached_tokens``).
+        Ignored with prompt_logprobs (every position is computed) and without prefix caching.
         Raises ValueError for an empty or too long prompt, ids outside the vocabulary, a duplicate id, a
-        priority outside int32, a salt that is no string, or invalid sampling parameters."""
+        priority outside int32, a salt that is empty, no string or not UTF-8, or invalid sampling
+        parameters."""
         check_request_options(priority, cache_salt)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")

@@ -12,12 +12,17 @@ from .core import EngineCore
 from .params import RequestOutput, SamplingParams
 
 PromptLike = str | list[int] | dict
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")  # vLLM's TextPrompt / TokensPrompt fields
 
 
 def encode_prompt(core: EngineCore, prompt: PromptLike) -> tuple[str | None, list[int]]:
     """Text (BOS prepended, no chat template), token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids":
-    ...}`` → (text or None, token ids). Raises ValueError for anything else."""
+    ...}`` (optionally with ``"cache_salt"``, see :func:`prompt_cache_salt`) → (text or None, token ids).
+    Raises ValueError for anything else, naming unknown dict keys."""
     if isinstance(prompt, dict):
+        unknown = sorted(str(k) for k in prompt if k not in PROMPT_KEYS)
+        if unknown:
+            raise ValueError(f"unknown prompt dict key(s) {unknown}; expected some of {list(PROMPT_KEYS)}")
         if "prompt_token_ids" in prompt:
             return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
         if "prompt" in prompt:
@@ -30,6 +35,17 @@ def encode_prompt(core: EngineCore, prompt: PromptLike) -> tuple[str | None, lis
     if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
         return None, list(prompt)
     raise ValueError(f"unsupported prompt type {type(prompt).__name__}")
+
+
+def prompt_cache_salt(prompt: PromptLike, cache_salt: str | None) -> str | None:
+    """The request's prefix-cache salt: the ``cache_salt`` argument or a prompt dict's ``"cache_salt"``
+    (where vLLM takes it). Raises ValueError when both are given and differ."""
+    inner = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if inner is None:
+        return cache_salt
+    if cache_salt is not None and cache_salt != inner:
+        raise ValueError(f"cache_salt given twice: {cache_salt!r} as an argument, {inner!r} in the prompt dict")
+    return inner
 
 
 class LLM:
@@ -66,7 +82,8 @@ class LLM:
 
         sampling_params: one for all prompts or one per prompt (default: ``SamplingParams()``). priority: one
         for all prompts or one per prompt, lower runs first (vLLM's convention; matters when the batch is
-        full). cache_salt: prefix-cache namespace of these requests (:meth:`EngineCore.add_request`). Raises
+        full). cache_salt: prefix-cache namespace of these requests (:meth:`EngineCore.add_request`); a prompt
+        dict may carry its own ``"cache_salt"`` instead (vLLM's form). Raises
         ValueError (nothing is generated) if any prompt, parameter set or priority is invalid.
         """
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
@@ -89,7 +106,8 @@ class LLM:
         try:
             for rid, prompt, p, prio in zip(ids, prompts, params, priorities):
                 text, tokens = encode_prompt(core, prompt)
-                core.add_request(rid, tokens, p, prompt=text, priority=prio, cache_salt=cache_salt)
+                core.add_request(rid, tokens, p, prompt=text, priority=prio,
+                                 cache_salt=prompt_cache_salt(prompt, cache_salt))
                 added.append(rid)
         except ValueError:
             for rid in added:

@@ -47,13 +47,16 @@ def _is_real(x: object) -> bool:
 
 def check_request_options(priority: object = 0, cache_salt: object = None) -> None:
     """Check the per-request scheduling options that live beside the sampling parameters: ``priority`` an
-    int32 (lower runs first), ``cache_salt`` None or a string encodable as UTF-8 (no lone surrogates).
+    int32 (lower runs first), ``cache_salt`` None or a non-empty string encodable as UTF-8 (no lone
+    surrogates).
     Raises ``ValueError`` naming the bad one."""
     if not _is_int(priority) or not -2**31 <= priority < 2**31:
         raise ValueError(f"priority must be an integer in [-2^31, 2^31), got {priority!r}")
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
-    if cache_salt:
+    if cache_salt == "":  # vLLM refuses it too: an empty tenant id must not land in the shared namespace
+        raise ValueError("cache_salt must be a non-empty string when given (omit it for the shared namespace)")
+    if cache_salt is not None:
         try:
             cache_salt.encode("utf-8")
         except UnicodeEncodeError as e:

@@ -1,5 +1,12 @@
 """``POST /v1/chat/completions``: chat prompts encoded with ``v41.chat``, outputs parsed into reasoning,
-content and tool calls, answered as one JSON body or an SSE stream."""
+content and tool calls, answered as one JSON body or an SSE stream.
+
+* Tool choice: ``none`` renders and parses no tools; ``auto`` and ``required`` render and parse all; a named
+  function renders only that tool. There is no constrained decoding, so ``required``/named are best effort.
+* Chat output is parsed from token ids (``v41.chat.OutputParser``); the token that stopped generation (EOS
+  or a stop token id) is not fed to the parser. Stop *strings* are matched by the engine on the raw text
+  and end generation, but the parser sees the tokens that held them (known limitation).
+"""
 
 from __future__ import annotations
 
@@ -86,7 +93,7 @@ class ChatCompletions:
 
         def new_choice(index: int) -> ChatChoice:
             parser = OutputParser(server.tokenizer, thinking=thinking, tools=tools, prompt_ids=ids,
-                                       revision=self.revision)
+                                  revision=self.revision)
             return ChatChoice(index, parser, think_close)
 
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -169,6 +176,7 @@ class ChatChoice:
 
     @property
     def done(self) -> bool:
+        """The completion has finished (its last delta was fed)."""
         return self.finish_reason is not None
 
     def feed(self, c: CompletionOutput) -> tuple[str, str, list[dict]]:
@@ -189,10 +197,12 @@ class ChatChoice:
 
     @property
     def tool_calls(self) -> list[dict]:
+        """The parsed tool calls, OpenAI-shaped ([] until finished)."""
         return self.result.tool_calls if self.result is not None else []
 
     @property
     def openai_finish_reason(self) -> str | None:
+        """The engine's finish reason, "tool_calls" when the parser found calls."""
         return self.result.finish_reason(self.finish_reason) if self.result is not None else self.finish_reason
 
     @property
@@ -205,6 +215,7 @@ class ChatChoice:
         return len(self.ids)
 
     def message(self) -> hs.ChatMessageOut:
+        """The finished assistant message (content, reasoning_content, tool_calls) of a non-streamed reply."""
         calls = [hs.ToolCallOut(id=c["id"], function=hs.ToolCallFunctionOut(
             name=c["function"]["name"], arguments=c["function"]["arguments"])) for c in self.tool_calls]
         content = self.result.content
@@ -221,7 +232,7 @@ def _is_empty_content(content: Any) -> bool:
 
 
 def _select_tools(tools: list[dict], tool_choice: Any) -> list[dict] | None:
-    """The tools to render and parse for ``tool_choice`` (``openai_app`` module docstring); RequestError when
+    """The tools to render and parse for ``tool_choice`` (module docstring); RequestError when
     it is inconsistent with ``tools``."""
     names = [t["function"]["name"] for t in tools]
     if len(set(names)) != len(names):

@@ -70,13 +70,13 @@ class EngineProtocol(Protocol):
     ``num_cached_tokens`` and ``prompt_logprobs`` (the list so far) are whole. The last yield has
     ``finished=True`` and every completion's ``finish_reason`` ("stop" | "length" | "abort") and
     ``stop_reason``. ``prompt`` is text (BOS prepended, no chat template), a list of token ids, or
-    ``{"prompt": str}`` / ``{"prompt_token_ids": [...]}``. ``priority``: lower runs first; ``cache_salt``: the
-    prefix-cache namespace (both as in ``EngineCore.add_request``).
+    ``{"prompt": str}`` / ``{"prompt_token_ids": [...]}`` (a dict may add ``"cache_salt"``). ``priority``: lower
+    runs first; ``cache_salt``: the prefix-cache namespace (both as in ``EngineCore.add_request``).
     Errors: ``ValueError`` for bad input (empty or too long prompt, prompt + max_tokens over max_model_len,
-    invalid sampling values, a priority outside int32, a request id already in flight), raised before any
-    output; ``EngineDeadError`` when the engine is dead or dies during the request; ``QueueFullError``
-    (EngineClient with a queue limit). Closing or cancelling the iterator before the end aborts the request
-    (its blocks are freed within about one step).
+    invalid sampling values, a priority outside int32, an empty or non-UTF-8 cache_salt, a request id
+    already in flight), raised before any output; ``EngineDeadError`` when the engine is dead or dies during
+    the request; ``QueueFullError`` (EngineClient with a queue limit). Closing or cancelling the iterator
+    before the end aborts the request (its blocks are freed within about one step).
 
     ``abort(request_id)``: end a request now; its stream ends with finish reason "abort" (no-op if unknown).
     ``stats()``: scheduler stats — ``running``, ``waiting``, ``blocks`` ({kind: {used, free, total}}),
@@ -279,11 +279,12 @@ class EngineClient:
         self._check_alive()
         params = params or SamplingParams()
         rid = request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
-        from ..engine.llm import encode_prompt
+        from ..engine.llm import encode_prompt, prompt_cache_salt
 
         try:
             text, ids = encode_prompt(self, prompt)
             params.validate(self._cfg.vocab_size)
+            cache_salt = prompt_cache_salt(prompt, cache_salt)
             check_request_options(priority, cache_salt)
             msg = m.encode(m.AddRequest(rid, ids, m.params_to_dict(params), text, priority, cache_salt))
         except TypeError as e:  # e.g. a prompt_token_ids entry that is no number

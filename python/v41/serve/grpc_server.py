@@ -13,7 +13,7 @@ once it died or wedged — the rule of the HTTP ``/health`` (checked on every Ch
 
 Errors are mapped by ``serve/errors.py`` (the one table for both front ends): ValueError → INVALID_ARGUMENT,
 QueueFullError → RESOURCE_EXHAUSTED, EngineDeadError → UNAVAILABLE, anything else → INTERNAL (logged).
-Chat input and ``parse_output`` use ``v41.chat`` like ``openai_app.py`` does (same revision, thinking and
+Chat input and ``parse_output`` use ``v41.chat`` like ``chat_completions.py`` does (same revision, thinking and
 reasoning-token rules).
 """
 
@@ -47,7 +47,7 @@ pb2, pb2_grpc = _load_stubs()
 log = logging.getLogger("v41.serve.grpc")
 
 SERVICE_NAME = pb2.DESCRIPTOR.services_by_name["Engine"].full_name  # "v41.v1.Engine"
-HEARTBEAT_TIMEOUT_S = 5.0  # as openai_app's /health
+HEARTBEAT_TIMEOUT_S = 5.0  # as the HTTP front end's /health
 HEALTH_POLL_S = 0.5
 MAX_MESSAGE_BYTES = 64 << 20
 _BACKGROUND: set[asyncio.Task] = set()
@@ -177,8 +177,10 @@ class EngineServicer(pb2_grpc.EngineServicer):
         ended = False  # every completion sent its Complete, or the engine failed the request
         error: Exception | None = None
         try:
-            async with aclosing(self.engine.generate(prompt, params, request_id=rid, priority=request.priority,
-                                                          cache_salt=request.cache_salt or None)) as outputs:
+            # proto3 cannot tell an empty cache_salt from an unset one: both are the shared namespace.
+            stream = self.engine.generate(prompt, params, request_id=rid, priority=request.priority,
+                                          cache_salt=request.cache_salt or None)
+            async with aclosing(stream) as outputs:
                 async for out in outputs:
                     for msg in self._on_output(request, params, chat, out, states, received_s):
                         yield pb2.GenerateResponse(request_id=rid, **msg)
@@ -213,7 +215,7 @@ class EngineServicer(pb2_grpc.EngineServicer):
 
     @property
     def chat_revision(self) -> str:
-        """The chat format revision of the served model (as openai_app's)."""
+        """The chat format revision of the served model (as chat_completions.py's)."""
         if self._revision is None:
             self._revision = DEFAULT_REVISION_BY_MODEL_TYPE[self.engine.cfg.arch]
         return self._revision
@@ -292,7 +294,7 @@ class EngineServicer(pb2_grpc.EngineServicer):
         if c.finish_reason is not None:
             st.result = result = st.parser.finish()
             deltas.append(result.final_delta)
-            if result.reasoning_content:  # tokens before </think> (all if it never closed), as openai_app
+            if result.reasoning_content:  # tokens before </think> (all if it never closed), as chat_completions.py
                 close = self.engine.tokenizer.token_to_id("</think>")
                 ids = st.token_ids
                 st.reasoning_tokens = ids.index(close) if close is not None and close in ids else len(ids)

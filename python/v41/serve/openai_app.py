@@ -4,7 +4,8 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/model
 ``POST /detokenize``, ``GET /health``, ``GET /metrics`` (serving-api.md "OpenAI HTTP", issue 6 item 3).
 
 The engine is any ``v41.serve.EngineProtocol`` (``EngineClient``, ``v41.AsyncEngine``): ``generate(prompt,
-params, request_id)`` (an async iterator of *delta* ``RequestOutput``s, the last one finished), ``abort``,
+params, request_id, *, priority, cache_salt)`` (an async iterator of *delta* ``RequestOutput``s, the last one
+finished), ``abort``,
 ``tokenizer``, ``cfg``, ``max_model_len``, ``is_running``, ``last_heartbeat_s`` (optional) and ``stats()``
 (sync or async). Prompts are tokenized in the front end (BOS + text, like ``v41.engine.llm.encode_prompt``; chat through
 ``v41.chat.encode_chat``) and sent as ``{"prompt": text, "prompt_token_ids": ids}``.
@@ -23,11 +24,6 @@ Invariants:
 * A client that goes away aborts its engine requests (KF-17): a closed SSE stream closes the engine
   iterators; a non-streaming handler races the generation against ``http.disconnect``. A request that
   finished normally sends no abort.
-* Tool choice: ``none`` renders and parses no tools; ``auto`` and ``required`` render and parse all; a named
-  function renders only that tool. There is no constrained decoding, so ``required``/named are best effort.
-* Chat output is parsed from token ids (``v41.chat.OutputParser``); the token that stopped generation (EOS
-  or a stop token id) is not fed to the parser. Stop *strings* are matched by the engine on the raw text
-  and end generation, but the parser sees the tokens that held them (known limitation).
 """
 
 from __future__ import annotations

@@ -34,14 +34,17 @@ class OpenAIServer:
     # -- engine accessors ----------------------------------------------------------------------------------
     @property
     def tokenizer(self):
+        """The engine's ``tokenizers.Tokenizer``."""
         return self.engine.tokenizer
 
     @property
     def cfg(self):
+        """The engine's ``v41.config.ModelConfig``."""
         return self.engine.cfg
 
     @property
     def max_model_len(self) -> int:
+        """Longest prompt + output, in tokens."""
         return int(self.engine.max_model_len)
 
     def engine_alive(self) -> tuple[bool, str]:
@@ -67,6 +70,7 @@ class OpenAIServer:
         return await res if inspect.isawaitable(res) else res
 
     async def scrape(self) -> tuple[bytes, str]:
+        """The ``/metrics`` page (Prometheus text, content type), with the engine's figures when it is alive."""
         alive, _ = self.engine_alive()
         stats = None
         if alive:
@@ -80,6 +84,7 @@ class OpenAIServer:
 
     # -- errors -------------------------------------------------------------------------------------------
     def error_response(self, exc: BaseException) -> JSONResponse:
+        """``exc`` as an OpenAI error body with its mapped HTTP status (``errors.error_status``); counted."""
         status = error_status(exc)
         self.metrics.record_error(status.http_status)
         if status.http_status >= 500:
@@ -87,6 +92,7 @@ class OpenAIServer:
         return JSONResponse(openai_error_body(exc, status), status_code=status.http_status)
 
     def error_event(self, exc: BaseException) -> str:
+        """``exc`` as the SSE ``{"error": ...}`` event that ends a stream already under way; counted."""
         status = error_status(exc)
         self.metrics.record_error(status.http_status)
         log.log(logging.ERROR if status.http_status >= 500 else logging.INFO, "stream failed: %s", exc,
@@ -94,6 +100,7 @@ class OpenAIServer:
         return f"data: {json.dumps(openai_error_body(exc, status))}\n\n"
 
     async def guard(self, coro) -> Response:
+        """Await a route body; any error becomes its one mapped response, a gone client a 499."""
         try:
             return await coro
         except ClientDisconnected:
@@ -103,6 +110,7 @@ class OpenAIServer:
             return self.error_response(e)
 
     def check_model(self, model: str | None) -> None:
+        """ModelNotFoundError (404) unless ``model`` is None or the served model's name."""
         if model is not None and model != self.served_model_name:
             raise ModelNotFoundError(model, self.served_model_name)
 
@@ -114,9 +122,12 @@ class OpenAIServer:
         return [self.cfg.bos_token_id] + self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode_token(self, tok: int) -> str:
+        """The text of one token id, special tokens included (for logprob entries)."""
         return self.tokenizer.decode([tok], skip_special_tokens=False)
 
     def check_prompt(self, ids: list[int], params: SamplingParams, what: str) -> None:
+        """RequestError naming field ``what`` for an empty prompt, or one that (with max_tokens) does not fit
+        max_model_len."""
         mml = self.max_model_len
         if not ids:
             raise RequestError(f"{what} is empty: give at least one token", what)
@@ -163,4 +174,4 @@ class OpenAIServer:
         subs = [(request_id if len(prompts) == 1 else f"{request_id}-{i}", {"prompt": text,
                  "prompt_token_ids": ids}) for i, (text, ids) in enumerate(prompts)]
         return Generation(self.engine, self.metrics, subs, params, arrival_s,
-                          {"priority": req.priority, "cache_salt": req.cache_salt or None})
+                          {"priority": req.priority, "cache_salt": req.cache_salt})

@@ -154,9 +154,11 @@ class CompletionChoice:
 
     @property
     def done(self) -> bool:
+        """The completion has finished (its last delta was fed)."""
         return self.finish_reason is not None
 
     def feed(self, c: CompletionOutput) -> str:
+        """Account one delta; returns its new text."""
         self.started = True
         self.text += c.text
         self.ids += c.token_ids
@@ -167,11 +169,13 @@ class CompletionChoice:
         return c.text
 
     def echo_logprobs(self, n: int, decode) -> hs.CompletionLogprobs | None:
+        """Logprobs of the echoed prompt (top ``n``), None without echo or prompt logprobs."""
         if not self.echo_ids or self.echo_entries is None:
             return None
         return hs.completion_logprobs(self.echo_ids, self.echo_entries, n, decode)
 
     def new_logprobs(self, ids: list[int], entries: list, n: int, decode) -> hs.CompletionLogprobs:
+        """Logprobs of newly generated ``ids`` (top ``n``), text offsets continuing after what was sent."""
         lp = hs.completion_logprobs(ids, entries, n, decode, text_offset_0=self._offset)
         self._offset += sum(len(t) for t in lp.tokens)
         return lp
