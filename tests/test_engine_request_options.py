@@ -120,3 +120,19 @@ def test_a_preempted_request_reports_only_its_first_admissions_prefix_hit(ckpt):
     assert llm.engine.stats()["num_preemptions"] > 0  # the priority-5 request was preempted and re-admitted
     assert [o.outputs[0].token_ids for o in tight] == [o.outputs[0].token_ids for o in roomy]
     assert [o.num_cached_tokens for o in tight] == [0, 0]
+
+
+def test_async_engine_without_a_model_serves_the_embedded_one_like_llm():
+    import asyncio
+
+    from v41.engine.async_engine import AsyncEngine
+
+    engine = AsyncEngine(kv_cache_bytes=8 << 20)
+    try:
+        async def run():
+            return [o async for o in engine.generate([0, 5, 6], GREEDY)]
+
+        assert asyncio.run(run())[-1].finished
+        assert engine.core.args.model == LLM(kv_cache_bytes=8 << 20).engine.args.model
+    finally:
+        engine.shutdown()

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from .args import EngineArgs
 from .core import EngineCore
-from .llm import PromptLike, encode_prompt, prompt_cache_salt
+from .llm import PromptLike, encode_prompt, model_or_embedded, prompt_cache_salt
 from .params import CompletionOutput, RequestOutput, SamplingParams
 
 log = logging.getLogger("v41.engine")
@@ -36,9 +36,12 @@ class AsyncEngine:
     completion's ``text`` and ``token_ids`` hold only what is new since the previous yield; the last one
     has ``finished=True`` and a finish reason. Satisfies ``v41.serve.EngineProtocol`` (the in-process
     engine of the front ends' tests); ``last_heartbeat_s`` is "now" while the loop thread lives and its
-    current step has run at most ``$V41_STEP_TIMEOUT_S`` (default 600 s)."""
+    current step has run at most ``$V41_STEP_TIMEOUT_S`` (default 600 s). Built from ``args``, an existing
+    ``core``, or :class:`EngineArgs` keywords (``model`` None or absent: the embedded tiny model, as ``LLM``)."""
 
     def __init__(self, args: EngineArgs | None = None, core: EngineCore | None = None, **kwargs):
+        if core is None and args is None:
+            kwargs["model"] = model_or_embedded(kwargs.get("model"))
         self.core = core or EngineCore(args or EngineArgs(**kwargs))
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}

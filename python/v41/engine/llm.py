@@ -37,6 +37,15 @@ def encode_prompt(core: EngineCore, prompt: PromptLike) -> tuple[str | None, lis
     raise ValueError(f"unsupported prompt type {type(prompt).__name__}")
 
 
+def model_or_embedded(model: str | None) -> str:
+    """``model`` as a string, or the embedded tiny V4.1 model's directory (made on first use) for None."""
+    if model is not None:
+        return str(model)
+    from ..testing.embedded import embedded_model_dir
+
+    return str(embedded_model_dir())
+
+
 def prompt_cache_salt(prompt: PromptLike, cache_salt: str | None) -> str | None:
     """The request's prefix-cache salt: the ``cache_salt`` argument or a prompt dict's ``"cache_salt"``
     (where vLLM takes it). Raises ValueError when both are given and differ."""
@@ -54,11 +63,7 @@ class LLM:
     max_num_batched_tokens, enable_prefix_caching, dtype, device, kv_cache_bytes, ...)."""
 
     def __init__(self, model: str | None = None, **kwargs: Any):
-        if model is None:
-            from ..testing.embedded import embedded_model_dir
-
-            model = str(embedded_model_dir())
-        self.engine = EngineCore(EngineArgs(model=str(model), **kwargs))
+        self.engine = EngineCore(EngineArgs(model=model_or_embedded(model), **kwargs))
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes (TP > 1); also done at interpreter exit."""
