@@ -24,7 +24,7 @@ from ..chat.formats import DEFAULT_REVISION_BY_MODEL_TYPE
 from ..engine.params import CompletionOutput, SamplingParams
 from . import http_schema as hs
 from .errors import RequestError
-from .generation import EventStream, Generation, prime_stream, unless_disconnected
+from .generation import EventStream, Generation, prime_stream
 from .openai_server import OpenAIServer
 
 _EFFORT_ALIASES = {"minimal": "low", "medium": "high"}  # OpenAI names the V4.1 encoder does not know
@@ -104,18 +104,8 @@ class ChatCompletions:
             return EventStream(self._events(gen, rid, sp, new_choice, top_n, include_usage), gen,
                                server.error_event)
         choices: dict[int, ChatChoice] = {}
-
-        async def consume() -> None:
-            while (item := await gen.next()) is not None:
-                for c in item[1].outputs:
-                    st = choices.get(c.index) or choices.setdefault(c.index, new_choice(c.index))
-                    if not st.done:
-                        st.feed(c)
-
-        try:
-            await unless_disconnected(request, consume())
-        finally:
-            await gen.close()
+        await gen.drain(request, lambda _p, _out, c: choices.get(c.index) or choices.setdefault(
+            c.index, new_choice(c.index)))
         decode = server.decode_token
         out = [hs.ChatChoice(index=i, message=st.message(), finish_reason=st.openai_finish_reason,
                              stop_reason=st.stop_reason,

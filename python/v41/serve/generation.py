@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from ..engine.params import RequestOutput, SamplingParams
+from ..engine.params import CompletionOutput, RequestOutput, SamplingParams
 from . import http_schema as hs
 from .errors import ClientDisconnected
 from .metrics import ServerMetrics
@@ -95,6 +95,24 @@ class Generation:
             got = self._take(i, item)
             if got is not None:
                 self._buffer.append(got)
+
+    async def drain(self, request: Request, choice: Callable[[int, RequestOutput, CompletionOutput], Any]) -> None:
+        """Non-streamed replies: feed every completion delta to ``choice(prompt index, output, completion)`` (an
+        object with ``done`` and ``feed(completion)``) until every request finished, then close. Raises
+        ClientDisconnected (the requests aborted) when the client goes away first."""
+
+        async def consume() -> None:
+            while (item := await self.next()) is not None:
+                p, out = item
+                for c in out.outputs:
+                    st = choice(p, out, c)
+                    if not st.done:
+                        st.feed(c)
+
+        try:
+            await unless_disconnected(request, consume())
+        finally:
+            await self.close()
 
     async def close(self) -> None:
         """End the generation: unfinished requests are aborted (their streams closed); idempotent."""

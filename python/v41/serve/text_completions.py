@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from ..engine.params import CompletionOutput, RequestOutput, SamplingParams
 from . import http_schema as hs
 from .errors import RequestError
-from .generation import EventStream, Generation, prime_stream, unless_disconnected
+from .generation import EventStream, Generation, prime_stream
 from .openai_server import OpenAIServer
 
 
@@ -71,18 +71,7 @@ class TextCompletions:
             return EventStream(self._events(gen, rid, sp, choices, choice, include_usage), gen,
                                server.error_event)
 
-        async def consume() -> None:
-            while (item := await gen.next()) is not None:
-                p, out = item
-                for c in out.outputs:
-                    st = choice(p, out, c)
-                    if not st.done:
-                        st.feed(c)
-
-        try:
-            await unless_disconnected(request, consume())
-        finally:
-            await gen.close()
+        await gen.drain(request, choice)
         out = []
         for k, st in sorted(choices.items()):
             lp = None
