@@ -511,3 +511,31 @@ def test_any_text_gives_the_same_result_for_any_split(pieces, thinking, tools, h
         assert EOS not in (result.reasoning_content or "") + result.content
         for c in result.tool_calls:
             json.loads(c["function"]["arguments"])
+
+
+def test_feed_engine_output_drops_the_stop_token_keeps_stop_strings_and_counts_reasoning():
+    prompt_ids, gen_ids, _ = rendered_turn("think hard", "the answer", [])
+    close = TOK.token_to_id("</think>")
+    assert close in gen_ids
+    body = [t for t in gen_ids if t != TOK.token_to_id(EOS)]  # what the model wrote before its EOS
+    want = OutputParser(TOK, prompt_ids=prompt_ids)
+    for t in body:
+        want.feed([t])
+    want = want.finish()
+
+    def run(finish_stop_reason, last):
+        p = OutputParser(TOK, prompt_ids=prompt_ids)
+        deltas, result = p.feed_engine_output(body[:3], None, None)
+        assert result is None
+        more, result = p.feed_engine_output(body[3:] + last, "stop", finish_stop_reason)
+        return p, deltas + more, result
+
+    # EOS / stop token id (stop_reason None or an int): that token is no text.
+    for stop_reason in (None, 7):
+        p, deltas, result = run(stop_reason, [7])
+        assert summary(result) == summary(want) and result.final_delta is deltas[-1]
+        assert p.reasoning_tokens(body + [7], result) == body.index(close)
+    # A stop string: the tokens holding it were already text and are kept.
+    _, _, kept = run("the", TOK.encode(" more", add_special_tokens=False).ids)
+    assert kept.content.endswith("more")
+    assert OutputParser(TOK, thinking=False).reasoning_tokens(body, ParserResult(None, "x", [])) == 0

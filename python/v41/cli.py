@@ -92,14 +92,11 @@ def _generate(args: argparse.Namespace, out: TextIO) -> None:
     import torch
     from tokenizers import Tokenizer
 
-    if args.model is None:
-        from .testing.embedded import embedded_model_dir
+    from .engine.llm import model_or_embedded
 
-        model_dir = embedded_model_dir()
-    else:
-        model_dir = Path(args.model)
-        if not model_dir.is_dir():
-            raise CliError(f"model directory not found: {model_dir}")
+    model_dir = Path(model_or_embedded(args.model))
+    if not model_dir.is_dir():
+        raise CliError(f"model directory not found: {model_dir}")
     tok_path = model_dir / "tokenizer.json"
     if not tok_path.is_file():
         raise CliError(f"{model_dir} has no tokenizer.json")

@@ -12,9 +12,9 @@
 //! alone can always get that footprint: every other block is then held only by the prefix cache,
 //! either in unlocked pages (evictable) or in its own locked path, whose unbounded-kind blocks it
 //! holds itself and whose other sliding-window blocks are trimmable ([`crate::radix`]). Preemption
-//! always picks the least important (highest `priority` value), latest-arrived running request, so the
-//! most important one makes
-//! progress; waiting requests never overtake the head of the queue, so none starves.
+//! always picks the least important (highest `priority` value), latest-arrived running request, so
+//! the most important one makes progress; waiting requests never overtake the head of the queue, so
+//! none starves.
 //!
 //! Cost: `step` is O(running + scheduled tokens × kinds + Σ block-table sizes) plus prefix-cache work
 //! for admissions and completed pages.

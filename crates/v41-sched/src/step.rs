@@ -6,8 +6,9 @@
 //! Each request gets `min(known − num_computed, budget left, long_prefill_token_threshold)` tokens and
 //! `num_computed` advances by that count at once (optimistically; `update_from_output` rolls back
 //! rejected drafts). A running request that cannot get its blocks preempts the least important
-//! (highest `priority` value), latest-arrived running request (possibly itself) and retries; a waiting one that cannot simply
-//! waits, and so does everything behind it (no overtaking, hence no starvation).
+//! (highest `priority` value), latest-arrived running request (possibly itself) and retries; a
+//! waiting one that cannot simply waits, and so does everything behind it (no overtaking, hence no
+//! starvation).
 
 use crate::request::{FinishReason, RequestStatus};
 use crate::scheduler::Scheduler;

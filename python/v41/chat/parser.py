@@ -111,6 +111,31 @@ class OutputParser:
         ]
         return ParserResult(reasoning or None, "".join(self._content), calls, final)
 
+    def feed_engine_output(
+        self, token_ids: Sequence[int], finish_reason: str | None, stop_reason: int | str | None
+    ) -> tuple[list[ParserDelta], ParserResult | None]:
+        """One engine delta of this completion (the fields of a ``CompletionOutput``): feeds the new ids
+        except the EOS / stop token id that ended generation (finish "stop" without a stop *string*: that
+        token is no text), and finishes once ``finish_reason`` is set. Returns the deltas to send (the last
+        one the final delta) and the whole result (None until finished)."""
+        ids = list(token_ids)
+        if finish_reason == "stop" and ids and not isinstance(stop_reason, str):
+            ids = ids[:-1]
+        deltas = [self.feed(ids)] if ids else []
+        if finish_reason is None:
+            return deltas, None
+        result = self.finish()
+        return deltas + [result.final_delta], result
+
+    def reasoning_tokens(self, token_ids: Sequence[int], result: ParserResult) -> int:
+        """Generated tokens before ``</think>`` in ``token_ids`` (all of them when reasoning never closed); 0
+        when ``result`` has no reasoning (OpenAI ``completion_tokens_details.reasoning_tokens``)."""
+        if not result.reasoning_content:
+            return 0
+        close = self._tok.tokenizer.token_to_id("</think>") if self._tok is not None else None
+        ids = list(token_ids)
+        return ids.index(close) if close is not None and close in ids else len(ids)
+
     # ------------------------------------------------------------------ driver
 
     def _check_open(self) -> None:

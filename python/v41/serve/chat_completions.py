@@ -89,12 +89,10 @@ class ChatCompletions:
         ids, thinking, tools = self.encode_chat(req.messages, req.tools, req.tool_choice, req.reasoning_effort,
                                                 req.chat_template_kwargs, req.thinking, req.response_format)
         server.check_prompt(ids, sp, "messages")
-        think_close = server.tokenizer.token_to_id("</think>")
 
         def new_choice(index: int) -> ChatChoice:
-            parser = OutputParser(server.tokenizer, thinking=thinking, tools=tools, prompt_ids=ids,
-                                  revision=self.revision)
-            return ChatChoice(index, parser, think_close)
+            return ChatChoice(index, OutputParser(server.tokenizer, thinking=thinking, tools=tools, prompt_ids=ids,
+                                                  revision=self.revision))
 
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         gen = server.start(rid, [(None, ids)], sp, arrival_s, req)
@@ -154,10 +152,9 @@ class ChatCompletions:
 class ChatChoice:
     """One chat completion being parsed (``v41.chat.OutputParser``): its ids, logprobs and final result."""
 
-    def __init__(self, index: int, parser: Any, think_close_id: int | None):
+    def __init__(self, index: int, parser: OutputParser):
         self.index = index
         self.parser = parser
-        self.think_close_id = think_close_id
         self.ids: list[int] = []
         self.lps: list = []
         self.finish_reason: str | None = None
@@ -175,13 +172,9 @@ class ChatChoice:
         self.ids += ids
         if c.logprobs:
             self.lps += c.logprobs
-        if c.finish_reason == "stop" and ids and not isinstance(c.stop_reason, str):
-            ids = ids[:-1]  # the EOS / stop token that ended generation is no text
-        deltas = [self.parser.feed(ids)] if ids else []
-        if c.finish_reason is not None:
-            self.finish_reason, self.stop_reason = c.finish_reason, c.stop_reason
-            self.result = self.parser.finish()
-            deltas.append(self.result.final_delta)  # what the parser held back until the end
+        deltas, result = self.parser.feed_engine_output(ids, c.finish_reason, c.stop_reason)
+        if result is not None:
+            self.finish_reason, self.stop_reason, self.result = c.finish_reason, c.stop_reason, result
         return ("".join(d.reasoning_delta for d in deltas), "".join(d.content_delta for d in deltas),
                 [t.to_openai() for d in deltas for t in d.tool_call_deltas])
 
@@ -198,11 +191,7 @@ class ChatChoice:
     @property
     def reasoning_tokens(self) -> int:
         """Generated tokens before ``</think>`` (all of them if reasoning never closed); 0 without reasoning."""
-        if self.result is None or not self.result.reasoning_content:
-            return 0
-        if self.think_close_id is not None and self.think_close_id in self.ids:
-            return self.ids.index(self.think_close_id)
-        return len(self.ids)
+        return 0 if self.result is None else self.parser.reasoning_tokens(self.ids, self.result)
 
     def message(self) -> hs.ChatMessageOut:
         """The finished assistant message (content, reasoning_content, tool_calls) of a non-streamed reply."""

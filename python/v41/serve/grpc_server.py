@@ -288,16 +288,9 @@ class EngineServicer(pb2_grpc.EngineServicer):
         """Parser deltas of the new tokens, plus the parser's final delta when the completion ends."""
         if st.parser is None:
             return []
-        if c.finish_reason == "stop" and new_ids and not isinstance(c.stop_reason, str):
-            new_ids = new_ids[:-1]  # the EOS / stop token that ended generation is no text
-        deltas = [st.parser.feed(new_ids)] if new_ids else []
-        if c.finish_reason is not None:
-            st.result = result = st.parser.finish()
-            deltas.append(result.final_delta)
-            if result.reasoning_content:  # tokens before </think> (all if it never closed), as chat_completions.py
-                close = self.engine.tokenizer.token_to_id("</think>")
-                ids = st.token_ids
-                st.reasoning_tokens = ids.index(close) if close is not None and close in ids else len(ids)
+        deltas, result = st.parser.feed_engine_output(new_ids, c.finish_reason, c.stop_reason)
+        if result is not None:
+            st.result, st.reasoning_tokens = result, st.parser.reasoning_tokens(st.token_ids, result)
         return deltas
 
     def _usage(self, out: RequestOutput, st: _Completion):

@@ -48,7 +48,11 @@ pub fn root_hash(salt: Option<&str>) -> u64 {
         .chain_update(b"v41 cache salt\0")
         .chain_update(salt.as_bytes())
         .finalize();
-    u64::from_le_bytes(digest[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
+    u64::from_le_bytes(
+        digest[..8]
+            .try_into()
+            .expect("a SHA-256 digest has 32 bytes"),
+    )
 }
 
 /// `Hasher` for maps keyed by these already-mixed hashes (identity on `u64`).

@@ -93,7 +93,10 @@ fn a_namespace_whose_first_page_collides_leaves_no_root_behind() {
     let mut bob = tables(&mut pools, 2);
     let out = tree.insert(Some("bob"), &tokens, &mut bob, &mut pools, None);
     assert_eq!((out.cached_tokens, out.cursor), (0, None));
-    assert!(!tree.salted_roots.contains_key("bob"), "an empty root for bob stayed");
+    assert!(
+        !tree.salted_roots.contains_key("bob"),
+        "an empty root for bob stayed"
+    );
     tree.by_hash.remove(&bob_first);
     tree.check().unwrap();
 }
