@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 MARGIN = 2e-4  # relative top-1 lead below which a greedy position is ambiguous (2 × the 1e-4 tolerance)
@@ -32,29 +33,59 @@ def assert_same_tokens(got: list[int], want: list[int], first_tie: int) -> None:
     assert got[:n] == want[:n], (got, want, first_tie)
 
 
-def step_batch(cache, runs: list[tuple[int, list[int], int, list[int]]], max_blocks: int = 8,
-               all_rows: bool = True):
-    """A StepBatch without a scheduler: request slot s owns blocks s·max_blocks .. (s+1)·max_blocks − 1.
+def host_step(layout, runs: list[tuple[int, list[int], int, list[int]]], max_blocks: int = 8, all_rows: bool = True,
+              hasher=None):
+    """A HostStep without a scheduler: request slot s owns blocks s·max_blocks .. (s+1)·max_blocks − 1 of every
+    kind and state row s.
 
     runs: (slot, new token ids, first position, all earlier token ids). ``all_rows``: logits for every token
-    row, else only for each run's last row."""
-    from v41.engine.step import StepBatch, slots_for_tokens
+    row, else only for each run's last row. ``hasher``: the Engram row hasher (models with Engram layers)."""
+    from v41.engine.host_step import HostStep
 
-    layout = cache.layout
-    ids, pos, req, starts, hist = [], [], [], [], []
-    for r, (slot, toks, p0, earlier) in enumerate(runs):
-        starts.append((len(ids), len(toks), p0))
+    ids, pos, counts = [], [], []
+    for _, toks, p0, _ in runs:
         ids += toks
-        pos += list(range(p0, p0 + len(toks)))
-        req += [r] * len(toks)
-        hist.append(tuple(earlier[-3:]))
-    ids_t, pos_t, req_t = (torch.tensor(v, dtype=torch.long) for v in (ids, pos, req))
+        pos += range(p0, p0 + len(toks))
+        counts.append(len(toks))
     tables, slots = {}, {}
     for k in layout.kinds:
-        bt = torch.stack([torch.arange(max_blocks) + s * max_blocks for s, *_ in runs])
-        tables[k.name] = bt
-        slots[k.name] = slots_for_tokens(bt, req_t, pos_t, layout.block_tokens, k.tokens_per_entry)
-    rows = torch.arange(len(ids)) if all_rows else torch.tensor([a + n - 1 for a, n, _ in starts])
-    return StepBatch(token_ids=ids_t, positions=pos_t, req_index=req_t, starts=tuple(starts), block_tables=tables,
-                     slot_mapping=slots, state_rows=torch.tensor([s for s, *_ in runs]),
-                     engram_history=tuple(hist), logits_rows=rows)
+        bt = np.stack([np.arange(max_blocks) + s * max_blocks for s, *_ in runs]).astype(np.int32)
+        r, rpb = k.tokens_per_entry, layout.block_tokens // k.tokens_per_entry
+        sm = [int(bt[i, (p // r) // rpb]) * rpb + (p // r) % rpb if (p + 1) % r == 0 else -1
+              for i, (_, toks, p0, _) in enumerate(runs) for p in range(p0, p0 + len(toks))]
+        tables[k.name], slots[k.name] = bt, np.array(sm, dtype=np.int32)
+    engram = {}
+    if hasher is not None:
+        engram = {lid: np.concatenate([hasher.hash_ids(lid, toks, history=earlier[-3:]) for _, toks, _, earlier in runs])
+                  for lid in hasher.layer_ids}
+    ends = np.cumsum(counts)
+    rows = np.arange(len(ids)) if all_rows else ends - 1
+    return HostStep(token_ids=np.array(ids, dtype=np.int64), positions=np.array(pos, dtype=np.int64),
+                    num_scheduled=np.array(counts, dtype=np.int64),
+                    start_pos=np.array([p0 for _, _, p0, _ in runs], dtype=np.int64), block_tables=tables,
+                    slot_mapping=slots, state_rows=np.array([s for s, *_ in runs], dtype=np.int32),
+                    logits_rows=rows.astype(np.int64), engram_rows=engram)
+
+
+class StepDriver:
+    """A step model (fast or paged) with its cache and input buffers, driven by :func:`host_step` runs.
+
+    ``execute(runs, all_rows, return_aux)`` → what the model's forward returns."""
+
+    def __init__(self, model, hasher, block_tokens: int, max_blocks: int = 32, n_slots: int = 4,
+                 max_tokens: int = 256):
+        from v41.engine.input_buffers import InputBuffers
+
+        self.model, self.hasher, self.max_blocks = model, hasher, max_blocks
+        model.init_cache(num_blocks=n_slots * max_blocks, num_state_rows=n_slots, block_tokens=block_tokens)
+        self.layout = model.cache_layout(block_tokens)
+        cfg = model.cfg
+        cols = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads
+        self.buffers = InputBuffers("cpu", max_tokens, n_slots, {k.name: max_blocks for k in self.layout.kinds},
+                                    model.segment_ratios, {lid: cols for lid in cfg.engram_layer_ids})
+
+    def step(self, runs, all_rows: bool = True):
+        return host_step(self.layout, runs, self.max_blocks, all_rows, self.hasher)
+
+    def execute(self, runs, all_rows: bool = True, return_aux: bool = False):
+        return self.model.forward(self.buffers.load(self.step(runs, all_rows)), return_aux)

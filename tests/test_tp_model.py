@@ -1,5 +1,5 @@
 """Tensor-parallel sharding of the model (issue 7, part 1): TP=2 and TP=4 gloo ranks give TP=1's logits for
-the reference forward, the paged engine and the DSpark drafter (DESIGN.md §4: TP=N vs TP=1, relative L2 ≤ 1e-4
+the reference forward, the paged bridge, the fast model and the DSpark drafter (DESIGN.md §4: TP=N vs TP=1, relative L2 ≤ 1e-4
 per position, greedy argmax equal under the margin rule), bitwise identical on every rank; each rank's
 checkpoint reader reads only (quantization-block-aligned) slices and gets exactly the TP=1 model's slices;
 dummy weights are the slices of TP=1's; configs that cannot be split are refused early.
@@ -23,8 +23,9 @@ from tp_helpers import FakeGroup, rel_l2, spawn_ranks, tp_worker, workload
 from v41.checkpoint import CheckpointError, StoredTensor
 from v41.config import load_config
 from v41.distributed.group import SINGLE, Shard, check_tp, split_range
+from v41.models.fast import load_fast
 from v41.models.reference import Transformer, load
-from v41.models.reference.sharding import shard_plan
+from v41.models.sharding import shard_plan
 from v41.testing.tiny import make_tiny
 
 pytestmark = pytest.mark.timeout(60)
@@ -280,7 +281,8 @@ def test_tp_logits_equal_tp1_on_every_rank(ckpts, tp1_outputs, tmp_path, arch, w
     worst = {}
     for label, path, fmt, numerics in runs:
         if label not in tp1_outputs:
-            tp1_outputs[label] = workload(load(path, load_format=fmt, numerics=numerics), prompts, decode)
+            fast = load_fast(path, torch.float32, "cpu") if numerics == "exact" and fmt == "auto" else None
+            tp1_outputs[label] = workload(load(path, load_format=fmt, numerics=numerics), prompts, decode, fast)
         want = tp1_outputs[label]
         assert set(ranks[0][label]) == set(want)
         for key, ref in want.items():

@@ -10,7 +10,9 @@ import torch
 from v41.distributed import runtime
 from v41.distributed.group import TPGroup
 from v41.distributed.selftest import known_data, run_selftest
-from v41.engine.step import StepBatch, decode_step, encode_step
+import numpy as np
+
+from v41.engine.host_step import HostStep
 
 
 class FakeGroup(TPGroup):
@@ -51,21 +53,35 @@ def test_known_data_sums_are_exact_in_bf16():
 
 
 def test_step_message_round_trips_without_pickle():
-    b = StepBatch(token_ids=torch.tensor([5, 6, 7]), positions=torch.tensor([0, 1, 9]),
-                  req_index=torch.tensor([0, 0, 1]), starts=((0, 2, 0), (2, 1, 9)),
-                  block_tables={"swa": torch.tensor([[3, -1], [4, 5]])},
-                  slot_mapping={"swa": torch.tensor([48, 49, 80]), "ckv2": torch.tensor([-1, 24, -1])},
-                  state_rows=torch.tensor([0, 1]), engram_history=((), (1, 2, 3)), logits_rows=torch.tensor([1, 2]))
-    data = encode_step(b)
+    i64, i32 = np.int64, np.int32
+    step = HostStep(token_ids=np.array([5, 6, 7], i64), positions=np.array([0, 1, 9], i64),
+                    num_scheduled=np.array([2, 1], i64), start_pos=np.array([0, 9], i64),
+                    block_tables={"swa": np.array([[3, -1], [4, 5]], i32)},
+                    slot_mapping={"swa": np.array([48, 49, 80], i32), "ckv2": np.array([-1, 24, -1], i32)},
+                    state_rows=np.array([0, 1], i32), logits_rows=np.array([1, 2], i64),
+                    engram_rows={1: np.arange(12, dtype=i64).reshape(3, 4)}, return_aux=True)
+    data = step.encode()
     assert b"\x80" not in data[:1]  # a msgpack map, not a pickle protocol header
-    got = decode_step(data, "cpu")
-    assert got.starts == b.starts and got.engram_history == b.engram_history
-    for name in ("token_ids", "positions", "req_index", "state_rows", "logits_rows"):
-        assert torch.equal(getattr(got, name), getattr(b, name))
-    assert all(torch.equal(got.slot_mapping[k], v) for k, v in b.slot_mapping.items())
-    assert torch.equal(got.block_tables["swa"], b.block_tables["swa"])
+    got = HostStep.decode(data)
+    assert got.starts() == step.starts() == ((0, 2, 0), (2, 1, 9)) and got.return_aux
+    for name in ("token_ids", "positions", "num_scheduled", "start_pos", "state_rows", "logits_rows"):
+        a, b = getattr(got, name), getattr(step, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    for field in ("block_tables", "slot_mapping", "engram_rows"):
+        want = getattr(step, field)
+        assert getattr(got, field).keys() == want.keys()
+        assert all(np.array_equal(getattr(got, field)[k], v) for k, v in want.items())
     with pytest.raises(ValueError, match="malformed step message"):
-        decode_step(msgpack.packb({"token_ids": 1}), "cpu")
+        HostStep.decode(msgpack.packb({"token_ids": 1}))
+
+
+def test_segments_cut_each_request_at_window_boundaries():
+    i64 = np.int64
+    step = HostStep(token_ids=np.zeros(7, i64), positions=np.array([3, 4, 5, 6, 7, 8, 2], i64),
+                    num_scheduled=np.array([6, 1], i64), start_pos=np.array([3, 2], i64), block_tables={},
+                    slot_mapping={}, state_rows=np.array([0, 1], np.int32), logits_rows=np.array([5, 6], i64))
+    assert step.segments(4).tolist() == [[0, -1, -1, -1], [1, 2, 3, 4], [5, -1, -1, -1], [6, -1, -1, -1]]
+    assert step.segments(2).tolist() == [[0, -1], [1, 2], [3, 4], [5, -1], [6, -1]]
 
 
 def test_segments_fall_back_to_a_file_when_dev_shm_is_small(monkeypatch, tmp_path):

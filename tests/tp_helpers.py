@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from engine_helpers import step_batch
+from engine_helpers import StepDriver
 from v41.distributed.group import TPGroup
 
 SPAWN_TIMEOUT_S = 240.0  # CI: 2 loaded cores run W ranks plus another pytest worker
@@ -83,30 +83,25 @@ def spawn_ranks(world_size: int, tmp: Path, fn, *args, timeout_s: float = SPAWN_
 # -------------------------------------------------------------------------------------------------------------
 
 
-def paged_runner(model, block_tokens: int = 16, max_blocks: int = 8, n_slots: int = 2):
-    from v41.cache import PagedCache, build_layout
-    from v41.engine.model_runner import ModelRunner
+def workload(model, prompts: list[list[int]], decode: list[list[int]], fast=None) -> dict[str, torch.Tensor]:
+    """Logits of (a) the reference whole-sequence forward of ``prompts`` [B, T]; (b) the paged bridge over the
+    reference ``model`` and (c) the fast model ``fast`` (when given): one prefill step of all prompts, then one
+    decode step per column of ``decode`` (teacher-forced tokens); (d) with DSpark, a draft block after prompt 0
+    (anchor ``decode[0][0]``)."""
+    from v41.models.paged import PagedModel
 
-    layout = build_layout(model.cfg, block_tokens)
-    cache = PagedCache(layout, num_blocks=n_slots * max_blocks, num_state_rows=n_slots, dtype=torch.float32,
-                       device="cpu")
-    return ModelRunner(model, cache, index_scratch_bytes=4096), cache
-
-
-def workload(model, prompts: list[list[int]], decode: list[list[int]]) -> dict[str, torch.Tensor]:
-    """Logits of (a) the reference whole-sequence forward of ``prompts`` [B, T]; (b) the paged runner: one
-    prefill step of all prompts, then one decode step per column of ``decode`` (teacher-forced tokens);
-    (c) with DSpark, a draft block after prompt 0 (anchor ``decode[0][0]``)."""
     out = {"forward": model(torch.tensor(prompts))}
-    runner, cache = paged_runner(model)
-    seqs = [list(p) for p in prompts]
-    steps = [runner.execute(step_batch(cache, [(s, p, 0, []) for s, p in enumerate(prompts)]))]
-    for k in range(len(decode[0])):
-        runs = [(s, [decode[s][k]], len(seqs[s]), seqs[s]) for s in range(len(prompts))]
-        steps.append(runner.execute(step_batch(cache, runs)))
-        for s in range(len(prompts)):
-            seqs[s].append(decode[s][k])
-    out["paged"] = torch.cat(steps)
+    for label, step_model in (("paged", PagedModel(model, 4096)), ("fast", fast)):
+        if step_model is None:
+            continue
+        drv = StepDriver(step_model, model.hasher, block_tokens=16, max_blocks=8, n_slots=2)
+        seqs = [list(p) for p in prompts]
+        steps = [drv.execute([(s, p, 0, []) for s, p in enumerate(prompts)])]
+        for k in range(len(decode[0])):
+            steps.append(drv.execute([(s, [decode[s][k]], len(seqs[s]), seqs[s]) for s in range(len(prompts))]))
+            for s in range(len(prompts)):
+                seqs[s].append(decode[s][k])
+        out[label] = torch.cat(steps)
     if model.mtp is not None:
         c = model.new_cache()
         model.forward_chunk(torch.tensor(prompts[0]), c)
@@ -116,12 +111,16 @@ def workload(model, prompts: list[list[int]], decode: list[list[int]]) -> dict[s
 
 
 def tp_worker(group, runs: list[tuple[str, str, str, str]], prompts, decode) -> dict[str, dict]:
-    """Per rank: for each (label, checkpoint dir, load_format, numerics), load this rank's shard and run
-    :func:`workload`."""
+    """Per rank: for each (label, checkpoint dir, load_format, numerics), load this rank's shard (reference and,
+    for exact numerics from a checkpoint, the fast model in float32) and run :func:`workload`."""
+    from v41.models.fast import load_fast
     from v41.models.reference import load
 
-    return {label: workload(load(path, load_format=fmt, numerics=numerics, tp=group), prompts, decode)
-            for label, path, fmt, numerics in runs}
+    out = {}
+    for label, path, fmt, numerics in runs:
+        fast = load_fast(path, torch.float32, "cpu", tp=group) if numerics == "exact" and fmt == "auto" else None
+        out[label] = workload(load(path, load_format=fmt, numerics=numerics, tp=group), prompts, decode, fast)
+    return out
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:

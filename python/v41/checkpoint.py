@@ -162,13 +162,13 @@ def iter_raw(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, st.read()
 
 
-def _ignored(name: str, cfg: ModelConfig) -> bool:
+def is_ignored(name: str, cfg: ModelConfig) -> bool:
     if not cfg.is_v41:
         return name.startswith("mtp.")
     return name.startswith(IGNORED_PREFIXES_V41) or (name.startswith("mtp.") and not cfg.has_dspark)
 
 
-def _check_dtype(name: str, dtype: torch.dtype, fmt: str) -> None:
+def check_dtype(name: str, dtype: torch.dtype, fmt: str) -> None:
     if dtype not in _ALLOWED_DTYPES[fmt]:
         allowed = "/".join(_dtype_name(d) for d in _ALLOWED_DTYPES[fmt])
         raise CheckpointError(f"{name}: stored as {_dtype_name(dtype)}, but its format is {fmt} "
@@ -185,7 +185,7 @@ def dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor | None, cfg:
     (default: ``name`` with ``.weight`` replaced by ``.scale``).
     """
     fmt = storage_format(name, cfg.expert_dtype)
-    _check_dtype(name, weight.dtype, fmt)
+    check_dtype(name, weight.dtype, fmt)
     scale_name = scale_name or name.removesuffix(".weight") + ".scale"
     quantized = weight.dtype in _QUANTIZED_DTYPES and fmt in ("fp8", "mxfp4")
     if not quantized:
@@ -197,7 +197,7 @@ def dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor | None, cfg:
         return weight.to(dtype)
     if scale is None:
         raise CheckpointError(f"{name}: quantized weight ({_dtype_name(weight.dtype)}) without its .scale tensor")
-    _check_scale_dtype(scale_name, scale.dtype)
+    check_scale_dtype(scale_name, scale.dtype)
     try:
         if fmt == "fp8":
             out = quant.dequant_fp8_block(weight, scale, fp8_block(name, cfg.weight_block_size))
@@ -209,17 +209,17 @@ def dequantize(name: str, weight: torch.Tensor, scale: torch.Tensor | None, cfg:
     return out.to(dtype)
 
 
-def _check_scale_dtype(scale_name: str, dtype: torch.dtype) -> None:
+def check_scale_dtype(scale_name: str, dtype: torch.dtype) -> None:
     if dtype not in _SCALE_DTYPES:
         raise CheckpointError(f"{scale_name}: scale stored as {_dtype_name(dtype)}, expected F8_E8M0 "
                               "(or U8 exponent bytes)")
 
 
-def _index(dim: int, start: int, stop: int) -> tuple[slice, ...]:
+def slice_index(dim: int, start: int, stop: int) -> tuple[slice, ...]:
     return (slice(None),) * dim + (slice(start, stop),)
 
 
-def _check_full_shape(name: str, stored: tuple[int, ...], full: tuple[int, ...]) -> None:
+def check_full_shape(name: str, stored: tuple[int, ...], full: tuple[int, ...]) -> None:
     if stored != full:
         raise CheckpointError(f"{name}: shape {stored} in checkpoint, expected {full}")
 
@@ -228,9 +228,9 @@ def read_plain_shard(name: str, st: StoredTensor, shard: Shard, full_shape: tupl
                      dtype: torch.dtype) -> torch.Tensor:
     """The ``shard`` of an unquantized stored tensor whose full shape must be ``full_shape``, read as a slice
     and converted like :func:`dequantize`. Raises CheckpointError (dtype, shape, read errors)."""
-    _check_dtype(name, st.dtype, storage_format(name, cfg.expert_dtype))
-    _check_full_shape(name, st.shape, full_shape)
-    return dequantize(name, st.read(_index(shard.dim, shard.start, shard.stop)), None, cfg, dtype)
+    check_dtype(name, st.dtype, storage_format(name, cfg.expert_dtype))
+    check_full_shape(name, st.shape, full_shape)
+    return dequantize(name, st.read(slice_index(shard.dim, shard.start, shard.stop)), None, cfg, dtype)
 
 
 def read_quantized_shard(name: str, weight: StoredTensor, scale: StoredTensor, scale_name: str, shard: Shard,
@@ -244,8 +244,8 @@ def read_quantized_shard(name: str, weight: StoredTensor, scale: StoredTensor, s
     that does not fit the weight, or a read error.
     """
     fmt = storage_format(name, cfg.expert_dtype)
-    _check_dtype(name, weight.dtype, fmt)
-    _check_scale_dtype(scale_name, scale.dtype)
+    check_dtype(name, weight.dtype, fmt)
+    check_scale_dtype(scale_name, scale.dtype)
     if len(weight.shape) != 2:
         raise CheckpointError(f"{name}: shape {weight.shape} in checkpoint, expected {full_shape}")
     out, packed_in = weight.shape
@@ -255,7 +255,7 @@ def read_quantized_shard(name: str, weight: StoredTensor, scale: StoredTensor, s
     else:  # mxfp4: two inputs per byte, one scale per 32 inputs
         logical = (out, 2 * packed_in)
         blocks = (1, _MX_BLOCK)
-    _check_full_shape(name, logical, full_shape)
+    check_full_shape(name, logical, full_shape)
     grid = tuple(-(-n // b) for n, b in zip(logical, blocks))
     if scale.shape != grid:
         raise CheckpointError(f"{name}: cannot dequantize {fmt} weight {weight.shape} with scale {scale_name} "
@@ -264,8 +264,8 @@ def read_quantized_shard(name: str, weight: StoredTensor, scale: StoredTensor, s
     a0 = shard.start // b * b
     a1 = min(-(-shard.stop // b) * b, logical[d])
     per_byte = 2 if fmt == "mxfp4" and d == 1 else 1  # a0 is a multiple of 32 and a1 is, or is the (even) end
-    w = weight.read(_index(d, a0 // per_byte, a1 // per_byte))
-    s = scale.read(_index(d, a0 // b, -(-a1 // b)))
+    w = weight.read(slice_index(d, a0 // per_byte, a1 // per_byte))
+    s = scale.read(slice_index(d, a0 // b, -(-a1 // b)))
     return dequantize(name, w, s, cfg, dtype, scale_name).narrow(d, shard.start - a0, shard.size)
 
 
@@ -287,10 +287,10 @@ def load_into(model: torch.nn.Module, path: str | Path, cfg: ModelConfig, dtype:
     pending: dict[str, dict[str, tuple[str, StoredTensor]]] = {}
     for stored_name, st in iter_stored(path):
         name = hf_to_bare(stored_name)
-        if _ignored(name, cfg):
+        if is_ignored(name, cfg):
             continue
         if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            _check_dtype(stored_name, st.dtype, "bf16")  # HF fused experts: dequantized exports only
+            check_dtype(stored_name, st.dtype, "bf16")  # HF fused experts: dequantized exports only
             for sub, t in _split_fused(name, st, shards):
                 _assign(targets, sub, t.to(dtype), loaded)
             continue
@@ -370,9 +370,9 @@ def _split_fused(name: str, st: StoredTensor, shards: Mapping[str, Shard]):
             raise CheckpointError(f"{name}: shape {st.shape} in checkpoint, expected {what} with "
                                   f"I = moe_intermediate_size = {inter}")
         if gate_up:
-            w1, w3 = st.read(_index(1, i0, i1)), st.read(_index(1, inter + i0, inter + i1))
+            w1, w3 = st.read(slice_index(1, i0, i1)), st.read(slice_index(1, inter + i0, inter + i1))
         else:
-            t = st.read(_index(2, i0, i1))
+            t = st.read(slice_index(2, i0, i1))
     for e in range(st.shape[0]):
         if gate_up:
             yield f"{prefix}.{e}.w1.weight", w1[e]

@@ -67,6 +67,11 @@ class CacheLayout:
                 return k
         raise KeyError(name)
 
+    def scheduler_layout(self, num_blocks: int) -> list[dict]:
+        """The per-kind description v41-sched takes (name, tokens per block/entry, window, num_blocks)."""
+        return [dict(name=k.name, tokens_per_block=self.block_tokens, tokens_per_entry=k.tokens_per_entry,
+                     window_tokens=k.window_tokens, num_blocks=num_blocks) for k in self.kinds]
+
 
 def default_block_tokens(cfg: ModelConfig) -> int:
     """64 tokens, rounded up to a multiple of every compression ratio (128 for V4's HCA)."""
@@ -121,11 +126,6 @@ class PagedCache:
 
     def rows_per_block(self, kind: str) -> int:
         return self.layout.block_tokens // self.layout.kind(kind).tokens_per_entry
-
-    def scheduler_layout(self) -> list[dict]:
-        """The per-kind description v41-sched takes (name, tokens per block/entry, window, num_blocks)."""
-        return [dict(name=k.name, tokens_per_block=self.layout.block_tokens, tokens_per_entry=k.tokens_per_entry,
-                     window_tokens=k.window_tokens, num_blocks=self.num_blocks) for k in self.layout.kinds]
 
 
 def blocks_for_budget(layout: CacheLayout, budget_bytes: int, num_state_rows: int, itemsize: int) -> int:

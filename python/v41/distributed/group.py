@@ -25,7 +25,7 @@ from ..config import ConfigError, ModelConfig
 MOE_PARALLEL_MODES = ("tp",)
 """How routed experts are split: ``tp`` = every rank holds a slice of every expert's intermediate dim (one
 all-reduce per MoE). Expert parallelism (``ep``: experts split by id, tokens routed to their owners) is the
-seam left open: it would change :func:`v41.models.reference.sharding.shard_plan`'s expert entries and
+seam left open: it would change :func:`v41.models.sharding.shard_plan`'s expert entries and
 :class:`v41.models.reference.moe.MoE`'s local expert list, nothing else."""
 
 

@@ -8,7 +8,12 @@ import torch
 
 from ..distributed.runtime import check_backend
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+           "float64": torch.float64}
+DTYPES = ("auto", *_DTYPES)
+MODEL_IMPLS = ("auto", "fast", "paged")
+QUANTIZATIONS = ("auto", "none")
+PAGED_DTYPES = ("float32", "float64")
 
 
 @dataclass(frozen=True)
@@ -19,10 +24,14 @@ class EngineArgs:
     max_num_seqs: running requests per step. max_num_batched_tokens: token budget per step.
     long_prefill_token_threshold: cap on one request's prefill chunk (tokens). block_size: tokens per
     KV block (default: 64 rounded to every compression ratio). kv_cache_bytes: cache budget on CPU;
-    gpu_memory_utilization: fraction of GPU memory for weights + cache on CUDA. dtype: compute dtype of the
-    PyTorch path (float32 | float64). num_kv_blocks: override the block count per kind (tests, tuning).
-    numerics: exact | deployed (DESIGN.md §4). index_scratch_bytes: cap on
-    an indexer's score scratch. seed: seed of the shared generator of unseeded sampled requests.
+    gpu_memory_utilization: fraction of GPU memory for weights + cache on CUDA. dtype: compute dtype
+    (``auto``: bfloat16 for the fast model on CUDA, else float32; the paged bridge takes float32 | float64).
+    num_kv_blocks: override the block count per kind (tests, tuning). numerics: exact | deployed (DESIGN.md §4).
+    model_impl: ``fast`` (the production model, ``models/fast``), ``paged`` (the reference modules over the
+    paged caches, ``models/paged``) or ``auto`` (fast, except ``numerics="deployed"`` which only the paged bridge
+    computes). quantization: ``auto`` keeps the checkpoint's FP8 / MXFP4 weights packed on the device (what its
+    ``quantization_config`` says), ``none`` dequantizes them once at load (fast model only). index_scratch_bytes:
+    cap on an indexer's score scratch. seed: seed of the shared generator of unseeded sampled requests.
     load_format: ``auto`` (safetensors) or ``dummy`` (random weights made on the device; benchmarks).
 
     Tensor parallelism (one worker process per rank; rank 0 is this process): tensor_parallel_size: ranks
@@ -43,9 +52,11 @@ class EngineArgs:
     kv_cache_bytes: int = 512 << 20
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
-    dtype: str = "float32"
+    dtype: str = "auto"
     device: str = "cpu"
     numerics: str = "exact"
+    model_impl: str = "auto"
+    quantization: str = "auto"
     index_scratch_bytes: int = 64 << 20
     seed: int | None = 0
     load_format: str = "auto"
@@ -57,10 +68,19 @@ class EngineArgs:
     master_port: int | None = None
     threads: int = 1
 
+    def resolved_model_impl(self) -> str:
+        """``fast`` or ``paged`` (``auto`` resolved as the class docstring says)."""
+        if self.model_impl != "auto":
+            return self.model_impl
+        return "paged" if self.numerics == "deployed" else "fast"
+
     def torch_dtype(self) -> torch.dtype:
-        """The compute dtype. Raises ValueError for an unsupported name."""
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        """The compute dtype (``auto`` resolved). Raises ValueError for an unsupported name."""
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.dtype == "auto":
+            fast_gpu = str(self.device).startswith("cuda") and self.resolved_model_impl() == "fast"
+            return torch.bfloat16 if fast_gpu else torch.float32
         return _DTYPES[self.dtype]
 
     def validate(self) -> None:
@@ -87,3 +107,13 @@ class EngineArgs:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
         if self.numerics not in ("exact", "deployed"):
             raise ValueError(f"numerics must be 'exact' or 'deployed', got {self.numerics!r}")
+        if self.model_impl not in MODEL_IMPLS:
+            raise ValueError(f"model_impl must be one of {MODEL_IMPLS}, got {self.model_impl!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        impl = self.resolved_model_impl()
+        if impl == "fast" and self.numerics == "deployed":
+            raise ValueError("numerics='deployed' runs on the paged bridge only (model_impl='paged' or 'auto')")
+        if impl == "paged" and self.dtype not in ("auto", *PAGED_DTYPES):
+            raise ValueError(f"the paged bridge (model_impl='paged') computes in {PAGED_DTYPES}, got dtype "
+                             f"{self.dtype!r}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,15 +16,16 @@ import torch
 from tokenizers import Tokenizer
 
 from .. import _native
-from ..cache import blocks_for_budget, build_layout
+from ..cache import blocks_for_budget
+from ..models.engram_loader import engram_hasher
 from .args import EngineArgs
 from .detokenizer import IncrementalDetokenizer
 from .executor import make_executor
+from .host_step import HostStep
 from .output import build_output
 from .params import RequestOutput, SamplingParams, check_request_options
 from .request import Sequence
 from .sampler import Sampler, SamplingState, compute_prompt_logprobs
-from .step import StepBatch
 
 log = logging.getLogger("v41.engine")
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -46,14 +48,16 @@ class EngineCore:
             self.cfg, self.device = self.executor.cfg, self.executor.device
             self.tokenizer = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
             self.max_model_len = args.max_model_len or min(self.cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-            layout = build_layout(self.cfg, args.block_size)
+            self.hasher = engram_hasher(self.cfg, Path(args.model) / "tokenizer.json")
+            self.layout = layout = self.executor.cache_layout(args.block_size)
             budget = self._cache_budget(dtype)
             num_blocks = args.num_kv_blocks or blocks_for_budget(layout, budget, args.max_num_seqs, dtype.itemsize)
-            self.cache = self.executor.init_cache(num_blocks, args.max_num_seqs, layout.block_tokens)
+            self.executor.init_cache(num_blocks, args.max_num_seqs, layout.block_tokens, self.max_model_len)
+            self.num_blocks = num_blocks
         except BaseException:
             self.executor.shutdown()
             raise
-        sched_layout = self.cache.scheduler_layout() + [{"name": "cstate", "state_rows": args.max_num_seqs}]
+        sched_layout = layout.scheduler_layout(num_blocks) + [{"name": "cstate", "state_rows": args.max_num_seqs}]
         self.scheduler = _native.Scheduler(
             sched_layout, max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
             max_model_len=self.max_model_len, long_prefill_token_threshold=args.long_prefill_token_threshold,
@@ -167,9 +171,9 @@ class EngineCore:
     def _run(self, plan) -> set[str]:
         req_ids = plan.req_ids.tolist()
         seqs = [self.seqs[sid] for sid in req_ids]
-        batch, sample_rows, prompt_rows = self._batch(plan, seqs)
-        logits = self.executor.execute(batch)
-        row_of = {int(r): i for i, r in enumerate(batch.logits_rows.tolist())}
+        step, sample_rows, prompt_rows = self._host_step(plan, seqs)
+        logits = self.executor.execute(step)
+        row_of = {int(r): i for i, r in enumerate(step.logits_rows.tolist())}
         touched = set()
         for r, seq in enumerate(seqs):
             if prompt_rows[r] is not None and seq.prompt_logprobs is not None:
@@ -200,18 +204,15 @@ class EngineCore:
                                                priority=child.priority, cache_salt=child.salt)
         return touched
 
-    def _batch(self, plan, seqs: list[Sequence]):
-        """StepBatch from the scheduler's plan, plus per request the row to sample (or None) and the rows
-        whose logits score prompt tokens (prompt_logprobs)."""
-        dev = self.device
-        token_ids = torch.from_numpy(plan.token_ids.astype(np.int64)).to(dev)
-        positions = torch.from_numpy(plan.positions.astype(np.int64)).to(dev)
+    def _host_step(self, plan, seqs: list[Sequence]):
+        """The step's host plan from the scheduler's, plus per request the row to sample (or None) and the rows
+        whose logits score prompt tokens (prompt_logprobs). Engram rows are hashed here from committed ids."""
         counts = plan.num_scheduled.astype(np.int64)
         first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        starts = tuple((int(a), int(n), int(p)) for a, n, p in zip(first, counts, plan.start_pos))
-        req_index = torch.repeat_interleave(torch.arange(len(seqs)), torch.from_numpy(counts)).to(dev)
+        token_ids = plan.token_ids.astype(np.int64)
         sample_rows, prompt_rows, rows = [], [], []
-        for (a, n, p), seq, do in zip(starts, seqs, plan.do_sample.tolist()):
+        for a, n, p, seq, do in zip(first.tolist(), counts.tolist(), plan.start_pos.tolist(), seqs,
+                                    plan.do_sample.tolist()):
             sample_rows.append(a + n - 1 if do else None)
             if do:
                 rows.append(a + n - 1)
@@ -221,17 +222,21 @@ class EngineCore:
                 rows += prompt_rows[-1]
             else:
                 prompt_rows.append(None)
-        batch = StepBatch(
-            token_ids=token_ids, positions=positions, req_index=req_index, starts=starts,
-            block_tables={k: torch.from_numpy(v.astype(np.int64)).to(dev) for k, v in plan.block_tables.items()},
-            slot_mapping={k: torch.from_numpy(v.astype(np.int64)).to(dev) for k, v in plan.slot_mappings.items()},
-            state_rows=torch.from_numpy(plan.state_rows.astype(np.int64)).to(dev),
-            engram_history=tuple(seq.history(p) for (_, _, p), seq in zip(starts, seqs)),
-            logits_rows=torch.tensor(sorted(set(rows)), dtype=torch.long, device=dev))
+        engram = {}
+        if self.hasher is not None:
+            runs = list(zip(first.tolist(), counts.tolist(), plan.start_pos.tolist(), seqs))
+            engram = {lid: np.concatenate([self.hasher.hash_ids(lid, token_ids[a:a + n], history=seq.history(p))
+                                           for a, n, p, seq in runs]) for lid in self.cfg.engram_layer_ids}
+        step = HostStep(token_ids=token_ids, positions=plan.positions.astype(np.int64), num_scheduled=counts,
+                        start_pos=plan.start_pos.astype(np.int64), block_tables=dict(plan.block_tables),
+                        slot_mapping=dict(plan.slot_mappings), state_rows=plan.state_rows,
+                        logits_rows=np.array(sorted(set(rows)), dtype=np.int64), engram_rows=engram)
+        now = time.time()
         for seq, hit in zip(seqs, plan.prefix_hit_tokens.tolist()):
             if not seq.scheduled:  # the hit of the first admission (vLLM): a preempted sequence that is
                 seq.num_cached_tokens, seq.scheduled = int(hit), True  # re-admitted hits its own pages
-        return batch, sample_rows, prompt_rows
+                seq.first_scheduled_time = now
+        return step, sample_rows, prompt_rows
 
     def _prompt_logprobs(self, seq: Sequence, logits: torch.Tensor, start: int) -> None:
         """Record prompt logprobs for positions start+1.. (row i predicts prompt token start+1+i). Positions
@@ -249,6 +254,9 @@ class EngineCore:
         max_tokens)."""
         p = seq.params
         seq.output_token_ids.append(tok)
+        seq.last_token_time = time.time()
+        if seq.first_token_time is None:
+            seq.first_token_time = seq.last_token_time
         if seq.logprobs is not None and lp is not None:
             seq.logprobs.append(lp)
             seq.cumulative_logprob = (seq.cumulative_logprob or 0.0) + lp[tok].logprob
@@ -272,6 +280,10 @@ class EngineCore:
         seqs = self.requests.get(request_id)
         if seqs is None:
             return None
+        now = time.time()
+        for s in seqs:
+            if s.finished and s.finished_time is None:
+                s.finished_time = now
         out = build_output(seqs)
         if out.finished:
             for s in seqs:

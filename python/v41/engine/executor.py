@@ -1,17 +1,16 @@
 """Where the model runs: in this process (:class:`LocalExecutor`, TP=1) or across tensor-parallel worker
 processes (:class:`TPExecutor`, rank 0 here; DESIGN.md §3).
 
-Both load the model (rank 0's shard), size nothing themselves, build the paged cache when the engine core
-has chosen the block count, and run one :class:`~.step.StepBatch` per ``execute`` call. The TP executor first
-broadcasts the step's metadata through the step channel, so every rank runs the same step on its shard.
+Both hold rank 0's :class:`~.model_runner.ModelRunner`, size nothing themselves, allocate the cache when the
+engine core has chosen the block count, and run one :class:`~.host_step.HostStep` per ``execute`` call. The TP
+executor first broadcasts the step's host plan through the step channel, so every rank runs the same step on its
+shard from its own buffers.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import multiprocessing as mp
-import socket
 import threading
 import time
 import uuid
@@ -19,94 +18,40 @@ import uuid
 import msgpack
 import torch
 
-from ..cache import PagedCache, build_layout
 from ..config import load_config
-from ..distributed.group import TPGroup, check_tp
-from ..distributed.runtime import RankInfo, Runtime
-from ..models.reference import load
-from ..models.reference.model import Transformer
+from ..distributed.group import check_tp
+from ..distributed.runtime import Runtime
 from .args import EngineArgs
+from .host_step import HostStep
 from .model_runner import ModelRunner
-from .step import StepBatch, encode_step
+from .workers import free_port, rank_infos, spawn_workers, stop_workers
 
 log = logging.getLogger("v41.engine")
-WORKER_JOIN_TIMEOUT_S = 10.0
 KEEPALIVE_IDLE_S = 600.0  # an idle multi-host engine sends a no-op step message this often
 KEEPALIVE_CHECK_S = 30.0
 
 
-def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None) -> Transformer:
-    """The model (this rank's shard with ``tp``) as ``args`` describe it, on ``device``."""
-    return load(args.model, dtype=args.torch_dtype(), device=device, numerics=args.numerics,
-                load_format=args.load_format, tp=tp)
-
-
-def paged_runner(args: EngineArgs, model: Transformer, num_blocks: int, num_state_rows: int, block_tokens: int,
-                 device: str) -> ModelRunner:
-    """A runner over a new paged cache: ``num_blocks`` blocks of ``block_tokens`` tokens per kind and
-    ``num_state_rows`` compressor-state rows, in the compute dtype on ``device`` (raises on allocation failure)."""
-    cache = PagedCache(build_layout(model.cfg, block_tokens), num_blocks, num_state_rows, args.torch_dtype(), device)
-    return ModelRunner(model, cache, args.index_scratch_bytes)
-
-
 class LocalExecutor:
-    """TP=1: model, paged cache and runner in this process. ``device``: the torch device of the model."""
+    """TP=1: model, paged cache and input buffers in this process. ``device``: the torch device of the model."""
 
     def __init__(self, args: EngineArgs):
         self.args, self.device = args, args.device
-        self.model = load_model(args, args.device)
-        self.cfg = self.model.cfg
-        self.runner: ModelRunner | None = None
+        self.runner = ModelRunner(args, args.device)
+        self.cfg = self.runner.cfg
 
-    def init_cache(self, num_blocks: int, num_state_rows: int, block_tokens: int) -> PagedCache:
-        """Allocate the paged cache (``num_blocks`` per kind) and the runner over it."""
-        self.runner = paged_runner(self.args, self.model, num_blocks, num_state_rows, block_tokens, self.device)
-        return self.runner.cache
+    def cache_layout(self, block_tokens: int | None = None):
+        return self.runner.cache_layout(block_tokens)
 
-    def execute(self, batch: StepBatch, return_aux: bool = False):
-        """Logits [N, vocab] of ``batch.logits_rows`` (with ``return_aux``: and the DSpark aux states)."""
-        return self.runner.execute(batch, return_aux)
+    def init_cache(self, num_blocks: int, num_state_rows: int, block_tokens: int, max_model_len: int) -> None:
+        """Allocate the paged cache (``num_blocks`` per kind) and the input buffers."""
+        self.runner.init_cache(num_blocks, num_state_rows, block_tokens, max_model_len)
+
+    def execute(self, step: HostStep):
+        """Logits [N, vocab] of ``step.logits_rows`` (with ``step.return_aux``: and the DSpark aux states)."""
+        return self.runner.execute(step)
 
     def shutdown(self) -> None:
         pass
-
-
-def free_port() -> int:
-    """A TCP port free on this host now (for the single-host rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rank_infos(args: EngineArgs, session: str, port: int) -> list[RankInfo]:
-    """The RankInfo of each rank on this node (``args.node_rank``), local rank order."""
-    rpn = args.tensor_parallel_size // args.nnodes
-    device = "cuda" if str(args.device).startswith("cuda") else "cpu"
-    return [RankInfo(rank=args.node_rank * rpn + lr, world_size=args.tensor_parallel_size, local_rank=lr,
-                     nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-                     master_port=port, device=device, session=session) for lr in range(rpn)]
-
-
-def spawn_workers(args: EngineArgs, infos: list[RankInfo]) -> list:
-    """Start one daemon process per RankInfo (spawn context) running :func:`.tp_worker.worker_main`."""
-    from .tp_worker import worker_main
-
-    ctx = mp.get_context("spawn")
-    level = logging.getLogger("v41").getEffectiveLevel()
-    procs = [ctx.Process(target=worker_main, args=(args, info, level), name=f"v41-tp{info.rank}", daemon=True)
-             for info in infos]
-    for p in procs:
-        p.start()
-    return procs
-
-
-def stop_workers(procs: list, timeout_s: float = WORKER_JOIN_TIMEOUT_S) -> None:
-    """Join worker processes; kill those still alive after ``timeout_s``."""
-    for p in procs:
-        p.join(timeout_s)
-        if p.is_alive():
-            p.kill()
-            p.join(2)
 
 
 class TPExecutor:
@@ -134,13 +79,12 @@ class TPExecutor:
         self.runtime: Runtime | None = None
         try:
             self.runtime = Runtime.start(self.info, args.all_reduce_backend, self._dead_worker)
-            self.model = load_model(args, self.device, self.runtime.group)
+            self.runner = ModelRunner(args, self.device, self.runtime.group)
         except BaseException:
             self.shutdown()
             raise
-        self.cfg = self.model.cfg
+        self.cfg = self.runner.cfg
         self.backend = self.runtime.backend
-        self.runner: ModelRunner | None = None
         self._lock = threading.Lock()  # one message + step at a time (the keep-alive thread sends too)
         self._last_send = time.monotonic()
         atexit.register(self.shutdown)
@@ -173,15 +117,17 @@ class TPExecutor:
                         log.warning("tensor-parallel keep-alive: %s", e)
                         return
 
-    def init_cache(self, num_blocks: int, num_state_rows: int, block_tokens: int) -> PagedCache:
+    def cache_layout(self, block_tokens: int | None = None):
+        return self.runner.cache_layout(block_tokens)
+
+    def init_cache(self, num_blocks: int, num_state_rows: int, block_tokens: int, max_model_len: int) -> None:
         """Allocate the paged cache on every rank (same block count everywhere; KV is replicated). Raises
         RuntimeError naming the ranks that could not allocate it (their log says why)."""
         with self._lock:
-            self._send("cache", num_blocks, num_state_rows, block_tokens)
+            self._send("cache", num_blocks, num_state_rows, block_tokens, max_model_len)
             failure = None
             try:
-                self.runner = paged_runner(self.args, self.model, num_blocks, num_state_rows, block_tokens,
-                                           self.device)
+                self.runner.init_cache(num_blocks, num_state_rows, block_tokens, max_model_len)
             except Exception as e:
                 failure = e
             bad = self.runtime.failed_ranks(failure is None)
@@ -190,13 +136,12 @@ class TPExecutor:
             if bad:
                 raise RuntimeError(f"tensor-parallel rank(s) {bad} could not allocate the KV cache ({num_blocks} "
                                    "blocks per kind); their log says why")
-        return self.runner.cache
 
-    def execute(self, batch: StepBatch, return_aux: bool = False):
-        """Broadcast ``batch`` to every rank, run rank 0's shard; returns what :class:`ModelRunner` does."""
+    def execute(self, step: HostStep):
+        """Broadcast the host plan to every rank, run rank 0's shard; returns what :class:`ModelRunner` does."""
         with self._lock:
-            self._send("step", encode_step(batch), return_aux)
-            return self.runner.execute(batch, return_aux)
+            self._send("step", step.encode())
+            return self.runner.execute(step)
 
     def shutdown(self) -> None:
         """Tell the workers to exit, join (kill after a timeout), close the runtime. Safe to call twice; also

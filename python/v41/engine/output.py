@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .params import CompletionOutput, RequestOutput
+from .params import CompletionOutput, RequestMetrics, RequestOutput
 from .request import Sequence
 
 
@@ -19,4 +19,19 @@ def build_output(seqs: list[Sequence]) -> RequestOutput:
                          prompt_token_ids=list(first.prompt_token_ids),
                          prompt_logprobs=None if first.prompt_logprobs is None else list(first.prompt_logprobs),
                          outputs=outputs, finished=all(s.finished for s in seqs),
-                         num_cached_tokens=first.num_cached_tokens)
+                         num_cached_tokens=first.num_cached_tokens, metrics=request_metrics(seqs))
+
+
+def request_metrics(seqs: list[Sequence]) -> RequestMetrics:
+    """The request's timestamps over its sequences (earliest start events, latest end events)."""
+    def first(name: str):
+        vals = [getattr(s, name) for s in seqs if getattr(s, name) is not None]
+        return min(vals) if vals else None
+
+    def last(name: str):
+        vals = [getattr(s, name) for s in seqs if getattr(s, name) is not None]
+        return max(vals) if vals else None
+    done = all(s.finished for s in seqs)
+    return RequestMetrics(arrival_time=first("arrival_time"), first_scheduled_time=first("first_scheduled_time"),
+                          first_token_time=first("first_token_time"), last_token_time=last("last_token_time"),
+                          finished_time=last("finished_time") if done else None)

@@ -18,7 +18,8 @@ class Sequence:
     prompt_token_ids / output_token_ids: committed tokens (the engine's source of Engram history too).
     max_tokens: the resolved output limit; salt: the prefix-cache namespace it was scheduled under;
     priority: its scheduling priority (lower runs first). num_cached_tokens: prompt tokens its first
-    admission took from the prefix cache.
+    admission took from the prefix cache. ``*_time``: ``time.time()`` of its arrival, first scheduling, first
+    and last sampled token and end (vLLM ``RequestMetrics``).
     finish_reason / stop_reason: set once, when the sequence ends.
     """
 
@@ -34,9 +35,11 @@ class Sequence:
     salt: str | None = None
     priority: int = 0
     scheduled: bool = False  # in a step batch at least once (its first admission is behind it)
-    arrival_s: float = field(default_factory=time.monotonic)
-    first_token_s: float | None = None
-    text: str = ""
+    arrival_time: float = field(default_factory=time.time)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
     logprobs: list[dict[int, Logprob]] | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     cumulative_logprob: float | None = None

@@ -31,3 +31,11 @@ def block_slots(block_table: torch.Tensor, index: torch.Tensor, rows_per_block: 
     phys = torch.gather(block_table, 1, blk.clamp(max=block_table.shape[1] - 1))
     slots = phys * rows_per_block + index.clamp(min=0) % rows_per_block
     return torch.where(inside & (phys >= 0), slots, torch.full_like(slots, -1))
+
+
+def scatter_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, dummy_slot: int) -> None:
+    """Store ``rows`` [T, *row_shape] at ``slots`` [T] int64 of ``cache`` in place without reading anything back
+    to the host: slots < 0 are sent to ``dummy_slot`` (a reserved row nothing reads; which of several writes
+    lands there is unspecified)."""
+    safe = torch.where(slots >= 0, slots, torch.full_like(slots, dummy_slot))
+    cache.index_copy_(0, safe, rows.to(cache.dtype))

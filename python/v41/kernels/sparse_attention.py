@@ -1,15 +1,22 @@
 """Sparse MQA with a per-head sink over gathered key rows (v41-architecture.md §3.5 step 4–5; the FlashMLA
-sparse interface: every query lists the cache slots it reads, −1 = none)."""
+sparse interface: every query lists the cache slots it reads, −1 = none).
+
+The Triton kernel (one program per query token and block of 16 heads) gathers each listed key row once per
+head block, keeps an online softmax in float32 and adds the sink to the final normaliser only; slot −1 is
+skipped inside the kernel. Up to two sources (the window and the compressed entries) are read in one launch.
+"""
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
+from .dispatch import TRITON_DTYPES, dot_dtype, triton, use_triton
 from .paged import gather_slots
 
 
-def sparse_mqa_sink(q: torch.Tensor, sources: list[tuple[torch.Tensor, torch.Tensor]], sink: torch.Tensor,
-                    scale: float, max_rows: int = 1 << 22) -> torch.Tensor:
+def sparse_mqa_sink_ref(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, scale: float,
+                        max_rows: int = 1 << 22) -> Tensor:
     """``softmax({q·k·scale : listed keys} ∪ {sink_h})``-weighted sum of the keys (K = V).
 
     q: [T, H, d]; sources: (cache [S_i, d], slots [T, K_i] int64, −1 = skip) whose keys are concatenated per
@@ -31,4 +38,85 @@ def sparse_mqa_sink(q: torch.Tensor, sources: list[tuple[torch.Tensor, torch.Ten
         full = torch.cat([logits, sinks], dim=-1)
         probs = torch.softmax(full - full.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
         out[a:b] = torch.einsum("thk,tkd->thd", probs, keys)
+    return out
+
+
+def sparse_mqa_sink(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, scale: float) -> Tensor:
+    """:func:`sparse_mqa_sink_ref` as one Triton launch where :func:`.dispatch.use_triton` says so (one or two
+    sources whose caches have q's dtype, d a power of two ≥ 16)."""
+    d = q.shape[-1]
+    if (q.dtype in TRITON_DTYPES and 1 <= len(sources) <= 2 and d >= 16 and d & (d - 1) == 0
+            and all(c.dtype == q.dtype for c, _ in sources) and use_triton(q)):
+        return _sparse_triton(q, sources, sink, scale)
+    return sparse_mqa_sink_ref(q, sources, sink, scale)
+
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _source_pass(q, m, l, acc, t, cache_ptr, slots_ptr, stride_c, stride_st, n_keys, scale,
+                     D: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
+        rd = tl.arange(0, D)
+        for k0 in range(0, n_keys, BK):
+            rk = k0 + tl.arange(0, BK)
+            slot = tl.load(slots_ptr + t * stride_st + rk, mask=rk < n_keys, other=-1)
+            valid = slot >= 0
+            kt = tl.load(cache_ptr + tl.maximum(slot, 0).to(tl.int64)[:, None] * stride_c + rd[None, :],
+                         mask=valid[:, None], other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(kt.to(DOT)), input_precision="ieee") * scale
+            else:
+                s = tl.dot(q, tl.trans(kt.to(DOT))) * scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            l = l * alpha + tl.sum(p, axis=1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(DOT), kt.to(DOT), input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(DOT), kt.to(DOT))
+            m = m_new
+        return m, l, acc
+
+    @triton.jit
+    def _sparse_kernel(q_ptr, o_ptr, sink_ptr, c0_ptr, s0_ptr, c1_ptr, s1_ptr, H, n0, n1, scale,
+                       stride_qt, stride_qh, stride_ot, stride_oh, stride_c0, stride_s0, stride_c1, stride_s1,
+                       TWO: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+                       IEEE: tl.constexpr):
+        t, hb = tl.program_id(0), tl.program_id(1)
+        rh = hb * BH + tl.arange(0, BH)
+        hmask = rh < H
+        rd = tl.arange(0, D)
+        q = tl.load(q_ptr + t * stride_qt + rh[:, None] * stride_qh + rd[None, :], mask=hmask[:, None], other=0.0)
+        q = q.to(DOT)
+        m = tl.full([BH], -1.0e30, dtype=tl.float32)  # finite: exp(m − m_new) stays defined with no valid key
+        l = tl.zeros([BH], dtype=tl.float32)
+        acc = tl.zeros([BH, D], dtype=tl.float32)
+        m, l, acc = _source_pass(q, m, l, acc, t, c0_ptr, s0_ptr, stride_c0, stride_s0, n0, scale, D, BK, DOT, IEEE)
+        if TWO:
+            m, l, acc = _source_pass(q, m, l, acc, t, c1_ptr, s1_ptr, stride_c1, stride_s1, n1, scale, D, BK, DOT,
+                                     IEEE)
+        sink = tl.load(sink_ptr + rh, mask=hmask, other=0.0).to(tl.float32)
+        out = acc / (l + tl.exp(sink - m))[:, None]
+        tl.store(o_ptr + t * stride_ot + rh[:, None] * stride_oh + rd[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=hmask[:, None])
+
+
+def _sparse_triton(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, scale: float) -> Tensor:
+    t, h, d = q.shape
+    out = torch.empty_like(q)
+    if t == 0:
+        return out
+    (c0, s0) = sources[0]
+    c1, s1 = sources[1] if len(sources) == 2 else sources[0]
+    s0, s1 = s0.contiguous(), s1.contiguous()
+    bh = 16
+    bk = 32 if d >= 256 else 64
+    _sparse_kernel[(t, triton.cdiv(h, bh))](
+        q, out, sink, c0, s0, c1, s1, h, s0.shape[1], s1.shape[1] if len(sources) == 2 else 0, float(scale),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), c0.stride(0), s0.stride(0), c1.stride(0),
+        s1.stride(0), TWO=len(sources) == 2, D=d, BH=bh, BK=bk, DOT=dot_dtype(q.dtype),
+        IEEE=q.dtype == torch.float32)
     return out

@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     if opts.headless:
-        from ..engine.tp_worker import run_headless
+        from ..engine.workers import run_headless
 
         try:
             return run_headless(args)

@@ -34,6 +34,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import zmq
@@ -67,7 +68,6 @@ class EngineLoop:
         self.started_s = time.monotonic()
         self._sent: dict[str, dict[int, tuple[int, int, int]]] = {}  # rid → index → (chars, tokens, logprobs)
         self._sent_prompt_lp: dict[str, int] = {}
-        self._times: dict[str, dict] = {}  # rid → RequestMetrics fields (time.time() seconds)
         self._stats_at = 0.0
         self.stats_snapshot: dict = self.stats()
 
@@ -134,7 +134,6 @@ class EngineLoop:
             params = m.params_from_dict(msg.params)
             self.core.add_request(msg.request_id, msg.prompt_token_ids, params, prompt=msg.prompt,
                                   priority=msg.priority, cache_salt=msg.cache_salt)
-            self._times[msg.request_id] = {"arrival_time": time.time()}
         except (ValueError, TypeError) as e:
             self._send(m.Error(msg.request_id, "invalid", str(e) or type(e).__name__))
         except Exception as e:  # noqa: BLE001 - a bug in add_request must not kill the engine
@@ -163,22 +162,12 @@ class EngineLoop:
             n = self._sent_prompt_lp.get(rid, 0)
             plp = [m._lp_to_wire(e) for e in out.prompt_logprobs[n:]]
             self._sent_prompt_lp[rid] = len(out.prompt_logprobs)
-        now = time.time()
-        times = self._times.setdefault(rid, {"arrival_time": now})
-        scheduled = getattr(self.core, "first_scheduled", {}).get(rid)
-        if scheduled is not None:
-            times["first_scheduled_time"] = scheduled
-        if any(c["token_ids"] for c in outputs):
-            times.setdefault("first_token_time", now)
-            times["last_token_time"] = now
         if out.finished:
-            times["finished_time"] = now
             self._sent.pop(rid, None)
             self._sent_prompt_lp.pop(rid, None)
-            self._times.pop(rid, None)
-            getattr(self.core, "first_scheduled", {}).pop(rid, None)
         return {"request_id": rid, "prompt_logprobs": plp, "outputs": outputs, "finished": out.finished,
-                "num_cached_tokens": out.num_cached_tokens, "metrics": dict(times)}
+                "num_cached_tokens": out.num_cached_tokens,
+                "metrics": None if out.metrics is None else asdict(out.metrics)}
 
     # -- stats ---------------------------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -233,36 +222,12 @@ class Heartbeat(threading.Thread):
         self.sock.close()
 
 
-def _timed_core_class():
-    """EngineCore that notes when each request is first scheduled (``RequestOutput.metrics`` queue time)."""
-    from ..engine.core import EngineCore
-
-    class TimedEngineCore(EngineCore):
-        def __init__(self, args):
-            super().__init__(args)
-            self.first_scheduled: dict[str, float] = {}
-
-        def _batch(self, plan, seqs):
-            now = time.time()
-            for seq in seqs:
-                self.first_scheduled.setdefault(seq.request_id, now)
-            return super()._batch(plan, seqs)
-
-        def abort_request(self, request_id):
-            out = super().abort_request(request_id)
-            if out is None:
-                self.first_scheduled.pop(request_id, None)
-            return out
-
-    return TimedEngineCore
-
-
 def _ready(core) -> m.Ready:
     stats = core.stats()
     cfg = core.cfg
     info = {"arch": cfg.arch, "vocab_size": cfg.vocab_size, "bos_token_id": cfg.bos_token_id,
             "eos_token_ids": list(cfg.eos_token_ids), "pad_token_id": cfg.pad_token_id,
-            "block_tokens": core.cache.layout.block_tokens, "kinds": list(stats["blocks"]),
+            "block_tokens": core.layout.block_tokens, "kinds": list(stats["blocks"]),
             "num_blocks": {k: v["total"] for k, v in stats["blocks"].items()},
             "max_num_seqs": core.args.max_num_seqs, "max_num_batched_tokens": core.args.max_num_batched_tokens,
             "enable_prefix_caching": core.args.enable_prefix_caching, "dtype": core.args.dtype,
@@ -304,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(max(1, opts.threads))
         from ..engine.args import EngineArgs
-        core = _timed_core_class()(EngineArgs(**json.loads(opts.args)))
+        from ..engine.core import EngineCore
+        core = EngineCore(EngineArgs(**json.loads(opts.args)))
     except BaseException as e:  # noqa: BLE001 - the parent must learn why, whatever it is
         log.error("engine start-up failed: %s: %s", type(e).__name__, e)
         out.send(m.encode(m.StartupFailed(type(e).__name__, str(e))))

@@ -409,7 +409,7 @@ def _engine_info(engine) -> dict:
     if core is None:
         return {}
     a = core.args
-    return {"block_tokens": core.cache.layout.block_tokens, "enable_prefix_caching": a.enable_prefix_caching,
+    return {"block_tokens": core.layout.block_tokens, "enable_prefix_caching": a.enable_prefix_caching,
             "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": a.max_num_batched_tokens, "dtype": a.dtype,
             "device": str(a.device), "numerics": a.numerics, "tensor_parallel_size": a.tensor_parallel_size,
             "all_reduce_backend": getattr(core.executor, "backend", None)}

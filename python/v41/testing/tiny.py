@@ -24,7 +24,7 @@ from ..models.reference.attention import Attention
 from ..models.reference.block import Block
 from ..models.reference.moe import MoE
 from ..models.reference.loader import build
-from ..models.reference.random_init import init_tensor
+from ..models.random_init import init_tensor
 from .tokenizer_files import TOKENIZER_DIR, load_tiny_tokenizer
 
 GENERATOR_VERSION = 2

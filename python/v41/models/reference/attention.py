@@ -21,7 +21,7 @@ from ... import quant
 from ...config import LayerPlan, ModelConfig
 from ...distributed.group import SINGLE, TPGroup
 from .ops import Linear, RMSNorm, Rope, rms_norm, sink_attention, stable_topk, window_visible
-from .sharding import group_range, head_range
+from ..sharding import group_range, head_range
 from .state import LayerState, RequestCache, append_rows
 
 

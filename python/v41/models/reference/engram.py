@@ -16,7 +16,7 @@ from torch import nn
 from ...config import ModelConfig
 from ...distributed.group import SINGLE, TPGroup, split_range
 from .ops import Linear
-from .sharding import engram_rows
+from ..sharding import engram_rows
 
 GATE_FLOOR = 1e-6
 

@@ -36,9 +36,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...config import ModelConfig
-from ...distributed.group import Shard, split_range
-from ..engram_hash import EngramHasher
+from ..config import ModelConfig
+from ..distributed.group import Shard, split_range
+from .engram_hash import EngramHasher
 
 
 def head_range(cfg: ModelConfig, world_size: int, rank: int) -> tuple[int, int]:

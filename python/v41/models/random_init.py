@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ...config import ModelConfig
-from ...distributed.group import Shard
+from ..config import ModelConfig
+from ..distributed.group import Shard
 
 
 def init_tensor(name: str, shape: tuple[int, ...], g: torch.Generator, cfg: ModelConfig) -> torch.Tensor:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.indexer import chunked_select, pad_cat, request_keys
-from ..kernels.paged import block_slots, gather_slots, write_slots
-from ..kernels.sparse_attention import sparse_mqa_sink
-from ..models.reference.attention import index_scores, select_topk
-from ..models.reference.compress_v4 import V4Attention, WindowCompressor
-from .paged_v41 import StepState
+from .select import chunked_select, pad_cat, request_keys
+from ...kernels.paged import block_slots, gather_slots, write_slots
+from ...kernels.sparse_attention import sparse_mqa_sink
+from ..reference.attention import index_scores, select_topk
+from ..reference.compress_v4 import V4Attention, WindowCompressor
+from .v41 import StepState
 
 
 def _run_compressor(comp: WindowCompressor, x: torch.Tensor, state_row: torch.Tensor, cov_row, pos0: int,

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.indexer import chunked_select, pad_cat, request_keys
-from ..kernels.paged import block_slots, write_slots
-from ..kernels.sparse_attention import sparse_mqa_sink
-from ..models.reference.attention import Attention, index_scores
-from ..models.reference.csa2 import Compressor, CSA2Attention
-from .step import StepBatch
+from .select import chunked_select, pad_cat, request_keys
+from ...kernels.paged import block_slots, write_slots
+from ...kernels.sparse_attention import sparse_mqa_sink
+from ..reference.attention import Attention, index_scores
+from ..reference.csa2 import Compressor, CSA2Attention
+from ..protocol import StepBatch
 
 
 class StepState:

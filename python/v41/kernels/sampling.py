@@ -1,0 +1,101 @@
+"""Keyed uniform draws for sampling (speculative-decoding.md §3d): every draw is Philox4x32-10 with key = the
+request's 64-bit seed and counter = (vocab column, position, purpose | slot << 8, 0), so a request's draws depend
+only on its seed and position, never on the batch, its slot, the TP rank or a process-global generator.
+
+``u = ((x >> 8) + 0.5) · 2^-24`` of the first 32-bit Philox output lies in (0, 1) and is exact in float32, so
+``−log(u)`` is finite and positive. The Triton kernel and the PyTorch reference compute the same bits.
+Philox: Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC 2011); constants as in Random123.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .dispatch import triton, use_triton
+
+PURPOSE_SAMPLE, PURPOSE_DRAFT, PURPOSE_ACCEPT = 0, 1, 2  # the resample / bonus draw is PURPOSE_SAMPLE
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57  # round multipliers
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85  # key increments (Weyl)
+_MASK = 0xFFFFFFFF
+ROUNDS = 10
+
+
+def _mulhilo(a: int, b: Tensor) -> tuple[Tensor, Tensor]:
+    prod = b * a  # < 2**64: int64 wraps but keeps the low 64 bits, which is all we read
+    return (prod >> 32) & _MASK, prod & _MASK
+
+
+def philox_ref(c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor, k0: Tensor, k1: Tensor) -> Tensor:
+    """First 32-bit output of Philox4x32-10 (int64 tensors holding uint32 values, broadcastable)."""
+    for _ in range(ROUNDS):
+        hi0, lo0 = _mulhilo(_M0, c0)
+        hi1, lo1 = _mulhilo(_M1, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
+    return c0
+
+
+def uniforms_ref(seeds: Tensor, positions: Tensor, vocab: int, purpose: int = PURPOSE_SAMPLE,
+                 slots: Tensor | None = None) -> Tensor:
+    """[R, vocab] float32 uniforms in (0, 1): row r keyed by ``seeds[r]`` (int64 holding the 64-bit seed's bits)
+    at ``positions[r]`` (and draft slot ``slots[r]``, default 0) for ``purpose``."""
+    seeds = seeds.to(torch.int64)
+    k0 = (seeds & _MASK)[:, None]
+    k1 = ((seeds >> 32) & _MASK)[:, None]
+    pos = positions.to(torch.int64)
+    c1 = (pos & _MASK)[:, None]
+    slot = torch.zeros_like(pos) if slots is None else slots.to(torch.int64)
+    c2 = ((slot << 8) | purpose)[:, None] & _MASK
+    c0 = torch.arange(vocab, dtype=torch.int64, device=seeds.device)[None, :]
+    x = philox_ref(c0, c1, c2, torch.zeros_like(c2), k0, k1)
+    return ((x >> 8).to(torch.float32) + 0.5) * 2.0 ** -24
+
+
+def uniforms(seeds: Tensor, positions: Tensor, vocab: int, purpose: int = PURPOSE_SAMPLE,
+             slots: Tensor | None = None) -> Tensor:
+    """:func:`uniforms_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
+    if not use_triton(seeds):
+        return uniforms_ref(seeds, positions, vocab, purpose, slots)
+    r = seeds.shape[0]
+    out = torch.empty(r, vocab, dtype=torch.float32, device=seeds.device)
+    if r:
+        slot = torch.zeros_like(positions) if slots is None else slots
+        _uniform_kernel[(r, triton.cdiv(vocab, BLOCK))](
+            out, seeds.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous(),
+            slot.to(torch.int64).contiguous(), vocab, purpose, BLOCK=BLOCK)
+    return out
+
+
+BLOCK = 1024
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _umulhilo(a, b):
+        return tl.umulhi(a, b), a * b
+
+    @triton.jit
+    def _uniform_kernel(out_ptr, seed_ptr, pos_ptr, slot_ptr, V, purpose, BLOCK: tl.constexpr):
+        r, vb = tl.program_id(0), tl.program_id(1)
+        cols = vb * BLOCK + tl.arange(0, BLOCK)
+        seed = tl.load(seed_ptr + r)
+        k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+        k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+        pos = tl.load(pos_ptr + r)
+        slot = tl.load(slot_ptr + r)
+        c0 = cols.to(tl.uint32)
+        c1 = tl.zeros([BLOCK], dtype=tl.uint32) + (pos & 0xFFFFFFFF).to(tl.uint32)
+        c2 = tl.zeros([BLOCK], dtype=tl.uint32) + (((slot << 8) | purpose) & 0xFFFFFFFF).to(tl.uint32)
+        c3 = tl.zeros([BLOCK], dtype=tl.uint32)
+        m0 = tl.full([BLOCK], 0xD2511F53, dtype=tl.uint32)
+        m1 = tl.full([BLOCK], 0xCD9E8D57, dtype=tl.uint32)
+        for _ in tl.static_range(10):
+            hi0, lo0 = _umulhilo(c0, m0)
+            hi1, lo1 = _umulhilo(c2, m1)
+            c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+            k0 = k0 + 0x9E3779B9
+            k1 = k1 + 0xBB67AE85
+        u = ((c0 >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08
+        tl.store(out_ptr + r * V + cols, u, mask=cols < V)

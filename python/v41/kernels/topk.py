@@ -1,0 +1,32 @@
+"""Deterministic top-k on the device: the k largest entries with exact ties broken toward the lower index
+(DESIGN.md §4 "Indexer top-k ties", "Router numerics"), the same on every backend, batch shape and length.
+
+Each float32 score and its index are packed into one int64 key that orders like (score descending, index
+ascending); keys are unique, so ``torch.topk`` over them has one answer. ``-0.0`` counts as ``+0.0`` (they
+compare equal as floats). No host synchronisation; capturable in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_LOW32 = 0xFFFFFFFF
+
+
+def order_keys(scores: Tensor) -> Tensor:
+    """[..., N] float scores → int64 keys: a larger key means a larger score, or an equal score at a lower
+    index. NaN orders above +inf (as in ``torch.sort``). N must be below 2**32."""
+    s = scores.to(torch.float32) + 0.0  # -0.0 + 0.0 = +0.0
+    bits = s.view(torch.int32).to(torch.int64)
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # IEEE bits → signed order of the values
+    idx = torch.arange(s.shape[-1], device=s.device, dtype=torch.int64)
+    return (ordered << 32) | (_LOW32 - idx)
+
+
+def stable_topk(scores: Tensor, k: int) -> Tensor:
+    """Indices [..., k] int64 of the k largest scores along the last dim, in descending score order, exact ties
+    to the lower index (what a stable descending sort gives). Requires k ≤ N."""
+    keys = order_keys(scores)
+    top = torch.topk(keys, k, dim=-1, sorted=True).values
+    return _LOW32 - (top & _LOW32)

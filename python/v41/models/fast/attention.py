@@ -1,0 +1,136 @@
+"""Attention of the fast model, shared by V4.1 and V4 (v41-architecture.md §3.5, §4 "Attention"): low-rank q,
+one K = V latent per token in a paged sliding window, sink softmax over the window plus selected compressed
+entries in one sparse kernel, inverse RoPE, grouped output projection.
+
+:class:`StepContext` is what :meth:`FastModel.prepare` builds once per step for every layer: the batch, the
+cache, RoPE angles per variant, the window slots of every query, the compressor segments per ratio, and the
+top-k lists / candidate mask published by index sources during the forward. Nothing in it is per layer or per
+request on the host.
+
+Tensor parallelism: a rank holds its heads' rows of ``wq_b``/``attn_sink`` and its output groups of ``wo_a`` /
+columns of ``wo_b`` (:mod:`v41.models.sharding`); the ``wo_b`` partial sums are all-reduced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from ...config import LayerPlan, ModelConfig
+from ...distributed.group import SINGLE, TPGroup
+from ...kernels.paged import block_slots, scatter_rows
+from ...kernels.sparse_attention import sparse_mqa_sink
+from ..protocol import StepBatch
+from ..sharding import group_range, head_range
+from .cache import FastCache
+from .compress import Segments
+from .layers import PackedLinear, RMSNorm, Rope, apply_rope, rms_norm
+
+
+@dataclass
+class StepContext:
+    """Per-step state shared by the layers (module docstring). ``ropes[key]``: the :class:`Rope` of a variant
+    (``"base"`` or ``"compress"``); ``rope[key]`` = (cos, sin) [T, rd/2] at the token
+    positions; ``window_slots`` [T, W] swa slots of
+    each query's window, oldest first (−1 = none); ``segments[r]``; ``n_max[r]`` = max_seq_len // r;
+    ``n_visible[r]`` [T] = (pos + 1) // r; ``topk[layer]`` [T, k] entry ids (−1 = none); ``cand`` [T, N] bool."""
+
+    batch: StepBatch
+    cache: FastCache
+    ropes: dict[str, Rope]
+    rope: dict[str, tuple[Tensor, Tensor]]
+    window_slots: Tensor
+    segments: dict[int, Segments]
+    n_max: dict[int, int]
+    n_visible: dict[int, Tensor]
+    topk: dict[int, Tensor] = field(default_factory=dict)
+    cand: Tensor | None = None
+
+    def entry_slots(self, kind: str, entry_ids: Tensor) -> Tensor:
+        """Cache slots [T, K] of per-query entry ids [T, K] (−1 = none) of ``kind`` through the requests' tables."""
+        b = self.batch
+        return block_slots(b.block_tables[kind][b.req_index], entry_ids, self.cache.rows_per_block(kind))
+
+    def write(self, kind: str, layer: int, rows_idx: Tensor, values: Tensor) -> None:
+        """Write ``values`` [n, *row] at the slots the tokens ``rows_idx`` [n] close in ``kind``'s cache of
+        ``layer`` (slot −1 = nothing written)."""
+        slots = self.batch.slot_mapping[kind][rows_idx]
+        scatter_rows(self.cache.tensors[kind][layer], slots, values, self.cache.dummy_slot(kind))
+
+
+def rope_key(plan: LayerPlan) -> str:
+    """Layers with compressed KV use the compress base and YaRN (§2); the others the plain base."""
+    return "compress" if plan.ratio > 0 else "base"
+
+
+def make_rope(cfg: ModelConfig, key: str, device) -> Rope:
+    base, scaling = cfg.layer_rope(1 if key == "compress" else 0)
+    return Rope(cfg.qk_rope_head_dim, base, scaling, device)
+
+
+class FastAttention(nn.Module):
+    """Sliding-window MQA with sinks; subclasses add the compressed entries (:meth:`compressed_source`).
+
+    Tensors (this rank's shard): ``wq_a``, ``q_norm``, ``wq_b [H·hd, q_lora]``, ``wkv``, ``kv_norm``,
+    ``wo_a [G·R, H·hd/G]`` (grouped), ``wo_b [D, G·R]``, ``attn_sink [H]`` float32. ``q_head_norm``: V4's
+    unweighted per-head RMSNorm on q before RoPE."""
+
+    def __init__(self, cfg: ModelConfig, plan: LayerPlan, q_head_norm: bool, tp: TPGroup | None = None):
+        super().__init__()
+        self.tp = tp or SINGLE
+        d, hd = cfg.hidden_size, cfg.head_dim
+        h0, h1 = head_range(cfg, self.tp.world_size, self.tp.rank)
+        g0, g1 = group_range(cfg, self.tp.world_size, self.tp.rank)
+        self.cfg, self.plan, self.q_head_norm = cfg, plan, q_head_norm
+        self.n_heads, self.n_groups, self.head_dim = h1 - h0, g1 - g0, hd
+        self.rope_key = rope_key(plan)
+        self.attn_sink = nn.Parameter(torch.zeros(self.n_heads), requires_grad=False)
+        self.wq_a = PackedLinear(d, cfg.q_lora_rank)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.wq_b = PackedLinear(cfg.q_lora_rank, self.n_heads * hd)
+        self.wkv = PackedLinear(d, hd)
+        self.kv_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        in_g = cfg.num_attention_heads * hd // cfg.o_groups
+        self.wo_a = PackedLinear(in_g, self.n_groups * cfg.o_lora_rank, groups=self.n_groups)
+        self.wo_b = PackedLinear(self.n_groups * cfg.o_lora_rank, d)
+
+    def forward(self, x: Tensor, ctx: StepContext) -> Tensor:
+        """x [T, D] normalized sub-layer input → [T, D] (full on every rank)."""
+        cos, sin = ctx.rope[self.rope_key]
+        qr = self.q_norm(self.wq_a(x))
+        q = self.wq_b(qr).view(x.shape[0], self.n_heads, self.head_dim)
+        if self.q_head_norm:
+            q = rms_norm(q, self.cfg.rms_norm_eps)
+        q = apply_rope(q, cos, sin)
+        kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
+        lid = self.plan.layer_id
+        scatter_rows(ctx.cache.tensors["swa"][lid], ctx.batch.slot_mapping["swa"], kv, ctx.cache.dummy_slot("swa"))
+        sources = [(ctx.cache.tensors["swa"][lid], ctx.window_slots)]
+        extra = self.compressed_source(x, qr, ctx)
+        if extra is not None:
+            sources.append(extra)
+        o = sparse_mqa_sink(q, sources, self.attn_sink, self.head_dim ** -0.5)
+        o = apply_rope(o, cos, sin, inverse=True)
+        return self.tp.all_reduce(self.wo_b(self.wo_a(o.reshape(x.shape[0], -1))))
+
+    def compressed_source(self, x: Tensor, qr: Tensor, ctx: StepContext) -> tuple[Tensor, Tensor] | None:
+        """(cache, slots [T, K]) of the compressed entries each query attends to; None for window-only layers."""
+        return None
+
+
+def window_slots(batch: StepBatch, cache: FastCache, window: int) -> Tensor:
+    """[T, W] swa slots of positions ``pos − W + 1 .. pos`` of each query (oldest first, −1 before 0)."""
+    pos = batch.positions
+    offs = torch.arange(window - 1, -1, -1, device=pos.device)
+    win = pos[:, None] - offs[None, :]
+    win = torch.where(win >= 0, win, torch.full_like(win, -1))
+    return block_slots(batch.block_tables["swa"][batch.req_index], win, cache.rows_per_block("swa"))
+
+
+def selected_or_none(scores: Tensor, topk: Tensor) -> Tensor:
+    """Top-k ids [T, k] sorted ascending, picks whose score is −inf (not visible / filtered) → −1 (§3.7 step 7)."""
+    ids = torch.sort(topk, dim=-1).values
+    picked = scores.gather(1, ids)
+    return torch.where(torch.isneginf(picked), torch.full_like(ids, -1), ids)

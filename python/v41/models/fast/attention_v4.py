@@ -1,0 +1,125 @@
+"""V4 compressed attention in the fast model (v41-architecture.md §4): HCA (ratio 128, non-overlapping windows,
+attend every visible entry) and CSA (ratio 4, overlapping windows: entry w pools the A half of window w−1 and
+the B half of window w; lightning indexer with its own overlapping compressor at ``index_head_dim``).
+
+Both compressors of a CSA layer pool in one pass over the concatenated channels ``[A_main | A_idx | B_main |
+B_idx]`` (the softmax is per channel); the A triple of every closed window goes to ``cov{r}`` where the next
+window reads it — also after a prefix-cache hit (:mod:`.compress`, :mod:`.cache`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ...config import LayerPlan, ModelConfig
+from ...distributed.group import TPGroup
+from ...kernels.indexer import index_scores
+from ...kernels.paged import block_slots, gather_slots
+from ...kernels.topk import stable_topk
+from .attention import FastAttention, StepContext, selected_or_none
+from .compress import NEG, combine, finish, pool_step
+from .layers import PackedLinear, RMSNorm, apply_rope
+
+
+class WindowCompressor(nn.Module):
+    """``wkv``, ``wgate [c·width, D]`` BF16, ``ape [ratio, c·width]`` float32, ``norm [width]``; c = 2 with
+    ``overlap`` (CSA)."""
+
+    def __init__(self, dim: int, width: int, ratio: int, overlap: bool, eps: float):
+        super().__init__()
+        c = 2 if overlap else 1
+        self.wkv = PackedLinear(dim, c * width)
+        self.wgate = PackedLinear(dim, c * width)
+        self.ape = nn.Parameter(torch.zeros(ratio, c * width), requires_grad=False)
+        self.norm = RMSNorm(width, eps)
+        self.width, self.ratio = width, ratio
+
+    def series(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """(values, gates + ape) [T, c·width] float32 of every token."""
+        return self.wkv(x, torch.float32), self.wgate(x, torch.float32) + self.ape.float()[pos % self.ratio]
+
+
+class IndexerV4(nn.Module):
+    """CSA indexer: own overlapping compressor at ``index_head_dim``, ``wq_b [Hi·di, q_lora]`` FP8,
+    ``weights_proj [Hi, D]`` BF16."""
+
+    def __init__(self, cfg: ModelConfig, ratio: int):
+        super().__init__()
+        hi, di = cfg.index_n_heads, cfg.index_head_dim
+        self.compressor = WindowCompressor(cfg.hidden_size, di, ratio, True, cfg.rms_norm_eps)
+        self.wq_b = PackedLinear(cfg.q_lora_rank, hi * di)
+        self.weights_proj = PackedLinear(cfg.hidden_size, hi)
+        self.n_heads, self.head_dim = hi, di
+
+
+class V4Attention(FastAttention):
+    """A V4 layer: window MQA plus, for ratio > 0, its own compressor (HCA) and indexer (CSA)."""
+
+    def __init__(self, cfg: ModelConfig, plan: LayerPlan, tp: TPGroup | None = None):
+        super().__init__(cfg, plan, q_head_norm=True, tp=tp)
+        self.csa = plan.attn_type == "csa"
+        if plan.ratio > 0:
+            self.compressor = WindowCompressor(cfg.hidden_size, cfg.head_dim, plan.ratio, self.csa, cfg.rms_norm_eps)
+            if self.csa:
+                self.indexer = IndexerV4(cfg, plan.ratio)
+
+    def compressed_source(self, x: Tensor, qr: Tensor, ctx: StepContext):
+        if self.plan.ratio == 0:
+            return None
+        r, lid = self.plan.ratio, self.plan.layer_id
+        kind = f"ckv{r}"
+        self._compress(x, ctx)
+        if self.csa:
+            ids = self._select(x, qr, ctx)
+        else:
+            ent = torch.arange(ctx.n_max[r], device=x.device)[None, :]
+            ids = torch.where(ent < ctx.n_visible[r][:, None], ent, torch.full_like(ent, -1))
+        return ctx.cache.tensors[kind][lid], ctx.entry_slots(kind, ids)
+
+    def _compress(self, x: Tensor, ctx: StepContext) -> None:
+        """Pool this step's windows; write the closed entries (RoPE at ``j·r``) to ``ckv{r}`` (and the index keys
+        to ``idx{r}``, the A triples to ``cov{r}`` for CSA)."""
+        r, lid, hd = self.plan.ratio, self.plan.layer_id, self.head_dim
+        seg = ctx.segments[r]
+        pos = ctx.batch.positions
+        value, gate = self.compressor.series(x, pos)
+        if self.csa:
+            di = self.indexer.head_dim
+            iv, ig = self.indexer.compressor.series(x, pos)
+            value = torch.cat([value[:, :hd], iv[:, :di], value[:, hd:], iv[:, di:]], dim=1)
+            gate = torch.cat([gate[:, :hd], ig[:, :di], gate[:, hd:], ig[:, di:]], dim=1)
+        m, s, a = pool_step(seg, value, gate, ctx.cache.state[lid])
+        if self.csa:
+            c = hd + self.indexer.head_dim
+            ctx.write(f"cov{r}", lid, seg.last_row, torch.stack([m[:, :c], s[:, :c], a[:, :c]], dim=1))
+            m, s, a = combine((m[:, c:], s[:, c:], a[:, c:]), self._prev_a(ctx, seg, c))
+        pooled = finish(m, s, a)
+        cos, sin = ctx.ropes[self.rope_key].cos_sin(seg.window * r)
+        main = self.compressor.norm(pooled[:, :hd].to(x.dtype))
+        ctx.write(f"ckv{r}", lid, seg.last_row, apply_rope(main, cos, sin))
+        if self.csa:
+            keys = self.indexer.compressor.norm(pooled[:, hd:].to(x.dtype))
+            ctx.write(f"idx{r}", lid, seg.last_row, apply_rope(keys, cos, sin))
+
+    def _prev_a(self, ctx: StepContext, seg, c: int):
+        """The A triple of window w−1 of every segment from ``cov{r}`` (empty for window 0)."""
+        kind = f"cov{self.plan.ratio}"
+        prev = seg.window - 1
+        slots = block_slots(ctx.batch.block_tables[kind][seg.req], prev[:, None], ctx.cache.rows_per_block(kind))
+        t = gather_slots(ctx.cache.tensors[kind][self.plan.layer_id], slots)[:, 0]  # [S, 3, c]
+        has = (prev >= 0)[:, None]
+        return (torch.where(has, t[:, 0], torch.full_like(t[:, 0], NEG)), torch.where(has, t[:, 1], 0.0),
+                torch.where(has, t[:, 2], 0.0))
+
+    def _select(self, x: Tensor, qr: Tensor, ctx: StepContext) -> Tensor:
+        """The indexer's top-k entry ids per query [T, min(index_topk, N)] (−1 = none)."""
+        ix, r, lid = self.indexer, self.plan.ratio, self.plan.layer_id
+        cos, sin = ctx.rope[self.rope_key]
+        q = apply_rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
+        w = ix.weights_proj(x, torch.float32) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+        kind = f"idx{r}"
+        b = ctx.batch
+        scores = index_scores(q, w, ctx.cache.tensors[kind][lid], b.block_tables[kind], b.req_index, ctx.n_visible[r],
+                              ctx.cache.rows_per_block(kind), ctx.n_max[r])
+        return selected_or_none(scores, stable_topk(scores, min(self.cfg.index_topk, scores.shape[1])))

@@ -1,0 +1,121 @@
+"""V4.1 "CSA2" attention in the fast model (v41-architecture.md §3.5–§3.7): KV sources compress (ratio 2: gated
+pairs carried across steps; ratio 1: one latent per token) and write the shared compressed KV and index keys;
+index sources score every cached entry of every request in one pass, the candidate source publishes its block
+mask, later index sources filter by it; consumers reuse their sources' cache and top-k list.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ...config import LayerPlan, ModelConfig
+from ...distributed.group import TPGroup
+from ...kernels.indexer import index_scores
+from ...kernels.topk import stable_topk
+from .attention import FastAttention, StepContext, selected_or_none
+from .compress import finish, pool_step
+from .layers import PackedLinear, RMSNorm, apply_rope
+
+
+class Compressor(nn.Module):
+    """KV-source compressor: ``wkv [hd, D]`` (+ ``wgate [hd, D]`` at ratio 2) BF16, ``norm [hd]`` (§3.6)."""
+
+    def __init__(self, cfg: ModelConfig, ratio: int):
+        super().__init__()
+        self.ratio = ratio
+        self.wkv = PackedLinear(cfg.hidden_size, cfg.head_dim)
+        if ratio == 2:
+            self.wgate = PackedLinear(cfg.hidden_size, cfg.head_dim)
+        self.norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+
+class Indexer(nn.Module):
+    """``wq_b [Hi·di, q_lora]`` FP8, ``weights_proj [Hi, D]`` BF16; at KV sources also ``wk [di, hd]`` and
+    ``k_norm [di]`` (the shared index keys, §3.7 step 1)."""
+
+    def __init__(self, cfg: ModelConfig, owns_keys: bool):
+        super().__init__()
+        hi, di = cfg.index_n_heads, cfg.index_head_dim
+        self.wq_b = PackedLinear(cfg.q_lora_rank, hi * di)
+        self.weights_proj = PackedLinear(cfg.hidden_size, hi)
+        if owns_keys:
+            self.wk = PackedLinear(cfg.head_dim, di)
+            self.k_norm = RMSNorm(di, cfg.rms_norm_eps)
+        self.n_heads, self.head_dim = hi, di
+
+
+class CSA2Attention(FastAttention):
+    """A V4.1 layer with ``compress_ratio > 0``; sources run before their consumers in the forward."""
+
+    def __init__(self, cfg: ModelConfig, plan: LayerPlan, tp: TPGroup | None = None):
+        super().__init__(cfg, plan, q_head_norm=False, tp=tp)
+        if plan.owns_compressor:
+            self.compressor = Compressor(cfg, plan.ratio)
+        if plan.is_index_source:
+            self.indexer = Indexer(cfg, plan.owns_index_keys)
+
+    def compressed_source(self, x: Tensor, qr: Tensor, ctx: StepContext):
+        plan = self.plan
+        if plan.owns_compressor:
+            self._write_entries(x, ctx)
+        if plan.is_index_source:
+            ctx.topk[plan.layer_id] = self._select(x, qr, ctx)
+        kind = f"ckv{plan.ratio}"
+        return ctx.cache.tensors[kind][plan.kv_src], ctx.entry_slots(kind, ctx.topk[plan.idx_src])
+
+    def _write_entries(self, x: Tensor, ctx: StepContext) -> None:
+        """Entries closed in this step → RoPE at ``j·r`` → ``ckv{r}``; index keys from the pre-RoPE latent →
+        ``idx{r}`` (§3.6, §3.7 step 1)."""
+        comp, r, lid = self.compressor, self.plan.ratio, self.plan.layer_id
+        if r == 1:
+            latent = comp.norm(comp.wkv(x))
+            rows, entry = torch.arange(x.shape[0], device=x.device), ctx.batch.positions
+        else:
+            seg = ctx.segments[r]
+            m, s, a = pool_step(seg, comp.wkv(x, torch.float32), comp.wgate(x, torch.float32), ctx.cache.state[lid])
+            latent = comp.norm(finish(m, s, a).to(x.dtype))
+            rows, entry = seg.last_row, seg.window
+        cos, sin = ctx.ropes[self.rope_key].cos_sin(entry * r)
+        ix = self.indexer
+        ctx.write(f"idx{r}", lid, rows, apply_rope(ix.k_norm(ix.wk(latent)), cos, sin))
+        ctx.write(f"ckv{r}", lid, rows, apply_rope(latent, cos, sin))
+
+    def _select(self, x: Tensor, qr: Tensor, ctx: StepContext) -> Tensor:
+        """This index source's top-k entry ids per query [T, min(index_topk, N)] (−1 = none), §3.7 steps 2–7."""
+        cfg, plan, ix = self.cfg, self.plan, self.indexer
+        r = plan.ratio
+        cos, sin = ctx.rope[self.rope_key]
+        q = apply_rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
+        w = ix.weights_proj(x, torch.float32) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+        kind = f"idx{r}"
+        b = ctx.batch
+        scores = index_scores(q, w, ctx.cache.tensors[kind][plan.kv_src], b.block_tables[kind], b.req_index,
+                              ctx.n_visible[r], ctx.cache.rows_per_block(kind), ctx.n_max[r])
+        if plan.is_candidate_source:
+            ctx.cand = candidate_mask(scores, ctx.n_visible[r], cfg.candidate_block_size, cfg.candidate_topk_blocks)
+        elif plan.uses_candidate_filter:
+            scores = scores.masked_fill(~ctx.cand, float("-inf"))
+        k = min(cfg.index_topk, scores.shape[1])
+        return selected_or_none(scores, stable_topk(scores, k))
+
+
+def candidate_mask(scores: Tensor, n_visible: Tensor, block: int, topk_blocks: int) -> Tensor:
+    """Level-1 candidate positions (§3.7 step 5) of every query at once: scores [T, N] (−inf where not visible),
+    n_visible [T] → [T, N] bool. Block score = max over its positions; the block of the newest visible entry is
+    pinned to +inf; the top ``min(topk_blocks, #blocks)`` blocks whose score is not −inf are kept (ties to the
+    lower block)."""
+    t, n = scores.shape
+    if n == 0:
+        return torch.zeros(t, 0, dtype=torch.bool, device=scores.device)
+    n_blocks = -(-n // block)
+    padded = torch.full((t, n_blocks * block), float("-inf"), dtype=scores.dtype, device=scores.device)
+    padded[:, :n] = scores
+    bscore = padded.view(t, n_blocks, block).amax(dim=-1)
+    newest = ((n_visible - 1) // block).clamp(min=0)
+    pin = torch.where(n_visible > 0, torch.full_like(bscore[:, 0], float("inf")), bscore.gather(1, newest[:, None])[:, 0])
+    bscore = bscore.scatter(1, newest[:, None], pin[:, None])
+    keep = stable_topk(bscore, min(topk_blocks, n_blocks))
+    keep_ok = ~torch.isneginf(bscore.gather(1, keep))
+    bmask = torch.zeros(t, n_blocks, dtype=torch.bool, device=scores.device).scatter(1, keep, keep_ok)
+    return bmask.repeat_interleave(block, dim=1)[:, :n]

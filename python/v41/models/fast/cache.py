@@ -1,0 +1,67 @@
+"""The fast model's paged cache: kinds and row shapes (DESIGN.md §3 names), tensors with one reserved padding block
+per kind and one padding state row (targets of CUDA-graph padding rows and of writes a token does not make).
+
+Kinds are those of :func:`v41.cache.layout.build_layout` (the scheduler sees the same pools); the fast model keeps
+compressor state as online-softmax triples (:mod:`.compress`), so its ``cstate`` rows and V4's ``cov{r}`` entries
+are ``[3, C]`` float32: V4.1 ratio-2 sources and V4 HCA layers ``C = head_dim`` (the open window); V4 CSA layers
+``C = 2·(head_dim + index_head_dim)`` (A and B halves of the main and index compressors) and ``cov{r}`` holds the A
+triple ``[3, head_dim + index_head_dim]`` of every closed window.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...cache.layout import CacheLayout, KindSpec, StateSpec, build_layout
+from ...config import ModelConfig
+
+
+def fast_layout(cfg: ModelConfig, block_tokens: int | None = None) -> CacheLayout:
+    """The fast model's layout: the bridge's kinds with the fast row shapes of ``cov{r}`` and the state rows."""
+    base = build_layout(cfg, block_tokens)
+    hd, di = cfg.head_dim, cfg.index_head_dim
+    kinds = tuple(KindSpec(k.name, k.tokens_per_entry, k.window_tokens, (3, hd + di), k.layers)
+                  if k.name.startswith("cov") else k for k in base.kinds)
+    states = []
+    for s in base.states:
+        plan = cfg.plan[s.layer]
+        csa_v4 = not cfg.is_v41 and plan.attn_type == "csa"
+        states.append(StateSpec(s.layer, (3, 2 * (hd + di) if csa_v4 else hd)))
+    return CacheLayout(base.block_tokens, kinds, tuple(states))
+
+
+class FastCache:
+    """``tensors[kind][layer]`` [(num_blocks + 1)·rows_per_block, *row_shape] in the compute dtype (float32 for
+    ``cov``), ``state[layer]`` [num_state_rows + 1, *row_shape] float32; the last block / row is padding."""
+
+    def __init__(self, layout: CacheLayout, num_blocks: int, num_state_rows: int, dtype: torch.dtype,
+                 device: torch.device | str):
+        self.layout, self.num_blocks, self.num_state_rows = layout, num_blocks, num_state_rows
+        self.tensors: dict[str, dict[int, torch.Tensor]] = {}
+        state_dtype = torch.promote_types(dtype, torch.float32)
+        for k in layout.kinds:
+            rows = layout.block_tokens // k.tokens_per_entry
+            kdt = state_dtype if k.name.startswith("cov") else dtype
+            self.tensors[k.name] = {lid: torch.zeros((num_blocks + 1) * rows, *k.row_shape, dtype=kdt, device=device)
+                                    for lid in k.layers}
+        self.state = {s.layer: torch.zeros(num_state_rows + 1, *s.row_shape, dtype=state_dtype, device=device)
+                      for s in layout.states}
+
+    def rows_per_block(self, kind: str) -> int:
+        return self.layout.block_tokens // self.layout.kind(kind).tokens_per_entry
+
+    def dummy_slot(self, kind: str) -> int:
+        """First slot of the reserved padding block of ``kind``."""
+        return self.num_blocks * self.rows_per_block(kind)
+
+    @property
+    def dummy_block(self) -> int:
+        return self.num_blocks
+
+    @property
+    def dummy_state_row(self) -> int:
+        return self.num_state_rows
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for kind in self.tensors.values() for t in kind.values()) + \
+            sum(t.numel() * t.element_size() for t in self.state.values())

@@ -1,0 +1,69 @@
+"""Engram in the fast model (v41-architecture.md §3.3): the step's table rows arrive in the batch (hashed on the
+host from committed token ids); rows are gathered from the FP8 table and dequantized, projected by ``wkv`` and
+gated into every residual copy in float32.
+
+Tensor parallelism: rank r holds the hash columns ``[c0, c1)`` (:mod:`v41.models.sharding`): their table rows
+``[row0, row1)`` and ``wkv``'s input columns; ``wkv``'s partial output is all-reduced before the gate.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ...config import ModelConfig
+from ...distributed.group import SINGLE, TPGroup, split_range
+from ...kernels.packed import PackedWeight
+from ..sharding import engram_rows
+from .layers import PackedLinear
+
+GATE_FLOOR = 1e-6
+
+
+class FastEngram(nn.Module):
+    """``table`` [rows_local, hd_e] (FP8 + E8M0 per 32, set by the loader), ``wkv [(hc+1)·D, cols_local·hd_e]``,
+    ``q_weight``/``k_weight [hc, D]``. ``primes``: the layer's bucket size per hash column."""
+
+    def __init__(self, cfg: ModelConfig, primes, tp: TPGroup | None = None):
+        super().__init__()
+        self.tp = tp or SINGLE
+        self.col0, self.col1 = split_range(len(primes), self.tp.world_size, self.tp.rank)
+        self.row0, self.row1 = engram_rows(primes, self.col0, self.col1)
+        cols = self.col1 - self.col0
+        self.register_buffer("table", torch.empty(0), persistent=False)
+        self.register_buffer("table_scale", None, persistent=False)
+        self.table_fmt, self.table_block = "dense", (1, 1)
+        self.wkv = PackedLinear(cols * cfg.engram_head_dim, (cfg.hc_mult + 1) * cfg.hidden_size)
+        self.q_weight = nn.Parameter(torch.zeros(cfg.hc_mult, cfg.hidden_size), requires_grad=False)
+        self.k_weight = nn.Parameter(torch.zeros(cfg.hc_mult, cfg.hidden_size), requires_grad=False)
+        self.hc, self.dim, self.eps, self.head_dim = cfg.hc_mult, cfg.hidden_size, cfg.rms_norm_eps, cfg.engram_head_dim
+
+    def set_table(self, w: PackedWeight) -> None:
+        want = (self.row1 - self.row0, self.head_dim)
+        if w.shape != want:
+            raise ValueError(f"Engram table {w.shape}, expected {want}")
+        self.table, self.table_scale, self.table_fmt, self.table_block = w.data, w.scale, w.fmt, w.block
+
+    def lookup(self, row_ids: Tensor, dtype: torch.dtype) -> Tensor:
+        """row_ids [T, cols] (full table rows) → this rank's dequantized rows flattened [T, cols_local·hd_e]."""
+        local = row_ids[:, self.col0:self.col1] - self.row0
+        flat = local.reshape(-1)
+        scale = None if self.table_scale is None else self.table_scale[flat]
+        rows = PackedWeight(self.table[flat], scale, self.table_fmt, self.table_block).dequantize(dtype)
+        return rows.view(row_ids.shape[0], -1)
+
+    def forward(self, h: Tensor, row_ids: Tensor) -> Tensor:
+        """h [T, hc, D] residual copies → ``H + g ⊙ value`` with ``g = sigmoid(sign(s)·sqrt(max(|s|, 1e-6)))``,
+        ``s = Σ_d H·w·key / (rms(H)·rms(key)·sqrt(D))`` per copy (float32 math, h's dtype out)."""
+        t = h.shape[0]
+        kv = self.tp.all_reduce(self.wkv(self.lookup(row_ids, h.dtype)))
+        ct = torch.promote_types(h.dtype, torch.float32)
+        key = kv[:, : self.hc * self.dim].view(t, self.hc, self.dim).to(ct)
+        value = kv[:, self.hc * self.dim:].to(ct)
+        w = (self.q_weight.to(ct) * self.k_weight.to(ct))
+        hf = h.to(ct)
+        rms_h = torch.sqrt(hf.pow(2).mean(-1) + self.eps)
+        rms_k = torch.sqrt(key.pow(2).mean(-1) + self.eps)
+        s = (hf * w * key).sum(-1) / (rms_h * rms_k * self.dim ** 0.5)
+        g = torch.sigmoid(torch.sign(s) * torch.sqrt(s.abs().clamp(min=GATE_FLOOR)))
+        return (hf + g.unsqueeze(-1) * value.unsqueeze(1)).to(h.dtype)

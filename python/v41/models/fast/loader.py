@@ -1,0 +1,140 @@
+"""``load_fast(path)``: the fast model of a checkpoint, weights in their storage formats on the device
+(DESIGN.md §3a; tensor names v41-architecture.md §5).
+
+The model is built on the meta device and every tensor is then set from the checkpoint (or random, with
+``load_format="dummy"``), already sharded for this rank (:func:`v41.models.sharding.shard_plan`). Routed experts
+are stacked per layer as ``w13 [E, 2·I_r, D]`` (w1 over w3) and ``w2 [E, D, I_r]``; the shared expert's w1/w3 are
+fused the same way. DSpark stages (``mtp.*``) are not part of the fast model yet and are read past.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ...checkpoint_packed import DummyReader, PackedReader
+from ...config import load_config
+from ...distributed.group import TPGroup, check_tp
+from ...kernels.packed import concat_rows, stack_experts
+from ..engram_loader import engram_hasher
+from ..sharding import shard_plan
+from .layers import PackedLinear
+from .model import FastModel
+from .moe import FastMoE
+
+FAST_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+QUANTIZATIONS = ("auto", "none")
+
+
+class _Loader:
+    def __init__(self, reader, shards, dtype: torch.dtype, device: torch.device, keep_packed: bool):
+        self.reader, self.shards, self.dtype, self.device, self.keep = reader, shards, dtype, device, keep_packed
+
+    def tensor(self, module: nn.Module, attr: str, name: str) -> None:
+        """Set parameter / buffer ``attr`` of ``module`` from checkpoint tensor ``name``."""
+        local = getattr(module, attr)
+        t = self.reader.dense(name, tuple(local.shape), self.shards.get(name), self.dtype).to(self.device)
+        if attr in module._parameters:
+            module._parameters[attr] = nn.Parameter(t, requires_grad=False)
+        else:
+            module._buffers[attr] = t
+
+    def weight(self, name: str, shape: tuple[int, int]):
+        return self.reader.packed(name, shape, self.shards.get(name), self.dtype, self.keep)
+
+    def linear(self, module: PackedLinear, name: str) -> None:
+        module.set(self.weight(name, (module.out_features, module.in_features)).to(self.device))
+
+    def fused(self, names: list[str], shapes: list[tuple[int, int]]):
+        return concat_rows([self.weight(n, s) for n, s in zip(names, shapes)])
+
+    def moe(self, moe: FastMoE, p: str, d: int, inter: int) -> None:
+        self.linear(moe.gate, f"{p}gate.weight")
+        for attr in ("bias", "bias_vl", "tid2eid"):
+            if hasattr(moe, attr):
+                self.tensor(moe, attr, f"{p}gate.{attr}")
+        up, down = (inter, d), (d, inter)
+        w13 = [self.fused([f"{p}experts.{e}.w1.weight", f"{p}experts.{e}.w3.weight"], [up, up])
+               for e in range(moe.n_experts)]
+        moe.w13.set(stack_experts(w13).to(self.device))
+        moe.w2.set(stack_experts([self.weight(f"{p}experts.{e}.w2.weight", down)
+                                  for e in range(moe.n_experts)]).to(self.device))
+        if moe.n_shared:
+            moe.shared_w13.set(self.fused([f"{p}shared_experts.w1.weight", f"{p}shared_experts.w3.weight"],
+                                          [up, up]).to(self.device))
+            self.linear(moe.shared_w2, f"{p}shared_experts.w2.weight")
+
+    def modules(self, root: nn.Module, prefix: str) -> None:
+        """Every PackedLinear under ``root`` from ``prefix + path + '.weight'``, every parameter from its name."""
+        for path, mod in root.named_modules():
+            if isinstance(mod, PackedLinear):
+                self.linear(mod, f"{prefix}{path}.weight")
+        for path, _ in root.named_parameters():
+            mod_path, _, attr = path.rpartition(".")
+            self.tensor(root.get_submodule(mod_path) if mod_path else root, attr, f"{prefix}{path}")
+
+
+def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
+              quantization: str = "auto", load_format: str = "auto", seed: int = 0,
+              tp: TPGroup | None = None) -> FastModel:
+    """Load a V4 / V4.1 checkpoint directory into the fast model on ``device``.
+
+    dtype: compute dtype (activations and caches; bfloat16, float16, float32 or float64). quantization: ``auto``
+    keeps FP8 / MXFP4 weights packed (dequantized in the kernels), ``none`` dequantizes them once to ``dtype``.
+    load_format: ``auto`` (safetensors) or ``dummy`` (random weights made on ``device`` from ``seed``). tp: this
+    rank's group. Raises ValueError (ConfigError, CheckpointError) for bad options, configs or checkpoints,
+    FileNotFoundError for a missing directory, ``config.json`` or (Engram) ``tokenizer.json``.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint directory not found: {path}")
+    if dtype not in FAST_DTYPES:
+        raise ValueError(f"dtype must be one of {FAST_DTYPES}, got {dtype}")
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    if load_format not in ("auto", "dummy"):
+        raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
+    cfg = load_config(path)
+    rank, world = (tp.rank, tp.world_size) if tp is not None else (0, 1)
+    check_tp(cfg, world)
+    hasher = engram_hasher(cfg, path / "tokenizer.json")
+    primes = {lid: list(hasher.primes[lid]) for lid in cfg.engram_layer_ids} if hasher else None
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = FastModel(cfg, dtype, device, primes, tp)
+    reader = DummyReader(cfg, device, seed) if load_format == "dummy" else PackedReader(path, cfg)
+    if isinstance(reader, PackedReader):
+        reader.used.update(n for n in reader.tensors if n.startswith("mtp."))
+    ld = _Loader(reader, shard_plan(cfg, rank, world, hasher), dtype, device, quantization == "auto")
+    _load(ld, model)
+    reader.finish()
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise RuntimeError(f"fast model tensors left unloaded (a loader bug): {left[:10]}")
+    return model.eval()
+
+
+def _load(ld: _Loader, model: FastModel) -> None:
+    cfg = model.cfg
+    ld.tensor(model.embed, "weight", "embed.weight")
+    ld.tensor(model.norm, "weight", "norm.weight")
+    ld.linear(model.head.proj, "head.weight")
+    if not cfg.is_v41:
+        for attr in ("fn", "base", "scale"):
+            ld.tensor(model.hc_head, attr, f"hc_head_{attr}")
+    d = cfg.hidden_size
+    for plan, block in zip(cfg.plan, model.layers):
+        p = f"layers.{plan.layer_id}."
+        for norm in ("attn_norm", "ffn_norm"):
+            ld.tensor(getattr(block, norm), "weight", f"{p}{norm}.weight")
+        for sub in ("attn", "ffn"):
+            for attr in ("fn", "base", "scale"):
+                ld.tensor(getattr(block, f"hc_{sub}"), attr, f"{p}hc_{sub}_{attr}")
+        ld.modules(block.attn, f"{p}attn.")
+        ld.moe(block.ffn, f"{p}ffn.", d, block.ffn.w2.shape[2])
+        if plan.engram:
+            eng = block.engram
+            eng.set_table(ld.weight(f"{p}engram.embed.weight", (eng.row1 - eng.row0, eng.head_dim)).to(ld.device))
+            ld.modules(eng, f"{p}engram.")

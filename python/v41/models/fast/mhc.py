@@ -1,0 +1,65 @@
+"""mHC seams of the fast model (v41-architecture.md §3.4, §3.2; V4's own pre-mix and ``hc_head``, §4). The
+coefficients are float32 (:func:`v41.kernels.mhc.hc_mixes`); collapse and expand compute in float32 and return
+the residual stream's dtype."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ...config import ModelConfig
+from ...kernels.mhc import hc_mixes
+
+
+class HcSeam(nn.Module):
+    """``fn [(2+hc)·hc, hc·D]``, ``base [(2+hc)·hc]``, ``scale [3]`` (float32) of one sub-layer."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hc, d = cfg.hc_mult, cfg.hidden_size
+        n_mix = (2 + hc) * hc
+        self.fn = nn.Parameter(torch.zeros(n_mix, hc * d), requires_grad=False)
+        self.base = nn.Parameter(torch.zeros(n_mix), requires_grad=False)
+        self.scale = nn.Parameter(torch.ones(3), requires_grad=False)
+        self.cfg = cfg
+
+    def forward(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """h [T, hc, D] → (pre [T, hc], post [T, hc], comb [T, hc, hc]) float32."""
+        c = self.cfg
+        return hc_mixes(h, self.fn, self.scale, self.base, c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
+
+
+def _ctype(h: Tensor) -> torch.dtype:
+    return torch.promote_types(h.dtype, torch.float32)
+
+
+def collapse(h: Tensor, pre: Tensor) -> Tensor:
+    """``x = Σ_h pre[h]·H[h]``: h [T, hc, D], pre [T, hc] → [T, D] in h's dtype."""
+    ct = _ctype(h)
+    return torch.einsum("th,thd->td", pre.to(ct), h.to(ct)).to(h.dtype)
+
+
+def expand(h: Tensor, y: Tensor, post: Tensor, comb: Tensor) -> Tensor:
+    """``H'[j] = post[j]·y + Σ_i comb[i, j]·H[i]``: h [T, hc, D], y [T, D] → [T, hc, D] in h's dtype."""
+    ct = _ctype(h)
+    mixed = torch.einsum("tij,tid->tjd", comb.to(ct), h.to(ct))
+    return (post.to(ct)[..., None] * y.to(ct)[:, None, :] + mixed).to(h.dtype)
+
+
+class HcHead(nn.Module):
+    """V4's learned final collapse: ``pre = sigmoid(fn · rms(flatten H) · scale + base) + eps`` (§4)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hc, d = cfg.hc_mult, cfg.hidden_size
+        self.fn = nn.Parameter(torch.zeros(hc, hc * d), requires_grad=False)
+        self.base = nn.Parameter(torch.zeros(hc), requires_grad=False)
+        self.scale = nn.Parameter(torch.ones(1), requires_grad=False)
+        self.cfg = cfg
+
+    def forward(self, h: Tensor) -> Tensor:
+        ct = _ctype(h)
+        flat = h.flatten(1).to(ct)
+        flat = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
+        pre = torch.sigmoid(flat @ self.fn.to(ct).T * self.scale.to(ct) + self.base.to(ct))
+        return collapse(h, pre + self.cfg.hc_eps)

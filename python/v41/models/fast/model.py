@@ -1,0 +1,137 @@
+"""The fast model of DeepSeek-V4.1 / V4 (DESIGN.md §2 ``models/fast``, §3a): one flattened step in, logits out,
+no host synchronisation inside :meth:`FastModel.forward` (so a decode step can be captured in a CUDA graph).
+
+Per step, :meth:`FastModel.prepare` builds the :class:`~.attention.StepContext` once (RoPE angles, window slots,
+compressor segments, visible-entry counts); the layers then only compute. The decoder layer order is the spec's
+(v41-architecture.md §3.2 for V4.1's delayed pre-mix, §4 for V4's own pre-mix).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ...config import ModelConfig
+from ...distributed.group import SINGLE, TPGroup, check_tp, split_range
+from ..protocol import StepBatch
+from .attention import FastAttention, StepContext, make_rope, window_slots
+from .attention_v4 import V4Attention
+from .attention_v41 import CSA2Attention
+from .cache import FastCache, fast_layout
+from .compress import Segments
+from .engram import FastEngram
+from .heads import Embedding, LMHead
+from .layers import RMSNorm
+from .mhc import HcHead, HcSeam, collapse, expand
+from .moe import FastMoE
+
+
+class FastBlock(nn.Module):
+    """A decoder layer: ``attn_norm``, ``ffn_norm``, the two mHC seams, attention, MoE and (V4.1) Engram."""
+
+    def __init__(self, cfg: ModelConfig, attn: FastAttention, ffn: FastMoE, delayed: bool):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hc_attn, self.hc_ffn = HcSeam(cfg), HcSeam(cfg)
+        self.attn, self.ffn, self.delayed = attn, ffn, delayed
+
+    def forward(self, h: Tensor, pre_mix: Tensor, token_ids: Tensor, ctx: StepContext) -> tuple[Tensor, Tensor]:
+        """h [T, hc, D], pre_mix [T, hc] float32 (V4.1's carried pre-mix) → (h', the FFN pre-mix)."""
+        pre_a, post_a, comb_a = self.hc_attn(h)
+        x = collapse(h, pre_mix if self.delayed else pre_a)
+        h = expand(h, self.attn(self.attn_norm(x), ctx), post_a, comb_a)
+        pre_f, post_f, comb_f = self.hc_ffn(h)
+        x = collapse(h, pre_a if self.delayed else pre_f)
+        h = expand(h, self.ffn(self.ffn_norm(x), token_ids), post_f, comb_f)
+        return h, pre_f
+
+
+class FastModel(nn.Module):
+    """DeepSeek-V4.1 / V4 causal LM over the paged cache (this rank's shard under ``tp``). Weights are set by
+    :func:`.loader.load_fast`; :meth:`init_cache` allocates the cache before the first :meth:`forward`.
+
+    ``primes``: per Engram layer, the bucket size of each hash column (the row hasher's). Raises ValueError when
+    ``cfg`` cannot be split over ``tp`` or Engram layers lack their primes.
+    """
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str,
+                 primes: dict[int, list[int]] | None = None, tp: TPGroup | None = None):
+        super().__init__()
+        self.tp = tp or SINGLE
+        check_tp(cfg, self.tp.world_size)
+        self.cfg, self.dtype, self.device = cfg, dtype, torch.device(device)
+        d = cfg.hidden_size
+        i0, i1 = split_range(cfg.moe_intermediate_size, self.tp.world_size, self.tp.rank)
+        self.embed = Embedding(cfg.vocab_size, d, self.tp)
+        self.layers = nn.ModuleList()
+        for plan in cfg.plan:
+            if cfg.is_v41:
+                attn = CSA2Attention(cfg, plan, self.tp) if plan.ratio > 0 else \
+                    FastAttention(cfg, plan, q_head_norm=False, tp=self.tp)
+            else:
+                attn = V4Attention(cfg, plan, self.tp)
+            ffn = FastMoE(d, i1 - i0, cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.n_shared_experts,
+                          cfg.swiglu_limit, gate_temp=cfg.gate_temp, norm_topk_prob=cfg.norm_topk_prob,
+                          scaling=cfg.routed_scaling_factor, hash_vocab=cfg.vocab_size if plan.hash_moe else 0,
+                          bias_vl=cfg.is_v41, always_renorm=not cfg.is_v41, tp=self.tp)
+            block = FastBlock(cfg, attn, ffn, delayed=cfg.is_v41)
+            if plan.engram:
+                if not primes or plan.layer_id not in primes:
+                    raise ValueError("engram_layer_ids is set but the Engram hash primes were not given")
+                block.engram = FastEngram(cfg, primes[plan.layer_id], self.tp)
+            self.layers.append(block)
+        self.norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.head = LMHead(d, cfg.vocab_size, self.tp, self.device)
+        if not cfg.is_v41:
+            self.hc_head = HcHead(cfg)
+        self.ropes = {key: make_rope(cfg, key, self.device) for key in ("base", "compress")}
+        self.segment_ratios = sorted({p.ratio for p in cfg.plan if p.ratio > 1 and p.owns_compressor})
+        self.cache: FastCache | None = None
+
+    # -- cache ---------------------------------------------------------------------------------------------------
+    def cache_layout(self, block_tokens: int | None = None):
+        return fast_layout(self.cfg, block_tokens)
+
+    def init_cache(self, num_blocks: int, num_state_rows: int, block_tokens: int) -> None:
+        """Allocate the paged cache on the model's device (one padding block and state row beyond the given
+        counts). Raises torch's OutOfMemoryError when it does not fit."""
+        self.cache = FastCache(self.cache_layout(block_tokens), num_blocks, num_state_rows, self.dtype, self.device)
+
+    # -- forward -------------------------------------------------------------------------------------------------
+    def prepare(self, batch: StepBatch) -> StepContext:
+        """Everything the layers share in this step, computed once on the device."""
+        cache = self.cache
+        rope = {key: r.cos_sin(batch.positions) for key, r in self.ropes.items()}
+        ratios = sorted({p.ratio for p in self.cfg.plan if p.ratio > 0})
+        return StepContext(
+            batch=batch, cache=cache, ropes=self.ropes, rope=rope,
+            window_slots=window_slots(batch, cache, self.cfg.sliding_window),
+            segments={r: Segments.build(batch, r, cache.dummy_state_row) for r in self.segment_ratios},
+            n_max={r: batch.max_seq_len // r for r in ratios},
+            n_visible={r: (batch.positions + 1) // r for r in ratios})
+
+    @torch.no_grad()
+    def forward(self, batch: StepBatch, return_aux: bool = False):
+        """Logits [N, vocab] (float32; float64 for a float64 model) of ``batch.logits_rows``; with ``return_aux``
+        also the DSpark aux states [T, n_targets·D] (mean of the copies entering each target layer) or None."""
+        cfg = self.cfg
+        ctx = self.prepare(batch)
+        t = batch.num_tokens
+        h = self.embed(batch.token_ids).to(self.dtype).unsqueeze(1).repeat(1, cfg.hc_mult, 1)
+        pre_mix = torch.zeros(t, cfg.hc_mult, dtype=torch.promote_types(self.dtype, torch.float32),
+                              device=h.device)
+        pre_mix[:, 0] = 1
+        aux = []
+        for plan, layer in zip(cfg.plan, self.layers):
+            if plan.engram:
+                h = layer.engram(h, batch.engram_rows[plan.layer_id])
+            if plan.dspark_target:
+                aux.append(h.mean(dim=1))
+            h, pre_mix = layer(h, pre_mix, batch.token_ids, ctx)
+        sel = batch.logits_rows
+        x = collapse(h[sel], pre_mix[sel]) if cfg.is_v41 else self.hc_head(h[sel])
+        logits = self.head(self.norm(x))
+        if return_aux:
+            return logits, (torch.cat(aux, dim=-1) if aux else None)
+        return logits

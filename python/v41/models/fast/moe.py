@@ -1,0 +1,108 @@
+"""Mixture of experts in the fast model, routed on the device (v41-architecture.md §3.8, §4 "MoE"): sqrtsoftplus
+router in float32, deterministic top-k (exact ties to the lower expert id) or V4 hash routing, the (token, slot)
+pairs sorted by expert, one grouped GEMM for every expert's fused ``w1|w3`` and one for ``w2``
+(:mod:`v41.kernels.moe`; MXFP4 experts dequantized in the kernel), the shared expert beside them, the routed
+outputs summed in float32.
+
+Tensor parallelism: every expert (and the shared one) holds the rows ``split_range(I, W, r)`` of ``w1``/``w3``
+and those columns of ``w2``; the router is replicated; the routed + shared partial sums take one all-reduce.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...distributed.group import SINGLE, TPGroup
+from ...kernels.moe import align_pairs, grouped_linear
+from ...kernels.packed import PackedWeight
+from ...kernels.topk import stable_topk
+from .layers import PackedLinear
+
+ROUTER_RENORM_EPS = 1e-20
+
+
+class PackedExperts(nn.Module):
+    """A ``[E, out, in]`` packed weight held as buffers (set by the loader)."""
+
+    def __init__(self, n_experts: int, in_features: int, out_features: int):
+        super().__init__()
+        self.shape = (n_experts, out_features, in_features)
+        self.register_buffer("weight", torch.empty(0), persistent=False)
+        self.register_buffer("scale", None, persistent=False)
+        self.fmt, self.block = "dense", (1, 1)
+
+    def set(self, w: PackedWeight) -> None:
+        if w.shape != self.shape:
+            raise ValueError(f"expert weights {w.shape}, expected {self.shape}")
+        self.weight, self.scale, self.fmt, self.block = w.data, w.scale, w.fmt, w.block
+
+    @property
+    def packed(self) -> PackedWeight:
+        return PackedWeight(self.weight, self.scale, self.fmt, self.block)
+
+
+def swiglu(h13: Tensor, limit: float, weight: Tensor | None = None) -> Tensor:
+    """``silu(min(g, L)) · clamp(u, ±L) (· weight)`` of ``h13 = [g | u]`` [P, 2I] → [P, I] in h13's dtype
+    (float32 math; the routing weight multiplies before ``w2``, as the V4.1 reference)."""
+    ct = torch.promote_types(h13.dtype, torch.float32)
+    g, u = h13.to(ct).chunk(2, dim=-1)
+    h = F.silu(g.clamp(max=limit)) * u.clamp(min=-limit, max=limit)
+    if weight is not None:
+        h = h * weight.to(ct)[:, None]
+    return h.to(h13.dtype)
+
+
+class FastMoE(nn.Module):
+    """Router (``gate [E, D]`` BF16, ``bias [E]`` float32 or V4 ``tid2eid [V, k]``, V4.1 ``bias_vl``), routed
+    experts ``w13 [E, 2·I_r, D]`` / ``w2 [E, D, I_r]`` and the shared expert ``shared_w13`` / ``shared_w2``."""
+
+    def __init__(self, dim: int, inter_local: int, n_experts: int, top_k: int, n_shared: int, limit: float, *,
+                 gate_temp: float, norm_topk_prob: bool, scaling: float, hash_vocab: int = 0, bias_vl: bool = False,
+                 always_renorm: bool = False, tp: TPGroup | None = None):
+        super().__init__()
+        self.tp = tp or SINGLE
+        self.gate = PackedLinear(dim, n_experts)
+        if hash_vocab:
+            self.register_buffer("tid2eid", torch.zeros(hash_vocab, top_k, dtype=torch.int64))
+        else:
+            self.bias = nn.Parameter(torch.zeros(n_experts), requires_grad=False)
+            if bias_vl:
+                self.bias_vl = nn.Parameter(torch.zeros(n_experts), requires_grad=False)
+        self.w13 = PackedExperts(n_experts, dim, 2 * inter_local)
+        self.w2 = PackedExperts(n_experts, inter_local, dim)
+        if n_shared:
+            self.shared_w13 = PackedLinear(dim, 2 * inter_local)
+            self.shared_w2 = PackedLinear(inter_local, dim)
+        self.n_shared, self.n_experts, self.top_k, self.limit = n_shared, n_experts, top_k, limit
+        self.gate_temp, self.norm_topk_prob, self.scaling = gate_temp, norm_topk_prob, scaling
+        self.always_renorm = always_renorm
+
+    @property
+    def is_hash(self) -> bool:
+        return hasattr(self, "tid2eid")
+
+    def route(self, x: Tensor, token_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """x [T, D], token_ids [T] → (expert ids [T, k] int64 in selection order, weights [T, k] float32)."""
+        scores = torch.sqrt(F.softplus(self.gate(x, torch.float32) / self.gate_temp))
+        ids = self.tid2eid[token_ids] if self.is_hash else stable_topk(scores + self.bias.float(), self.top_k)
+        weights = scores.gather(1, ids)
+        if self.always_renorm or self.is_hash or (self.norm_topk_prob and ids.shape[1] > 1):
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + ROUTER_RENORM_EPS)
+        return ids, weights * self.scaling
+
+    def forward(self, x: Tensor, token_ids: Tensor) -> Tensor:
+        """x [T, D] (replicated), token_ids [T] → [T, D] (full on every rank)."""
+        t, k = x.shape[0], self.top_k
+        ids, weights = self.route(x, token_ids)
+        order, offsets = align_pairs(ids, self.n_experts)
+        h = grouped_linear(x, self.w13.packed, offsets, rows=order // k)
+        h = swiglu(h, self.limit, weights.reshape(-1)[order])
+        y = grouped_linear(h, self.w2.packed, offsets)
+        ct = torch.promote_types(x.dtype, torch.float32)
+        routed = torch.zeros(t * k, x.shape[1], dtype=ct, device=x.device).index_copy_(0, order, y.to(ct))
+        out = routed.view(t, k, -1).sum(dim=1)
+        if self.n_shared:
+            out = out + self.shared_w2(swiglu(self.shared_w13(x), self.limit)).to(ct)
+        return self.tp.all_reduce(out.to(x.dtype))

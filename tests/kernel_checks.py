@@ -1,0 +1,161 @@
+"""Checks of every Triton kernel of ``v41.kernels`` against its PyTorch reference, on fresh random inputs.
+
+Run two ways (DESIGN.md §4a): on the CPU through Triton's interpreter, in a subprocess that sets
+``TRITON_INTERPRET=1`` and ``V41_KERNELS=triton`` before importing v41 (``python tests/kernel_checks.py`` prints
+one JSON line per check; float32 operands, small shapes), and on a GPU by ``tests/test_gpu_fast.py`` (bf16 and
+float32). Outputs are poisoned first (freed NaN memory that the next allocation reuses) and a non-finite output
+never passes. Each check returns ``(name, relative error, tolerance)``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from v41 import quant
+from v41.kernels import indexer, linear, mhc, moe, sampling, sparse_attention
+from v41.kernels.packed import PackedWeight, from_dense, stack_experts
+
+
+def poison(device: str) -> None:
+    """Leave NaN in memory the next allocations will reuse (CUDA caching allocator)."""
+    if device.startswith("cuda"):
+        x = torch.full((1 << 24,), float("nan"), device=device)
+        del x
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    if not torch.isfinite(a[torch.isfinite(b)]).all() or a.shape != b.shape:
+        return float("inf")
+    fin = torch.isfinite(b)
+    if not torch.equal(fin, torch.isfinite(a)) or not torch.equal(a[~fin], b[~fin]):
+        return float("inf")
+    return ((a[fin] - b[fin]).norm() / b[fin].norm().clamp(min=1e-30)).item()
+
+
+def packed(w: torch.Tensor, fmt: str, block=(32, 32)) -> PackedWeight:
+    if fmt == "fp8":
+        q, s = quant.quant_fp8_block(w, block)
+        return PackedWeight(q, s.view(torch.uint8), "fp8", block).check()
+    if fmt == "mxfp4":
+        q, s = quant.quant_mxfp4(w)
+        return PackedWeight(q.view(torch.uint8), s.view(torch.uint8), "mxfp4", (1, 32)).check()
+    return from_dense(w)
+
+
+def tol(dtype: torch.dtype) -> float:
+    return 2e-2 if dtype == torch.bfloat16 else 1e-5
+
+
+def check_linear(device: str, dtype: torch.dtype, g: torch.Generator):
+    out = []
+    cases = [("fp8", (32, 32), 1, 64, 96, 1), ("fp8", (128, 128), 17, 128, 256, 1), ("dense", (1, 1), 5, 64, 512, 1),
+             ("fp8", (32, 32), 3, 128, 64, 2), ("fp8", (32, 32), 1, 32, 1024, 1)]
+    for fmt, block, m, n, k, groups in cases:
+        w = packed(torch.randn(n, k, generator=g) / k ** 0.5, fmt, block).to(device)
+        if fmt == "dense":
+            w = from_dense(w.data.to(dtype))
+        x = torch.randn(m, k * groups, generator=g).to(device, dtype)
+        for out_dtype in sorted({dtype, torch.float32}, key=str):
+            poison(device)
+            y = linear.linear(x, w, out_dtype, groups)
+            r = linear.linear_ref(x.double(), w, torch.float64, groups)
+            out.append((f"linear/{fmt}{block[0]}/m{m}/g{groups}/{str(out_dtype)[6:]}", rel(y, r), tol(dtype)))
+    return out
+
+
+def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
+    out = []
+    e, n, k, t, top = 6, 64, 128, 9, 2
+    for fmt in ("mxfp4", "fp8", "dense"):
+        w = stack_experts([packed(torch.randn(n, k, generator=g) / k ** 0.5, fmt) for _ in range(e)]).to(device)
+        if fmt == "dense":
+            w = from_dense(w.data.to(dtype))
+        ids = torch.randint(0, e - 1, (t, top), generator=g).to(device)  # expert e-1 stays empty
+        order, offsets = moe.align_pairs(ids, e)
+        x = torch.randn(t, k, generator=g).to(device, dtype)
+        for rows in (order // top, None):
+            xin = x if rows is not None else torch.randn(t * top, k, generator=g).to(device, dtype)
+            poison(device)
+            y = moe.grouped_linear(xin, w, offsets, rows)
+            r = moe.grouped_linear_ref(xin.double().cpu(), w.to("cpu"), offsets.cpu(),
+                                       None if rows is None else rows.cpu())
+            out.append((f"grouped/{fmt}/{'gather' if rows is not None else 'rows'}", rel(y.cpu(), r), tol(dtype)))
+    return out
+
+
+def check_attention(device: str, dtype: torch.dtype, g: torch.Generator):
+    out = []
+    for d, h in ((64, 6), (512, 20)):
+        t, s = 5, 80
+        q = torch.randn(t, h, d, generator=g).to(device, dtype)
+        c0, c1 = (torch.randn(s, d, generator=g).to(device, dtype) for _ in range(2))
+        s0 = torch.randint(-1, s, (t, 9), generator=g).to(device)
+        s1 = torch.randint(-1, s, (t, 70), generator=g).to(device)
+        s0[2], s1[2] = -1, -1  # a query with no valid key returns zeros
+        sink = torch.randn(h, generator=g).to(device)
+        for sources in ([(c0, s0)], [(c0, s0), (c1, s1)]):
+            poison(device)
+            y = sparse_attention.sparse_mqa_sink(q, sources, sink, d ** -0.5)
+            r = sparse_attention.sparse_mqa_sink_ref(q.double(), [(c.double(), sl) for c, sl in sources],
+                                                     sink.double(), d ** -0.5)
+            out.append((f"attention/d{d}/h{h}/{len(sources)}src", rel(y, r), tol(dtype)))
+    return out
+
+
+def check_index_scores(device: str, dtype: torch.dtype, g: torch.Generator):
+    out = []
+    for hi, di in ((4, 32), (64, 128)):
+        t, r, b, rpb = 6, 3, 5, 4
+        slots = (r * b + 1) * rpb
+        q = torch.randn(t, hi, di, generator=g).to(device, dtype)
+        w = torch.randn(t, hi, generator=g).to(device)
+        keys = torch.randn(slots, di, generator=g).to(device, dtype)
+        bt = torch.randperm(slots // rpb, generator=g)[:r * b].view(r, b).to(device)
+        bt[1, 3:] = -1
+        req = torch.tensor([0, 0, 1, 1, 2, 2], device=device)
+        nvis = torch.tensor([3, 4, 10, 12, 0, 19], device=device)
+        poison(device)
+        y = indexer.index_scores(q, w, keys, bt, req, nvis, rpb, 20)
+        ref = indexer.index_scores_ref(q.double(), w.double(), keys.double(), bt, req, nvis, rpb, 20)
+        out.append((f"index_scores/h{hi}/d{di}", rel(y, ref), tol(dtype)))
+    return out
+
+
+def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
+    t, d = 37, 64
+    h = torch.randn(t, 4, d, generator=g).to(device, dtype)
+    fn = (torch.randn(24, 4 * d, generator=g) * 0.1).to(device)
+    scale = (1 + torch.randn(3, generator=g) * 0.1).to(device)
+    base = (torch.randn(24, generator=g) * 0.3).to(device)
+    poison(device)
+    got = mhc.hc_mixes(h, fn, scale, base, 4, 20, 1e-6, 1e-6)
+    want = mhc.hc_mixes_ref(h.double(), fn.double(), scale.double(), base.double(), 4, 20, 1e-6, 1e-6)
+    return [(f"mhc/{name}", rel(a, b), 1e-5) for name, a, b in zip(("pre", "post", "comb"), got, want)]
+
+
+def check_uniforms(device: str, dtype: torch.dtype, g: torch.Generator):
+    seeds = torch.randint(-2 ** 62, 2 ** 62, (5,), generator=g).to(device)
+    pos = torch.randint(0, 1 << 31, (5,), generator=g).to(device)
+    poison(device)
+    got = sampling.uniforms(seeds, pos, 3000, sampling.PURPOSE_SAMPLE)
+    want = sampling.uniforms_ref(seeds.cpu(), pos.cpu(), 3000, sampling.PURPOSE_SAMPLE)
+    return [("uniforms/bitwise", 0.0 if torch.equal(got.cpu(), want) else float("inf"), 0.0)]
+
+
+CHECKS = [check_linear, check_grouped, check_attention, check_index_scores, check_mhc, check_uniforms]
+
+
+def run(check_name: str, device: str, dtype: torch.dtype):
+    """The results of one check (a name in ``CHECKS``) on fresh random inputs."""
+    g = torch.Generator().manual_seed(torch.seed() % (1 << 31))
+    return {c.__name__: c for c in CHECKS}[check_name](device, dtype, g)
+
+
+if __name__ == "__main__":  # the interpreter run: python tests/kernel_checks.py CHECK_NAME
+    for name, err, limit in run(sys.argv[1], "cpu", torch.float32):
+        print(json.dumps({"name": name, "err": err, "tol": limit}))
+    sys.stdout.flush()

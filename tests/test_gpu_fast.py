@@ -1,0 +1,100 @@
+"""The fast path on a GPU (skipped without CUDA; run on the device machine by ``benches/gpu/flash_slice.sh``):
+every Triton kernel vs its reference in bf16 and float32 (fresh random inputs, poisoned outputs); the fast engine
+on CUDA gives the CPU engine's greedy tokens (tiny models, float32); CUDA-graph replay gives eager's tokens and
+logits at every captured size, padded batches included; a decode step makes no host synchronisation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_checks import CHECKS, run
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("check", [c.__name__ for c in CHECKS])
+def test_triton_kernel_equals_its_reference_on_the_gpu(check, dtype):
+    bad = [(n, e, t) for n, e, t in run(check, "cuda", dtype) if not e <= t]
+    assert not bad, bad
+
+
+def _prompts():
+    return [[0] + list(range(5, 5 + n)) for n in (3, 17, 40, 63)]
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v41", "deepseek_v4"])
+def test_fast_engine_on_cuda_gives_the_cpu_engines_greedy_tokens(tmp_path, arch):
+    from v41 import LLM, SamplingParams
+    from v41.testing.tiny import make_tiny
+
+    path = str(make_tiny(tmp_path / arch, arch))
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    cpu = [o.outputs[0].token_ids for o in LLM(path, block_size=16).generate(_prompts(), sp, use_tqdm=False)]
+    for eager in (True, False):
+        llm = LLM(path, block_size=16, device="cuda", dtype="float32", enforce_eager=eager)
+        gpu = [o.outputs[0].token_ids for o in llm.generate(_prompts(), sp, use_tqdm=False)]
+        assert gpu == cpu, (eager, gpu, cpu)
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v41", "deepseek_v4"])
+def test_graph_replay_equals_eager_at_every_captured_size(tmp_path, arch):
+    from v41.engine.args import EngineArgs
+    from v41.engine.model_runner import ModelRunner
+    from v41.models.engram_loader import engram_hasher
+    from v41.testing.tiny import make_tiny
+
+    from engine_helpers import host_step
+
+    path = make_tiny(tmp_path / arch, arch)
+    runners = []
+    for eager in (False, True):
+        args = EngineArgs(model=str(path), device="cuda", dtype="bfloat16", max_num_seqs=16,
+                          max_cudagraph_capture_size=16, enforce_eager=eager)
+        runner = ModelRunner(args, "cuda")
+        runner.init_cache(num_blocks=16 * 8, num_state_rows=16, block_tokens=16, max_model_len=128)
+        runners.append(runner)
+    graphed, eager = runners
+    assert graphed.graphs is not None and graphed.graphs.sizes == [1, 2, 4, 8, 16] and eager.graphs is None
+    layout = graphed.cache_layout(16)
+    hasher = engram_hasher(graphed.cfg, path / "tokenizer.json")
+    gen = torch.Generator().manual_seed(0)
+    for r in (1, 3, 8, 13, 16):
+        prompts = [torch.randint(3, 1000, (int(n),), generator=gen).tolist() for n in torch.randint(4, 30, (r,))]
+        prefill = host_step(layout, [(s, p, 0, []) for s, p in enumerate(prompts)], 8, False, hasher)
+        outs = [run.execute(prefill) for run in runners]
+        for _ in range(3):  # decode steps, teacher-forced with the eager argmax
+            nxt = outs[1].argmax(-1).tolist()
+            step = host_step(layout, [(s, [nxt[s]], len(p), p) for s, p in enumerate(prompts)], 8, False, hasher)
+            assert graphed.graphs.fits(step)
+            for s, p in enumerate(prompts):
+                p.append(nxt[s])
+            outs = [run.execute(step).float() for run in runners]
+            assert torch.equal(outs[0].argmax(-1), outs[1].argmax(-1)), r
+            assert ((outs[0] - outs[1]).norm(dim=-1) / outs[1].norm(dim=-1)).max() < 1e-2, r
+
+
+def test_decode_step_makes_no_host_synchronisation(tmp_path):
+    from v41.engine.args import EngineArgs
+    from v41.engine.model_runner import ModelRunner
+    from v41.models.engram_loader import engram_hasher
+    from v41.testing.tiny import make_tiny
+
+    from engine_helpers import host_step
+
+    path = make_tiny(tmp_path / "m", "deepseek_v41")
+    runner = ModelRunner(EngineArgs(model=str(path), device="cuda", enforce_eager=True), "cuda")
+    runner.init_cache(num_blocks=64, num_state_rows=4, block_tokens=16, max_model_len=256)
+    layout = runner.cache_layout(16)
+    hasher = engram_hasher(runner.cfg, path / "tokenizer.json")
+    prompts = [list(range(5, 25)), list(range(30, 41))]
+    runner.execute(host_step(layout, [(s, p, 0, []) for s, p in enumerate(prompts)], 8, False, hasher))
+    step = host_step(layout, [(s, [7], len(p), p) for s, p in enumerate(prompts)], 8, False, hasher)
+    batch = runner.buffers.load(step)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        runner.model.forward(batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
