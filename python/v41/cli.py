@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 PROG = "v41"
-DTYPES = ("float32", "float64")
+DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")  # v41.engine.args.DTYPES (no torch import here)
 NUMERICS = ("exact", "deployed")
 ARCHES = ("deepseek_v41", "deepseek_v4")
 
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="sampling temperature: sample softmax(logits / T); 0 = greedy argmax (default)")
     g.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
     g.add_argument("--numerics", choices=NUMERICS, default="exact")
-    g.add_argument("--dtype", choices=DTYPES, default="float32")
+    g.add_argument("--dtype", choices=DTYPES, default="auto", help="compute dtype (auto: float32 on the CPU)")
     g.add_argument("--threads", type=int, default=1, metavar="N",
                    help="CPU threads for torch (default 1: the tiny model's small ops run fastest "
                         "single-threaded)")

@@ -31,7 +31,10 @@ class EngineArgs:
     paged caches, ``models/paged``) or ``auto`` (fast, except ``numerics="deployed"`` which only the paged bridge
     computes). quantization: ``auto`` keeps the checkpoint's FP8 / MXFP4 weights packed on the device (what its
     ``quantization_config`` says), ``none`` dequantizes them once at load (fast model only). index_scratch_bytes:
-    cap on an indexer's score scratch. seed: seed of the shared generator of unseeded sampled requests.
+    cap on an indexer's score scratch. enforce_eager: no CUDA graphs. max_cudagraph_capture_size: the largest
+    decode batch replayed from a CUDA graph (default min(max_num_seqs, 512); graphs are captured for the padded
+    sizes 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, ... up to it). seed: seed of the generator that draws the sampling
+    seed of requests that bring none.
     load_format: ``auto`` (safetensors) or ``dummy`` (random weights made on the device; benchmarks).
 
     Tensor parallelism (one worker process per rank; rank 0 is this process): tensor_parallel_size: ranks
@@ -57,6 +60,8 @@ class EngineArgs:
     numerics: str = "exact"
     model_impl: str = "auto"
     quantization: str = "auto"
+    enforce_eager: bool = False
+    max_cudagraph_capture_size: int | None = None
     index_scratch_bytes: int = 64 << 20
     seed: int | None = 0
     load_format: str = "auto"
@@ -103,6 +108,8 @@ class EngineArgs:
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise ValueError(f"master_port must be in 1..65535, got {self.master_port}")
         check_backend(self.all_reduce_backend, self.device)
+        if self.max_cudagraph_capture_size is not None and self.max_cudagraph_capture_size < 1:
+            raise ValueError(f"max_cudagraph_capture_size must be positive, got {self.max_cudagraph_capture_size}")
         if self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
         if self.numerics not in ("exact", "deployed"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import time
 from pathlib import Path
 
@@ -62,7 +63,9 @@ class EngineCore:
             sched_layout, max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
             max_model_len=self.max_model_len, long_prefill_token_threshold=args.long_prefill_token_threshold,
             enable_prefix_caching=args.enable_prefix_caching)
-        self.sampler = Sampler(self.cfg.eos_token_ids, seed=args.seed)
+        self.sampler = Sampler(self.cfg.eos_token_ids)
+        # draws the sampling key of requests that bring no seed (reproducible engine runs when args.seed is set)
+        self._seeds = random.Random(args.seed) if args.seed is not None else random.SystemRandom()
         self.seqs: dict[int, Sequence] = {}
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count(1)
@@ -120,7 +123,7 @@ class EngineCore:
                     self.scheduler.add_request(sid, ids, max_tokens, priority=priority, cache_salt=salt)
                 seqs.append(Sequence(
                     request_id=request_id, index=i, seq_id=sid, prompt=prompt, prompt_token_ids=ids, params=p,
-                    sampling=SamplingState.create(p, ids, self.device),
+                    sampling=SamplingState.create(p, ids, seed=self._seeds.getrandbits(64)),
                     detok=IncrementalDetokenizer(self.tokenizer, ids, p.skip_special_tokens, p.stop_strings,
                                                  p.include_stop_str_in_output),
                     prompt_logprobs=[] if p.prompt_logprobs is not None else None,

@@ -1,5 +1,6 @@
-"""One rank's model runner: loads the step model (the fast model, or the paged parity bridge), owns its cache and
-the persistent input buffers, and runs each :class:`~.host_step.HostStep` (DESIGN.md §2 ``engine/model_runner``).
+"""One rank's model runner: loads the step model (the fast model, or the paged parity bridge), owns its cache,
+the persistent input buffers and the decode CUDA graphs, and runs each :class:`~.host_step.HostStep` (DESIGN.md §2
+``engine/model_runner``): a decode-only step that fits a captured size replays its graph, anything else runs eager.
 
 Rank 0 (:mod:`.executor`) and every tensor-parallel worker (:mod:`.tp_worker`) build the same runner from the same
 :class:`~.args.EngineArgs`, so every rank fills its own buffers from the same host plan.
@@ -7,13 +8,19 @@ Rank 0 (:mod:`.executor`) and every tensor-parallel worker (:mod:`.tp_worker`) b
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
-from ..distributed.group import TPGroup
+from ..distributed.group import SINGLE, TPGroup
 from ..models.protocol import StepModel
 from .args import EngineArgs
+from .cuda_graph import CudaGraphRunner, GraphInputs, capture_sizes
 from .host_step import HostStep
 from .input_buffers import InputBuffers
+
+log = logging.getLogger("v41.engine")
+CAPTURABLE_GROUPS = ("single", "torch-nccl")  # host shared memory and PCIe pull run host code in a collective
 
 
 def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None) -> StepModel:
@@ -39,10 +46,11 @@ class ModelRunner:
     ``step.logits_rows`` (and the DSpark aux states with ``step.return_aux``)."""
 
     def __init__(self, args: EngineArgs, device: str, tp: TPGroup | None = None):
-        self.args, self.device = args, device
+        self.args, self.device, self.tp = args, device, tp or SINGLE
         self.model = load_model(args, device, tp)
         self.cfg = self.model.cfg
         self.buffers: InputBuffers | None = None
+        self.graphs: CudaGraphRunner | None = None
 
     def cache_layout(self, block_tokens: int | None = None):
         return self.model.cache_layout(block_tokens)
@@ -52,12 +60,30 @@ class ModelRunner:
         requests up to ``max_model_len`` tokens. Raises on allocation failure."""
         self.model.init_cache(num_blocks, num_state_rows, block_tokens)
         layout = self.model.cache_layout(block_tokens)
-        max_blocks = -(-max_model_len // block_tokens) + 1
+        widths = {k.name: -(-max_model_len // block_tokens) + 1 for k in layout.kinds}
         cols = (self.cfg.engram_max_ngram_size - 1) * self.cfg.engram_n_heads
-        self.buffers = InputBuffers(self.device, self.args.max_num_batched_tokens, self.args.max_num_seqs,
-                                    {k.name: max_blocks for k in layout.kinds}, self.model.segment_ratios,
-                                    {lid: cols for lid in self.cfg.engram_layer_ids})
+        engram = {lid: cols for lid in self.cfg.engram_layer_ids}
+        self.buffers = InputBuffers(self.device, self.args.max_num_batched_tokens, self.args.max_num_seqs, widths,
+                                    self.model.segment_ratios, engram)
+        if self._capture_wanted():
+            cap = min(self.args.max_cudagraph_capture_size or 512, self.args.max_num_seqs)
+            self.graphs = CudaGraphRunner(self.model, capture_sizes(cap), lambda size: GraphInputs(
+                size, widths, engram, self.model.segment_ratios, max_model_len, self.model.cache.dummy_state_row,
+                torch.device(self.device)))
+
+    def _capture_wanted(self) -> bool:
+        if self.args.enforce_eager or not str(self.device).startswith("cuda"):
+            return False
+        if self.args.resolved_model_impl() != "fast":
+            log.info("the paged bridge runs eager: no CUDA graphs")
+            return False
+        if self.tp.name not in CAPTURABLE_GROUPS:
+            log.warning("the %s all-reduce cannot run inside a CUDA graph: decode runs eager", self.tp.name)
+            return False
+        return True
 
     @torch.no_grad()
     def execute(self, step: HostStep):
+        if self.graphs is not None and self.graphs.fits(step):
+            return self.graphs.run(step)
         return self.model.forward(self.buffers.load(step), step.return_aux)

@@ -15,13 +15,15 @@ Processing order, per row (a step is skipped for rows where it is off):
 8. Top-p: sort the renormalized distribution descending (stable), keep the shortest prefix whose mass
    reaches ``top_p``; the most likely token is always kept.
 9. Min-p: drop tokens with ``p < min_p * max(p)``.
-10. Sample by exponential race: ``argmax(p / q)``, ``q = -log(u)``, ``u = torch.rand(V, generator=g)``;
-    this picks token ``t`` with probability ``p[t]``.
+10. Sample by exponential race: ``argmax(p / q)``, ``q = -log(u)``; this picks token ``t`` with probability
+    ``p[t]``.
 
-Randomness (KF-14): a row draws exactly one ``[V]`` uniform vector per step, and greedy rows draw none. A
-request with a seed owns a ``torch.Generator`` (:class:`SamplingState`), advanced only by its own draws,
-so its tokens are the same whatever else is in the batch; requests without a seed share the sampler's
-generator (one ``[R, V]`` draw per step for those R rows). Every other operation is row-wise.
+Randomness (KF-14; speculative-decoding.md §3d): ``u`` [V] is a keyed draw, Philox(key = the request's 64-bit
+seed, counter = (vocab column, position of the row's last computed token, purpose "sample"))
+(:func:`v41.kernels.sampling.uniforms`), on the logits' device. Every request has a seed: the client's, else one
+the engine draws at admission. So a request's tokens depend only on its seed and its positions: not on the batch,
+its slot, preemption, the TP rank, or any process-global generator. Greedy rows draw nothing. Every other
+operation is row-wise.
 
 Logprobs follow vLLM's default ``raw_logprobs`` mode: ``log_softmax`` of the logits as given to the
 sampler (the model's distribution), before bias, masking, penalties, temperature, top-k/top-p/min-p.
@@ -33,6 +35,7 @@ token lists each step (O(prompt + output) host work per penalized row).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -40,15 +43,16 @@ import torch
 from torch import Tensor
 
 from v41.engine.params import Logprob, PromptLogprobs, SamplingParams
+from v41.kernels.sampling import PURPOSE_SAMPLE, uniforms
 
 Decode = Callable[[int], str]
+_U64 = (1 << 64) - 1
 
 
-def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """A ``torch.Generator`` on ``device`` seeded with ``seed`` (a request's private random stream)."""
-    g = torch.Generator(device=torch.device(device))
-    g.manual_seed(seed)
-    return g
+def seed_bits(seed: int) -> int:
+    """A seed in [-2**63, 2**64 − 1] as the signed int64 holding its low 64 bits (the Philox key)."""
+    b = seed & _U64
+    return b - (1 << 64) if b >= 1 << 63 else b
 
 
 @dataclass(slots=True)
@@ -56,25 +60,29 @@ class SamplingState:
     """Per-request sampling inputs, carried across steps by the engine's request record.
 
     ``prompt_token_ids`` / ``output_token_ids``: ids seen so far (penalties, min_tokens); the engine
-    appends each committed token to ``output_token_ids``. ``generator``: the request's own random
-    stream (seeded, non-greedy requests), None = the sampler's shared generator.
+    appends each committed token to ``output_token_ids``. ``seed``: the request's 64-bit sampling key
+    (``params.seed``, else drawn by the engine at admission).
     """
 
     params: SamplingParams
     prompt_token_ids: Sequence[int]
+    seed: int
     output_token_ids: list[int] = field(default_factory=list)
-    generator: torch.Generator | None = None
     _prompt_ids_cpu: Tensor | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def create(
-        cls, params: SamplingParams, prompt_token_ids: Sequence[int], device: torch.device | str = "cpu"
-    ) -> SamplingState:
-        """State for a new request; seeded non-greedy requests get a generator on ``device``."""
-        gen = None
-        if params.seed is not None and not params.is_greedy:
-            gen = make_generator(params.seed, device)
-        return cls(params=params, prompt_token_ids=prompt_token_ids, generator=gen)
+    def create(cls, params: SamplingParams, prompt_token_ids: Sequence[int], seed: int | None = None) -> SamplingState:
+        """State for a new request: its key is ``params.seed``, else ``seed`` (the engine's draw), else a
+        fresh random 64-bit value."""
+        key = params.seed if params.seed is not None else seed
+        if key is None:
+            key = int.from_bytes(os.urandom(8), "little")
+        return cls(params=params, prompt_token_ids=prompt_token_ids, seed=seed_bits(key))
+
+    @property
+    def position(self) -> int:
+        """Position of the last known token: the row that samples the next one computes it."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) - 1
 
     def seen_token_ids(self) -> Tensor:
         """Prompt + output ids, [P + O] int64 on the CPU (the prompt part is converted once)."""
@@ -177,26 +185,11 @@ class Sampler:
     """Samples one token per row; see the module docstring for the order of operations.
 
     ``eos_token_ids``: every id that ends generation as EOS (model and generation config), masked by
-    ``min_tokens`` unless ``ignore_eos``. ``seed``: seeds the shared generator of unseeded requests
-    (None = nondeterministic).
+    ``min_tokens`` unless ``ignore_eos``.
     """
 
-    def __init__(self, eos_token_ids: Sequence[int] = (), seed: int | None = None) -> None:
+    def __init__(self, eos_token_ids: Sequence[int] = ()) -> None:
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
-        self._seed = seed
-        self._shared: dict[torch.device, torch.Generator] = {}
-
-    def shared_generator(self, device: torch.device) -> torch.Generator:
-        """The generator of unseeded requests on ``device`` (created on first use)."""
-        g = self._shared.get(device)
-        if g is None:
-            g = torch.Generator(device=device)
-            if self._seed is None:
-                g.seed()
-            else:
-                g.manual_seed(self._seed)
-            self._shared[device] = g
-        return g
 
     def __call__(self, logits: Tensor, states: Sequence[SamplingState]) -> SamplerOutput:
         """Sample one token per row.
@@ -284,22 +277,11 @@ class Sampler:
     # ----------------------------------------------------------------- step 10 randomness
 
     def _exponentials(self, states: Sequence[SamplingState], vocab: int, device: torch.device) -> Tensor:
-        """[R, V] float32 Exp(1) variates, one ``torch.rand(V)`` draw per row (module docstring)."""
-        u = torch.empty(len(states), vocab, dtype=torch.float32, device=device)
-        shared_rows = []
-        for j, s in enumerate(states):
-            g = s.generator
-            if g is None:
-                shared_rows.append(j)
-            else:
-                u[j] = torch.rand(vocab, generator=g, device=g.device).to(device)
-        if shared_rows:
-            g = self.shared_generator(device)
-            u[torch.tensor(shared_rows, device=device)] = torch.rand(
-                len(shared_rows), vocab, generator=g, device=device
-            )
-        # u in [0, 1) so q = -log(u) is in (0, inf]: never 0, p / q never NaN.
-        return u.log_().neg_()
+        """[R, V] float32 Exp(1) variates: ``−log`` of each row's keyed uniforms (module docstring)."""
+        seeds = torch.tensor([s.seed for s in states], dtype=torch.int64, device=device)
+        positions = torch.tensor([s.position for s in states], dtype=torch.int64, device=device)
+        # u in (0, 1) so q = -log(u) is in (0, inf): never 0, p / q never NaN.
+        return uniforms(seeds, positions, vocab, PURPOSE_SAMPLE).log_().neg_()
 
 
 # --------------------------------------------------------------------- steps 3-4

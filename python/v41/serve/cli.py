@@ -25,7 +25,8 @@ from typing import Sequence
 
 PROG = "v41-serve"
 log = logging.getLogger("v41.serve")
-DTYPES = ("auto", "float32", "float64")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's spellings
+DTYPES = ("auto", "bfloat16", "float16", "float32", "float64", *DTYPE_ALIASES)
 EMBEDDED_NAME = "v41-tiny"
 
 
@@ -57,7 +58,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, metavar="N", help="token budget per step")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
-    p.add_argument("--dtype", choices=DTYPES, default="auto", help="compute dtype (auto = float32)")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="compute dtype (auto = bfloat16 for the fast model on CUDA, else float32)")
+    p.add_argument("--quantization", "-q", choices=("auto", "none"), default="auto",
+                   help="auto: keep the checkpoint's FP8 / MXFP4 weights packed on the GPU, dequantized in the "
+                        "kernels; none: dequantize them once at load")
+    p.add_argument("--model-impl", choices=("auto", "fast", "paged"), default="auto",
+                   help="fast (production model) or paged (reference modules over the paged cache, CPU parity "
+                        "path); auto = fast, paged for --numerics deployed")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (decode runs eager)")
+    p.add_argument("--max-cudagraph-capture-size", type=int, default=None, metavar="N",
+                   help="largest decode batch replayed from a CUDA graph (default min(--max-num-seqs, 512))")
     p.add_argument("--kv-cache-dtype", default="auto", help="only 'auto' (the compute dtype) for now")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                    help="tensor-parallel ranks, one process each (GPU r = cuda:r; CPU ranks need --device cpu)")
@@ -140,7 +151,9 @@ def engine_args(opts: argparse.Namespace, model_dir: Path):
     kw = dict(model=str(model_dir), max_model_len=opts.max_model_len, max_num_seqs=opts.max_num_seqs,
               max_num_batched_tokens=opts.max_num_batched_tokens, enable_prefix_caching=opts.enable_prefix_caching,
               gpu_memory_utilization=opts.gpu_memory_utilization,
-              dtype="float32" if opts.dtype == "auto" else opts.dtype, device=device, numerics=opts.numerics,
+              dtype=DTYPE_ALIASES.get(opts.dtype, opts.dtype), device=device, numerics=opts.numerics,
+              quantization=opts.quantization, model_impl=opts.model_impl, enforce_eager=opts.enforce_eager,
+              max_cudagraph_capture_size=opts.max_cudagraph_capture_size,
               load_format=opts.load_format, block_size=opts.block_size, seed=opts.seed,
               tensor_parallel_size=opts.tensor_parallel_size, all_reduce_backend=opts.all_reduce_backend,
               nnodes=opts.nnodes, node_rank=opts.node_rank, master_addr=opts.master_addr,
