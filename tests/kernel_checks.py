@@ -15,7 +15,7 @@ import sys
 import torch
 
 from v41 import quant
-from v41.kernels import indexer, linear, mhc, moe, sampling, sparse_attention
+from v41.kernels import indexer, linear, mhc, moe, norm, rope, router, sampling, sparse_attention, swiglu
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
 
@@ -53,7 +53,7 @@ def tol(dtype: torch.dtype) -> float:
 def check_linear(device: str, dtype: torch.dtype, g: torch.Generator):
     out = []
     cases = [("fp8", (32, 32), 1, 64, 96, 1), ("fp8", (128, 128), 17, 128, 256, 1), ("dense", (1, 1), 5, 64, 512, 1),
-             ("fp8", (32, 32), 3, 128, 64, 2), ("fp8", (32, 32), 1, 32, 1024, 1)]
+             ("fp8", (32, 32), 3, 128, 64, 2), ("fp8", (32, 32), 1, 32, 1024, 1), ("fp8", (128, 128), 2, 96, 200, 1)]
     for fmt, block, m, n, k, groups in cases:
         w = packed(torch.randn(n, k, generator=g) / k ** 0.5, fmt, block).to(device)
         if fmt == "dense":
@@ -134,7 +134,16 @@ def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
     poison(device)
     got = mhc.hc_mixes(h, fn, scale, base, 4, 20, 1e-6, 1e-6)
     want = mhc.hc_mixes_ref(h.double(), fn.double(), scale.double(), base.double(), 4, 20, 1e-6, 1e-6)
-    return [(f"mhc/{name}", rel(a, b), 1e-5) for name, a, b in zip(("pre", "post", "comb"), got, want)]
+    out = [(f"mhc/{name}", rel(a, b), 1e-5) for name, a, b in zip(("pre", "post", "comb"), got, want)]
+    pre, post, comb = (x.float() for x in want)
+    y = torch.randn(t, d, generator=g).to(device, dtype)
+    poison(device)
+    out.append(("mhc/collapse", rel(mhc.hc_collapse(h, pre), mhc.hc_collapse_ref(h.double(), pre.double())),
+                tol(dtype)))
+    poison(device)
+    out.append(("mhc/expand", rel(mhc.hc_expand(h, y, post, comb),
+                                  mhc.hc_expand_ref(h.double(), y.double(), post.double(), comb.double())), tol(dtype)))
+    return out
 
 
 def check_uniforms(device: str, dtype: torch.dtype, g: torch.Generator):
@@ -146,7 +155,59 @@ def check_uniforms(device: str, dtype: torch.dtype, g: torch.Generator):
     return [("uniforms/bitwise", 0.0 if torch.equal(got.cpu(), want) else float("inf"), 0.0)]
 
 
-CHECKS = [check_linear, check_grouped, check_attention, check_index_scores, check_mhc, check_uniforms]
+def check_norm_rope_swiglu(device: str, dtype: torch.dtype, g: torch.Generator):
+    out = []
+    for shape, weighted in (((7, 96), True), ((3, 5, 64), False)):
+        x = (torch.randn(*shape, generator=g) * 3).to(device, dtype)
+        w = (1 + torch.randn(shape[-1], generator=g) * 0.1).to(device)
+        poison(device)
+        y = norm.rms_norm(x, 1e-6, w if weighted else None)
+        r = norm.rms_norm_ref(x.double(), 1e-6, w.double() if weighted else None)
+        out.append((f"rms_norm/{'x'.join(map(str, shape))}", rel(y, r), tol(dtype)))
+    for shape in ((6, 64), (4, 3, 128)):
+        x = torch.randn(*shape, generator=g).to(device, dtype)
+        ang = torch.rand(shape[0], 16, generator=g, dtype=torch.float64) * 100
+        cos, sin = ang.cos().to(device), ang.sin().to(device)
+        for inverse in (False, True):
+            poison(device)
+            y = rope.rope(x, cos.float(), sin.float(), inverse)
+            r = rope.rope_ref(x.double(), cos, sin, inverse)
+            out.append((f"rope/{'x'.join(map(str, shape))}/{'inv' if inverse else 'fwd'}", rel(y, r), tol(dtype)))
+    h13 = (torch.randn(9, 2 * 40, generator=g) * 6).to(device, dtype)
+    wt = torch.rand(9, generator=g).to(device)
+    for weight in (wt, None):
+        poison(device)
+        y = swiglu.swiglu(h13, 7.0, weight)
+        r = swiglu.swiglu_ref(h13.double(), 7.0, None if weight is None else weight.double())
+        out.append((f"swiglu/{'weighted' if weight is not None else 'plain'}", rel(y, r), tol(dtype)))
+    return out
+
+
+def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
+    out = []
+    t, e, k = 11, 24, 6
+    logits = (torch.randn(t, e, generator=g) * 3).to(device)
+    logits[0] = -1000.0  # identical logits: equal weights, no underflow
+    logits[1] = 1000.0
+    logits[2, :8] = logits[2, 8:16]  # exact score ties: the lower expert id wins
+    bias = torch.zeros(e, device=device)
+    bias[8:16] = 0.0
+    hashed = torch.randint(0, e, (t, k), generator=g).to(device)
+    for name, b, hids, renorm in (("topk", bias, None, True), ("topk-raw", bias, None, False),
+                                  ("hash", None, hashed, True)):
+        ids, w = router.route(logits, b, hids, k, 1.3, renorm, 1.5)
+        rids, rw = router.route_ref(logits.double(), None if b is None else b.double(), hids, k, 1.3, renorm, 1.5)
+        same = torch.equal(ids.cpu(), rids.cpu())
+        out.append((f"router/{name}/ids", 0.0 if same else float("inf"), 0.0))
+        out.append((f"router/{name}/weights", rel(w, rw), 1e-5))
+        if renorm:
+            eq = (w[:2] - w[:2, :1]).abs().max().item()
+            out.append((f"router/{name}/equal-logits-equal-weights", eq, 1e-6))
+    return out
+
+
+CHECKS = [check_linear, check_grouped, check_attention, check_index_scores, check_mhc, check_uniforms,
+          check_norm_rope_swiglu, check_router]
 
 
 def run(check_name: str, device: str, dtype: torch.dtype):

@@ -452,3 +452,16 @@ def test_from_config():
         eh.EngramHasher.from_config(FLASH, tk)  # 99092 != 15
     with pytest.raises(ValueError, match="engram_num_embeddings"):
         eh.EngramHasher.from_config(dict(cfg, engram_num_embeddings=[1, 2]), tk)
+
+
+@pytest.mark.parametrize("layer", [1, 14])
+def test_hash_runs_of_a_step_equal_each_request_hashed_alone(flash_hasher, layer):
+    """The engine hashes every request of a step in one call; each run keeps its own history and start."""
+    rng = np.random.default_rng(5)
+    runs = [(rng.integers(0, 1000, n), tuple(rng.integers(0, 1000, h)))
+            for n, h in [(1, 3), (9, 0), (4, 2), (1, 1), (17, 3), (1, 0)]]
+    got = flash_hasher.hash_runs(layer, runs)
+    want = np.concatenate([flash_hasher.hash_ids(layer, t, history=list(h)) for t, h in runs])
+    assert got.shape == (sum(len(t) for t, _ in runs), flash_hasher.n_cols)
+    assert np.array_equal(got, want)
+    assert flash_hasher.hash_runs(layer, []).shape == (0, flash_hasher.n_cols)

@@ -33,9 +33,12 @@ def test_fast_engine_on_cuda_gives_the_cpu_engines_greedy_tokens(tmp_path, arch)
     sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     cpu = [o.outputs[0].token_ids for o in LLM(path, block_size=16).generate(_prompts(), sp, use_tqdm=False)]
     for eager in (True, False):
-        llm = LLM(path, block_size=16, device="cuda", dtype="float32", enforce_eager=eager)
+        llm = LLM(path, block_size=16, device="cuda", dtype="float32", enforce_eager=eager,
+                  gpu_memory_utilization=0.2)
         gpu = [o.outputs[0].token_ids for o in llm.generate(_prompts(), sp, use_tqdm=False)]
         assert gpu == cpu, (eager, gpu, cpu)
+        del llm
+        torch.cuda.empty_cache()
 
 
 @pytest.mark.parametrize("arch", ["deepseek_v41", "deepseek_v4"])

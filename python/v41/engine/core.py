@@ -78,7 +78,13 @@ class EngineCore:
             return self.args.kv_cache_bytes
         free, total = torch.cuda.mem_get_info(torch.device(self.device))
         used = total - free
-        return max(0, int(total * self.args.gpu_memory_utilization) - used)
+        budget = int(total * self.args.gpu_memory_utilization) - used
+        if budget <= 0:
+            raise ValueError(f"no room for the KV cache: gpu_memory_utilization={self.args.gpu_memory_utilization} "
+                             f"of {total / 2**30:.1f} GiB allows {total * self.args.gpu_memory_utilization / 2**30:.1f}"
+                             f" GiB, but {used / 2**30:.1f} GiB are in use on the device (weights and other "
+                             "processes); raise gpu_memory_utilization or free the GPU")
+        return budget
 
     # -- requests ------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -227,9 +233,9 @@ class EngineCore:
                 prompt_rows.append(None)
         engram = {}
         if self.hasher is not None:
-            runs = list(zip(first.tolist(), counts.tolist(), plan.start_pos.tolist(), seqs))
-            engram = {lid: np.concatenate([self.hasher.hash_ids(lid, token_ids[a:a + n], history=seq.history(p))
-                                           for a, n, p, seq in runs]) for lid in self.cfg.engram_layer_ids}
+            runs = [(token_ids[a:a + n], seq.history(p))
+                    for a, n, p, seq in zip(first.tolist(), counts.tolist(), plan.start_pos.tolist(), seqs)]
+            engram = {lid: self.hasher.hash_runs(lid, runs) for lid in self.cfg.engram_layer_ids}
         step = HostStep(token_ids=token_ids, positions=plan.positions.astype(np.int64), num_scheduled=counts,
                         start_pos=plan.start_pos.astype(np.int64), block_tables=dict(plan.block_tables),
                         slot_mapping=dict(plan.slot_mappings), state_rows=plan.state_rows,

@@ -39,7 +39,7 @@ def linear_ref(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None,
 def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, groups: int = 1) -> Tensor:
     """:func:`linear_ref`, as the Triton kernel where :func:`.dispatch.use_triton` says so (2-D weights in fp8
     or dense format, at most ``TRITON_MAX_M`` rows, bf16/fp16/fp32 activations), else the reference."""
-    if (x.shape[0] <= TRITON_MAX_M and x.dtype in TRITON_DTYPES and w.fmt in ("fp8", "dense")
+    if (0 < x.shape[0] <= TRITON_MAX_M and x.dtype in TRITON_DTYPES and w.fmt in ("fp8", "dense")
             and w.data.dim() == 2 and use_triton(x, w.data)):
         return _linear_triton(x, w, out_dtype or x.dtype, groups)
     return linear_ref(x, w, out_dtype, groups)
@@ -48,33 +48,32 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, gro
 if triton is not None:
     import triton.language as tl
 
-    from .wtile import FMT_CODES, load_w_tile
+    from .wtile import FMT_CODES, TILE_K, scale_k, tile_scale, w_tile
 
     @triton.jit
     def _linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, NG, K_SPLIT, stride_xm, stride_wn, stride_sn,
-                       stride_ys, stride_ym, B0: tl.constexpr, B1: tl.constexpr, FMT: tl.constexpr,
-                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
-                       IEEE: tl.constexpr):
+                       stride_ys, stride_ym, B0: tl.constexpr, SK: tl.constexpr, FMT: tl.constexpr, BM: tl.constexpr,
+                       BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
         pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
+        nmask = rn < N
         col0 = (pid_n * BN // NG) * K  # the group's first input column (BN divides NG)
         k_lo = pid_k * K_SPLIT
         k_hi = tl.minimum(K, k_lo + K_SPLIT)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BK):
             rk = k0 + tl.arange(0, BK)
-            kmask = rk < k_hi
-            a = tl.load(x_ptr + rm[:, None] * stride_xm + col0 + rk[None, :], mask=(rm < M)[:, None] & kmask[None, :],
-                        other=0.0)
-            wt = load_w_tile(w_ptr, s_ptr, rn, rk, (rn < N)[:, None] & kmask[None, :], stride_wn, stride_sn,
-                             B0, B1, FMT)
+            a = tl.load(x_ptr + rm[:, None] * stride_xm + col0 + rk[None, :],
+                        mask=(rm < M)[:, None] & (rk < k_hi)[None, :], other=0.0).to(DOT)
+            w = w_tile(w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT)
             if IEEE:
-                acc += tl.dot(a.to(DOT), tl.trans(wt.to(DOT)), input_precision="ieee")
+                part = tl.dot(a, tl.trans(w), input_precision="ieee")
             else:
-                acc += tl.dot(a.to(DOT), tl.trans(wt.to(DOT)))
+                part = tl.dot(a, tl.trans(w))
+            acc += part * tile_scale(s_ptr, rn, k0, nmask, stride_sn, B0, SK, BK, FMT)[None, :]
         ptrs = y_ptr + pid_k * stride_ys + rm[:, None] * stride_ym + rn[None, :]
-        tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm < M)[:, None] & (rn < N)[None, :])
+        tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm < M)[:, None] & nmask[None, :])
 
 
 def _pow2_divisor(n: int, cap: int) -> int:
@@ -88,20 +87,21 @@ def _linear_triton(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: i
     m = x.shape[0]
     n, k_g = w.out_features, w.in_features
     ng = n // groups
+    bk = TILE_K
     if x.shape[1] != groups * k_g or ng * groups != n or ng % 16:
         return linear_ref(x, w, out_dtype, groups)
     x = x.contiguous()
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
-    bn = _pow2_divisor(ng, 64)
-    bk = 64 if x.dtype == torch.float32 else 128
+    bn = _pow2_divisor(ng, 128 if m <= 16 else 64)
     grid_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    split = max(1, min(triton.cdiv(k_g, bk), TARGET_PROGRAMS // grid_mn))
-    k_split = triton.cdiv(triton.cdiv(k_g, split), bk) * bk
+    n_kb = triton.cdiv(k_g, bk)
+    split = max(1, min(n_kb, TARGET_PROGRAMS // grid_mn))
+    k_split = triton.cdiv(n_kb, split) * bk
     split = triton.cdiv(k_g, k_split)
     y = torch.empty((split, m, n), dtype=out_dtype if split == 1 else torch.float32, device=x.device)
     scale = w.scale if w.scale is not None else w.data  # unused for dense
     _linear_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
         x, w.data, scale, y, m, n, k_g, ng, k_split, x.stride(0), w.data.stride(0), scale.stride(0),
-        y.stride(0), y.stride(1), B0=w.block[0], B1=w.block[1], FMT=FMT_CODES[w.fmt], BM=bm, BN=bn, BK=bk,
-        DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32)
+        y.stride(0), y.stride(1), B0=w.block[0], SK=scale_k(w.fmt, w.block), FMT=FMT_CODES[w.fmt], BM=bm, BN=bn, BK=bk,
+        DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32, num_stages=4)
     return y[0] if split == 1 else y.sum(0).to(out_dtype)

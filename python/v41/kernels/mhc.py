@@ -1,9 +1,11 @@
-"""mHC coefficients of one sub-layer seam (v41-architecture.md §3.4), float32 throughout.
+"""mHC seams (v41-architecture.md §3.4, §3.2): the coefficients of a sub-layer, the collapse of the residual
+copies into the sub-layer input and the expansion of its output back into the copies; float32 math.
 
-``mixes = fn · rmsnorm(flatten(H))`` is one GEMM; what follows (sigmoids, the 4×4 softmax and the spec's fixed
-Sinkhorn procedure: one column normalisation, then ``iters − 1`` rounds of row then column normalisation) is
-~45 tiny element-wise ops in PyTorch. The Triton kernel does that part for a block of tokens in registers, so
-a seam costs three launches whatever ``iters`` is.
+``mixes = fn · rmsnorm(flatten(H))`` is a skinny GEMM; what follows (sigmoids, the 4×4 softmax and the spec's fixed
+Sinkhorn procedure: one column normalisation, then ``iters − 1`` rounds of row then column normalisation) is ~45
+tiny element-wise ops in PyTorch. The Triton path is two launches per seam: a split-K pass that reads H once in its
+own dtype and leaves partial dot products and sums of squares, and a per-token kernel that finishes them and runs
+Sinkhorn in registers. Collapse and expand are one launch each.
 """
 
 from __future__ import annotations
@@ -41,44 +43,117 @@ def _finish_ref(mixes: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int,
 
 def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
              norm_eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`hc_mixes_ref` with the post-GEMM part as one Triton kernel where :func:`.dispatch.use_triton`
-    says so (float32 math; hc = 4)."""
-    if h.dtype == torch.float64 or hc != 4 or not use_triton(h):
+    """:func:`hc_mixes_ref` as two Triton launches where :func:`.dispatch.use_triton` says so (hc = 4)."""
+    if h.dtype == torch.float64 or hc != 4 or h.shape[0] == 0 or not use_triton(h):
         return hc_mixes_ref(h, fn, scale, base, hc, iters, hc_eps, norm_eps)
-    flat = h.flatten(1).float()
-    r = torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + norm_eps)
-    mixes = F.linear(flat, fn.float()) * r
-    t = mixes.shape[0]
+    t = h.shape[0]
+    flat = h.reshape(t, -1)
+    k = flat.shape[1]
+    bt, bk = 16, 128
+    n_tb = triton.cdiv(t, bt)
+    split = max(1, min(triton.cdiv(k, bk), 32, 264 // n_tb))
+    k_split = triton.cdiv(triton.cdiv(k, bk), split) * bk
+    split = triton.cdiv(k, k_split)
+    part = torch.empty(split, t, 32, dtype=torch.float32, device=h.device)
+    prec = "ieee" if h.device.type == "cpu" else "tf32x3"  # tf32x3: float32-accurate on the tensor cores
+    _mix_partial_kernel[(n_tb, split)](flat, fn.float().contiguous(), part, t, k, k_split, flat.stride(0),
+                                       BT=bt, BK=bk, PREC=prec)
     pre = torch.empty(t, 4, dtype=torch.float32, device=h.device)
     post = torch.empty_like(pre)
     comb = torch.empty(t, 4, 4, dtype=torch.float32, device=h.device)
-    if t:
-        bt = 16
-        _finish_kernel[(triton.cdiv(t, bt),)](mixes.contiguous(), scale.float().contiguous(),
-                                              base.float().contiguous(), pre, post, comb, t, iters, hc_eps,
-                                              BT=bt)
+    _finish_kernel[(triton.cdiv(t, bt),)](part, scale.float().contiguous(), base.float().contiguous(), pre, post,
+                                          comb, t, split, k, float(norm_eps), iters, hc_eps, BT=bt)
     return pre, post, comb
+
+
+def hc_collapse_ref(h: Tensor, pre: Tensor) -> Tensor:
+    """``x = Σ_h pre[h]·H[h]``: h [T, hc, D], pre [T, hc] → [T, D] in h's dtype."""
+    ct = torch.promote_types(h.dtype, torch.float32)
+    return torch.einsum("th,thd->td", pre.to(ct), h.to(ct)).to(h.dtype)
+
+
+def hc_expand_ref(h: Tensor, y: Tensor, post: Tensor, comb: Tensor) -> Tensor:
+    """``H'[j] = post[j]·y + Σ_i comb[i, j]·H[i]``: h [T, hc, D], y [T, D] → [T, hc, D] in h's dtype."""
+    ct = torch.promote_types(h.dtype, torch.float32)
+    mixed = torch.einsum("tij,tid->tjd", comb.to(ct), h.to(ct))
+    return (post.to(ct)[..., None] * y.to(ct)[:, None, :] + mixed).to(h.dtype)
+
+
+def hc_collapse(h: Tensor, pre: Tensor) -> Tensor:
+    """:func:`hc_collapse_ref` as one Triton launch where :func:`.dispatch.use_triton` says so (hc = 4)."""
+    if h.dtype == torch.float64 or h.shape[1] != 4 or h.shape[0] == 0 or not use_triton(h):
+        return hc_collapse_ref(h, pre)
+    t, _, d = h.shape
+    hc_ = h.contiguous()
+    out = torch.empty(t, d, dtype=h.dtype, device=h.device)
+    bd = min(1024, triton.next_power_of_2(d))
+    _collapse_kernel[(t, triton.cdiv(d, bd))](hc_, pre.float().contiguous(), out, d, BD=bd)
+    return out
+
+
+def hc_expand(h: Tensor, y: Tensor, post: Tensor, comb: Tensor) -> Tensor:
+    """:func:`hc_expand_ref` as one Triton launch where :func:`.dispatch.use_triton` says so (hc = 4)."""
+    if h.dtype == torch.float64 or h.shape[1] != 4 or h.shape[0] == 0 or not use_triton(h):
+        return hc_expand_ref(h, y, post, comb)
+    t, _, d = h.shape
+    hc_ = h.contiguous()
+    out = torch.empty_like(hc_)
+    bd = min(1024, triton.next_power_of_2(d))
+    _expand_kernel[(t, triton.cdiv(d, bd))](hc_, y.contiguous(), post.float().contiguous(),
+                                            comb.float().contiguous(), out, d, BD=bd)
+    return out
 
 
 if triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def _finish_kernel(m_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, ITERS, EPS, BT: tl.constexpr):
+    def _mix_partial_kernel(h_ptr, fn_ptr, part_ptr, T, K, K_SPLIT, stride_h, BT: tl.constexpr, BK: tl.constexpr,
+                            PREC: tl.constexpr):
+        """partial[s, t, 0:24] = Σ_{k in split s} fn[:, k]·h[t, k]; partial[s, t, 24] = Σ h[t, k]² (float32)."""
+        pid_t, pid_s = tl.program_id(0), tl.program_id(1)
+        rt = pid_t * BT + tl.arange(0, BT)
+        r32 = tl.arange(0, 32)
+        tmask = rt < T
+        k_lo = pid_s * K_SPLIT
+        k_hi = tl.minimum(K, k_lo + K_SPLIT)
+        acc = tl.zeros([BT, 32], dtype=tl.float32)
+        ss = tl.zeros([BT], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            rk = k0 + tl.arange(0, BK)
+            kmask = rk < k_hi
+            x = tl.load(h_ptr + rt[:, None].to(tl.int64) * stride_h + rk[None, :],
+                        mask=tmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            f = tl.load(fn_ptr + r32[:, None] * K + rk[None, :], mask=(r32 < 24)[:, None] & kmask[None, :], other=0.0)
+            acc += tl.dot(x, tl.trans(f), input_precision=PREC)
+            ss += tl.sum(x * x, axis=1)
+        acc = tl.where((r32 == 24)[None, :], ss[:, None], acc)
+        tl.store(part_ptr + (pid_s * T + rt[:, None]) * 32 + r32[None, :], acc, mask=tmask[:, None] & (r32 < 25)[None, :])
+
+    @triton.jit
+    def _finish_kernel(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, SPLIT, K, NORM_EPS, ITERS, EPS,
+                       BT: tl.constexpr):
         rt = tl.program_id(0) * BT + tl.arange(0, BT)
         tmask = rt < T
         r4 = tl.arange(0, 4)
         r16 = tl.arange(0, 16)
+        pre_w = tl.zeros([BT, 4], dtype=tl.float32)
+        post_w = tl.zeros([BT, 4], dtype=tl.float32)
+        comb_w = tl.zeros([BT, 16], dtype=tl.float32)
+        ss = tl.zeros([BT], dtype=tl.float32)
+        for s in range(0, SPLIT):
+            row = (s * T + rt[:, None]) * 32
+            pre_w += tl.load(part_ptr + row + r4[None, :], mask=tmask[:, None], other=0.0)
+            post_w += tl.load(part_ptr + row + 4 + r4[None, :], mask=tmask[:, None], other=0.0)
+            comb_w += tl.load(part_ptr + row + 8 + r16[None, :], mask=tmask[:, None], other=0.0)
+            ss += tl.load(part_ptr + (s * T + rt) * 32 + 24, mask=tmask, other=0.0)
+        r = tl.rsqrt(ss / K + NORM_EPS)[:, None]
         s0 = tl.load(scale_ptr)
         s1 = tl.load(scale_ptr + 1)
         s2 = tl.load(scale_ptr + 2)
-        row = rt[:, None] * 24
-        pre_w = tl.load(m_ptr + row + r4[None, :], mask=tmask[:, None], other=0.0)
-        post_w = tl.load(m_ptr + row + 4 + r4[None, :], mask=tmask[:, None], other=0.0)
-        comb_w = tl.load(m_ptr + row + 8 + r16[None, :], mask=tmask[:, None], other=0.0)
-        pre = tl.sigmoid(pre_w * s0 + tl.load(base_ptr + r4)[None, :]) + EPS
-        post = 2.0 * tl.sigmoid(post_w * s1 + tl.load(base_ptr + 4 + r4)[None, :])
-        logits = tl.reshape(comb_w * s2 + tl.load(base_ptr + 8 + r16)[None, :], (BT, 4, 4))
+        pre = tl.sigmoid(pre_w * r * s0 + tl.load(base_ptr + r4)[None, :]) + EPS
+        post = 2.0 * tl.sigmoid(post_w * r * s1 + tl.load(base_ptr + 4 + r4)[None, :])
+        logits = tl.reshape(comb_w * r * s2 + tl.load(base_ptr + 8 + r16)[None, :], (BT, 4, 4))
         mx = tl.max(logits, axis=2)
         e = tl.exp(logits - mx[:, :, None])
         c = e / tl.sum(e, axis=2)[:, :, None] + EPS
@@ -89,3 +164,31 @@ if triton is not None:
         tl.store(pre_ptr + rt[:, None] * 4 + r4[None, :], pre, mask=tmask[:, None])
         tl.store(post_ptr + rt[:, None] * 4 + r4[None, :], post, mask=tmask[:, None])
         tl.store(comb_ptr + rt[:, None] * 16 + r16[None, :], tl.reshape(c, (BT, 16)), mask=tmask[:, None])
+
+    @triton.jit
+    def _collapse_kernel(h_ptr, pre_ptr, out_ptr, D, BD: tl.constexpr):
+        t, db = tl.program_id(0), tl.program_id(1)
+        rd = db * BD + tl.arange(0, BD)
+        mask = rd < D
+        base = t.to(tl.int64) * 4 * D
+        acc = tl.zeros([BD], dtype=tl.float32)
+        for i in tl.static_range(4):
+            acc += tl.load(pre_ptr + t * 4 + i) * tl.load(h_ptr + base + i * D + rd, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + t.to(tl.int64) * D + rd, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _expand_kernel(h_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, D, BD: tl.constexpr):
+        t, db = tl.program_id(0), tl.program_id(1)
+        rd = db * BD + tl.arange(0, BD)
+        mask = rd < D
+        base = t.to(tl.int64) * 4 * D
+        y = tl.load(y_ptr + t.to(tl.int64) * D + rd, mask=mask, other=0.0).to(tl.float32)
+        h0 = tl.load(h_ptr + base + rd, mask=mask, other=0.0).to(tl.float32)
+        h1 = tl.load(h_ptr + base + D + rd, mask=mask, other=0.0).to(tl.float32)
+        h2 = tl.load(h_ptr + base + 2 * D + rd, mask=mask, other=0.0).to(tl.float32)
+        h3 = tl.load(h_ptr + base + 3 * D + rd, mask=mask, other=0.0).to(tl.float32)
+        for j in tl.static_range(4):
+            c = comb_ptr + t * 16 + j  # comb[i, j] at i·4 + j
+            v = tl.load(post_ptr + t * 4 + j) * y + tl.load(c) * h0 + tl.load(c + 4) * h1 + tl.load(c + 8) * h2 \
+                + tl.load(c + 12) * h3
+            tl.store(out_ptr + base + j * D + rd, v.to(out_ptr.dtype.element_ty), mask=mask)

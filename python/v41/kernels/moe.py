@@ -54,13 +54,13 @@ def grouped_linear(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | N
 if triton is not None:
     import triton.language as tl
 
-    from .wtile import FMT_CODES, load_w_tile
+    from .wtile import FMT_CODES, TILE_K, scale_k, tile_scale, w_tile
 
     @triton.jit
     def _grouped_kernel(x_ptr, rows_ptr, w_ptr, s_ptr, offs_ptr, y_ptr, N, K, stride_xm, stride_we, stride_wn,
                         stride_se, stride_sn, stride_ym, GATHER: tl.constexpr, B0: tl.constexpr,
-                        B1: tl.constexpr, FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
+                        SK: tl.constexpr, FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                        DOT: tl.constexpr, IEEE: tl.constexpr):
         e, pid_n = tl.program_id(0), tl.program_id(1)
         start = tl.load(offs_ptr + e)
         end = tl.load(offs_ptr + e + 1)
@@ -78,15 +78,14 @@ if triton is not None:
             acc = tl.zeros([BM, BN], dtype=tl.float32)
             for k0 in range(0, K, BK):
                 rk = k0 + tl.arange(0, BK)
-                kmask = rk < K
-                a = tl.load(x_ptr + src[:, None] * stride_xm + rk[None, :], mask=mmask[:, None] & kmask[None, :],
-                            other=0.0)
-                wt = load_w_tile(w_e, s_e, rn, rk, nmask[:, None] & kmask[None, :], stride_wn, stride_sn, B0, B1,
-                                 FMT)
+                a = tl.load(x_ptr + src[:, None] * stride_xm + rk[None, :],
+                            mask=mmask[:, None] & (rk < K)[None, :], other=0.0).to(DOT)
+                w = w_tile(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT)
                 if IEEE:
-                    acc += tl.dot(a.to(DOT), tl.trans(wt.to(DOT)), input_precision="ieee")
+                    part = tl.dot(a, tl.trans(w), input_precision="ieee")
                 else:
-                    acc += tl.dot(a.to(DOT), tl.trans(wt.to(DOT)))
+                    part = tl.dot(a, tl.trans(w))
+                acc += part * tile_scale(s_e, rn, k0, nmask, stride_sn, B0, SK, BK, FMT)[None, :]
             tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
                      mask=mmask[:, None] & nmask[None, :])
 
@@ -97,13 +96,15 @@ def _grouped_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | 
     y = torch.empty((p, n), dtype=x.dtype, device=x.device)
     if p == 0:
         return y
+    bk = TILE_K
     x = x.contiguous()
     scale = w.scale if w.scale is not None else w.data
-    bn = 64
-    bk = 64 if x.dtype == torch.float32 else 128
+    per_expert = p / n_exp  # the host's view of the step's shape, not of its routing
+    bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
+    bn = 128 if bm == 16 else 64
     _grouped_kernel[(n_exp, triton.cdiv(n, bn))](
         x, x if rows is None else rows, w.data, scale, offsets, y, n, k, x.stride(0), w.data.stride(0),
         w.data.stride(1), scale.stride(0), scale.stride(1), y.stride(0), GATHER=rows is not None,
-        B0=w.block[0], B1=w.block[1], FMT=FMT_CODES[w.fmt], BM=16, BN=bn, BK=bk, DOT=dot_dtype(x.dtype),
-        IEEE=x.dtype == torch.float32)
+        B0=w.block[0], SK=scale_k(w.fmt, w.block), FMT=FMT_CODES[w.fmt], BM=bm, BN=bn, BK=bk, DOT=dot_dtype(x.dtype),
+        IEEE=x.dtype == torch.float32, num_stages=4)
     return y

@@ -421,8 +421,34 @@ class EngramHasher:
         H = hist.shape[0]
         vals = np.concatenate([self._compress(hist, "history"), self._compress(tok, "token_ids")])
         dead_ext = np.concatenate([hdead, d])
-        pos = np.arange(T, dtype=np.int64) + H
+        return self._hash(layer_id, vals, dead_ext, np.arange(T, dtype=np.int64) + H, np.zeros(T, dtype=np.int64))
 
+    def hash_runs(self, layer_id: int, runs) -> np.ndarray:
+        """:meth:`hash_ids` of several requests' runs at once: ``runs`` = (token ids [T_r], history ≤ 3 committed
+        ids before them) per request, no dead tokens. Returns ``int64 [Σ T_r, n_cols]`` in run order."""
+        layer_id = int(layer_id)
+        if layer_id not in self.primes:
+            raise KeyError(f"layer {layer_id} has no Engram module (engram layers: {self.layer_ids})")
+        keep = self.max_ngram_size - 1
+        ext, pos, first = [], [], []
+        n = 0
+        for tokens, history in runs:
+            hist = list(history)[-keep:] if keep else []
+            ext += hist
+            ext += [int(t) for t in tokens]
+            pos.append(np.arange(len(tokens), dtype=np.int64) + n + len(hist))
+            first.append(np.full(len(tokens), n, dtype=np.int64))
+            n += len(hist) + len(tokens)
+        if not pos:
+            return np.empty((0, self.n_cols), dtype=np.int64)
+        vals = self._compress(np.asarray(ext, dtype=np.int64), "token_ids")
+        return self._hash(layer_id, vals, np.zeros(n, dtype=bool), np.concatenate(pos), np.concatenate(first))
+
+    def _hash(self, layer_id: int, vals: np.ndarray, dead_ext: np.ndarray, pos: np.ndarray,
+              first: np.ndarray) -> np.ndarray:
+        """Rows for tokens at indices ``pos`` of the compressed extended sequences ``vals`` (lookbacks stop at
+        each token's run start ``first`` or at a dead token)."""
+        T = pos.shape[0]
         mult = self.multipliers[layer_id]
         primes = self.primes[layer_id]
         offsets = self.offsets[layer_id]
@@ -431,8 +457,8 @@ class EngramHasher:
         rolling = np.zeros(T, dtype=np.int64)
         for s in range(self.max_ngram_size):
             src = pos - s
-            before_start = src < 0
-            src_c = np.maximum(src, 0)
+            before_start = src < first
+            src_c = np.maximum(src, first)
             blocked |= before_start | dead_ext[src_c]
             v = np.where(blocked, self.pad, vals[src_c])
             rolling ^= v * mult[s]  # no overflow: v < compressed vocab, see __init__

@@ -26,7 +26,9 @@ from ..protocol import StepBatch
 from ..sharding import group_range, head_range
 from .cache import FastCache
 from .compress import Segments
-from .layers import PackedLinear, RMSNorm, Rope, apply_rope, rms_norm
+from ...kernels.norm import rms_norm
+from ...kernels.rope import rope
+from .layers import PackedLinear, RMSNorm, Rope
 
 
 @dataclass
@@ -65,9 +67,10 @@ def rope_key(plan: LayerPlan) -> str:
     return "compress" if plan.ratio > 0 else "base"
 
 
-def make_rope(cfg: ModelConfig, key: str, device) -> Rope:
+def make_rope(cfg: ModelConfig, key: str, device, dtype: torch.dtype) -> Rope:
+    """The rope of variant ``key`` rotating in float32 (float64 for a float64 model)."""
     base, scaling = cfg.layer_rope(1 if key == "compress" else 0)
-    return Rope(cfg.qk_rope_head_dim, base, scaling, device)
+    return Rope(cfg.qk_rope_head_dim, base, scaling, device, torch.promote_types(dtype, torch.float32))
 
 
 class FastAttention(nn.Module):
@@ -103,8 +106,8 @@ class FastAttention(nn.Module):
         q = self.wq_b(qr).view(x.shape[0], self.n_heads, self.head_dim)
         if self.q_head_norm:
             q = rms_norm(q, self.cfg.rms_norm_eps)
-        q = apply_rope(q, cos, sin)
-        kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
+        q = rope(q, cos, sin)
+        kv = rope(self.kv_norm(self.wkv(x)), cos, sin)
         lid = self.plan.layer_id
         scatter_rows(ctx.cache.tensors["swa"][lid], ctx.batch.slot_mapping["swa"], kv, ctx.cache.dummy_slot("swa"))
         sources = [(ctx.cache.tensors["swa"][lid], ctx.window_slots)]
@@ -112,7 +115,7 @@ class FastAttention(nn.Module):
         if extra is not None:
             sources.append(extra)
         o = sparse_mqa_sink(q, sources, self.attn_sink, self.head_dim ** -0.5)
-        o = apply_rope(o, cos, sin, inverse=True)
+        o = rope(o, cos, sin, inverse=True)
         return self.tp.all_reduce(self.wo_b(self.wo_a(o.reshape(x.shape[0], -1))))
 
     def compressed_source(self, x: Tensor, qr: Tensor, ctx: StepContext) -> tuple[Tensor, Tensor] | None:

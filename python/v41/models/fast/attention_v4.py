@@ -19,7 +19,8 @@ from ...kernels.paged import block_slots, gather_slots
 from ...kernels.topk import stable_topk
 from .attention import FastAttention, StepContext, selected_or_none
 from .compress import NEG, combine, finish, pool_step
-from .layers import PackedLinear, RMSNorm, apply_rope
+from ...kernels.rope import rope
+from .layers import PackedLinear, RMSNorm
 
 
 class WindowCompressor(nn.Module):
@@ -97,10 +98,10 @@ class V4Attention(FastAttention):
         pooled = finish(m, s, a)
         cos, sin = ctx.ropes[self.rope_key].cos_sin(seg.window * r)
         main = self.compressor.norm(pooled[:, :hd].to(x.dtype))
-        ctx.write(f"ckv{r}", lid, seg.last_row, apply_rope(main, cos, sin))
+        ctx.write(f"ckv{r}", lid, seg.last_row, rope(main, cos, sin))
         if self.csa:
             keys = self.indexer.compressor.norm(pooled[:, hd:].to(x.dtype))
-            ctx.write(f"idx{r}", lid, seg.last_row, apply_rope(keys, cos, sin))
+            ctx.write(f"idx{r}", lid, seg.last_row, rope(keys, cos, sin))
 
     def _prev_a(self, ctx: StepContext, seg, c: int):
         """The A triple of window w−1 of every segment from ``cov{r}`` (empty for window 0)."""
@@ -116,7 +117,7 @@ class V4Attention(FastAttention):
         """The indexer's top-k entry ids per query [T, min(index_topk, N)] (−1 = none)."""
         ix, r, lid = self.indexer, self.plan.ratio, self.plan.layer_id
         cos, sin = ctx.rope[self.rope_key]
-        q = apply_rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
+        q = rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
         w = ix.weights_proj(x, torch.float32) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
         kind = f"idx{r}"
         b = ctx.batch

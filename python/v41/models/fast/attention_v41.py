@@ -15,7 +15,8 @@ from ...kernels.indexer import index_scores
 from ...kernels.topk import stable_topk
 from .attention import FastAttention, StepContext, selected_or_none
 from .compress import finish, pool_step
-from .layers import PackedLinear, RMSNorm, apply_rope
+from ...kernels.rope import rope
+from .layers import PackedLinear, RMSNorm
 
 
 class Compressor(nn.Module):
@@ -78,15 +79,15 @@ class CSA2Attention(FastAttention):
             rows, entry = seg.last_row, seg.window
         cos, sin = ctx.ropes[self.rope_key].cos_sin(entry * r)
         ix = self.indexer
-        ctx.write(f"idx{r}", lid, rows, apply_rope(ix.k_norm(ix.wk(latent)), cos, sin))
-        ctx.write(f"ckv{r}", lid, rows, apply_rope(latent, cos, sin))
+        ctx.write(f"idx{r}", lid, rows, rope(ix.k_norm(ix.wk(latent)), cos, sin))
+        ctx.write(f"ckv{r}", lid, rows, rope(latent, cos, sin))
 
     def _select(self, x: Tensor, qr: Tensor, ctx: StepContext) -> Tensor:
         """This index source's top-k entry ids per query [T, min(index_topk, N)] (−1 = none), §3.7 steps 2–7."""
         cfg, plan, ix = self.cfg, self.plan, self.indexer
         r = plan.ratio
         cos, sin = ctx.rope[self.rope_key]
-        q = apply_rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
+        q = rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
         w = ix.weights_proj(x, torch.float32) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
         kind = f"idx{r}"
         b = ctx.batch

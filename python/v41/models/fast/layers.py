@@ -13,30 +13,48 @@ from torch import Tensor, nn
 
 from ...config import RopeScaling, yarn_inv_freq
 from ...kernels.linear import linear
-from ...kernels.packed import PackedWeight
+from ...kernels.norm import rms_norm
+from ...kernels.packed import PackedWeight, from_dense
 
 
-class PackedLinear(nn.Module):
+class PackedModule(nn.Module):
+    """Holds one :class:`PackedWeight` as buffers (``weight`` = stored data, ``scale`` = E8M0 bytes) of logical
+    shape ``self.shape``. On the CPU, where the kernels are the PyTorch references (which dequantize), the
+    dequantized weight is kept after its first use instead of being rebuilt on every call."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        super().__init__()
+        self.shape = shape
+        self.register_buffer("weight", torch.empty(0), persistent=False)
+        self.register_buffer("scale", None, persistent=False)
+        self.fmt, self.block = "dense", (1, 1)
+        self._dense: PackedWeight | None = None
+
+    def set(self, w: PackedWeight) -> None:
+        """Install a loaded weight. Raises ValueError when its logical shape is not ``self.shape``."""
+        if w.shape != self.shape:
+            raise ValueError(f"weight shape {w.shape}, expected {self.shape}")
+        self.weight, self.scale, self.fmt, self.block = w.data, w.scale, w.fmt, w.block
+        self._dense = None
+
+    @property
+    def packed(self) -> PackedWeight:
+        pw = PackedWeight(self.weight, self.scale, self.fmt, self.block)
+        if pw.fmt == "dense" or self.weight.is_cuda:
+            return pw
+        if self._dense is None:
+            self._dense = from_dense(pw.dequantize(torch.float32))  # exact; any compute dtype converts it exactly
+        return self._dense
+
+
+class PackedLinear(PackedModule):
     """``y = x · Wᵀ`` with W ``[out, in]`` in its storage format (set by the loader with :meth:`set`).
 
     ``groups``: the block-diagonal grouped projection (:func:`v41.kernels.linear.linear`)."""
 
     def __init__(self, in_features: int, out_features: int, groups: int = 1):
-        super().__init__()
+        super().__init__((out_features, in_features))
         self.in_features, self.out_features, self.groups = in_features, out_features, groups
-        self.register_buffer("weight", torch.empty(0), persistent=False)
-        self.register_buffer("scale", None, persistent=False)
-        self.fmt, self.block = "dense", (1, 1)
-
-    def set(self, w: PackedWeight) -> None:
-        """Install a loaded weight. Raises ValueError when its logical shape is not ``[out, in]``."""
-        if w.shape != (self.out_features, self.in_features):
-            raise ValueError(f"weight shape {w.shape}, expected {(self.out_features, self.in_features)}")
-        self.weight, self.scale, self.fmt, self.block = w.data, w.scale, w.fmt, w.block
-
-    @property
-    def packed(self) -> PackedWeight:
-        return PackedWeight(self.weight, self.scale, self.fmt, self.block)
 
     def forward(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
         return linear(x, self.packed, out_dtype, self.groups)
@@ -54,40 +72,17 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.eps, self.weight)
 
 
-def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
-    """RMSNorm over the last dim in ≥ float32 (float64 stays float64), optional weight; x's dtype out."""
-    xf = x.to(torch.promote_types(x.dtype, torch.float32))
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        y = y * weight.to(y.dtype)
-    return y.to(x.dtype)
-
-
 class Rope:
     """Interleaved ("GPT-J") rotary embedding of the last ``rope_dim`` channels (§2): pairs ``(2i, 2i+1)``
-    rotate by ``pos·f_i``. Angles are formed in float64 (positions up to 1M need it), rotations in float32."""
+    rotate by ``pos·f_i`` (:func:`v41.kernels.rope.rope` applies it). Angles are formed in float64 (positions up to
+    1M need it); ``dtype`` is what the rotation computes in (float32, or float64 for a float64 model)."""
 
-    def __init__(self, rope_dim: int, base: float, scaling: RopeScaling | None, device: torch.device | str):
-        self.rope_dim = rope_dim
+    def __init__(self, rope_dim: int, base: float, scaling: RopeScaling | None, device: torch.device | str,
+                 dtype: torch.dtype = torch.float32):
+        self.rope_dim, self.dtype = rope_dim, dtype
         self.inv_freq = torch.tensor(yarn_inv_freq(rope_dim, base, scaling), dtype=torch.float64, device=device)
 
     def cos_sin(self, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """pos [T] int64 → (cos, sin) [T, rope_dim/2] float64 (cast by :func:`apply_rope`)."""
+        """pos [T] int64 → (cos, sin) [T, rope_dim/2] in ``dtype``."""
         angles = pos.to(torch.float64)[:, None] * self.inv_freq[None, :]
-        return angles.cos(), angles.sin()
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
-    """Rotate the last ``2·cos.shape[-1]`` channels of x [T, ..., d] by the per-token angles (cos, sin)
-    [T, rd/2]; ``inverse`` rotates by the negative angles. Returns x's shape and dtype."""
-    half = cos.shape[-1]
-    rd = 2 * half
-    ctype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
-    c, s = cos.to(ctype).view(shape), sin.to(ctype).view(shape)
-    if inverse:
-        s = -s
-    rope = x[..., -rd:].to(ctype)
-    even, odd = rope[..., 0::2], rope[..., 1::2]
-    rot = torch.stack((even * c - odd * s, even * s + odd * c), dim=-1).flatten(-2)
-    return torch.cat([x[..., :-rd], rot.to(x.dtype)], dim=-1)
+        return angles.cos().to(self.dtype), angles.sin().to(self.dtype)

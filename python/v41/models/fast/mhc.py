@@ -8,6 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from ...config import ModelConfig
+from ...kernels.mhc import hc_collapse as collapse
+from ...kernels.mhc import hc_expand as expand
 from ...kernels.mhc import hc_mixes
 
 
@@ -31,19 +33,6 @@ class HcSeam(nn.Module):
 
 def _ctype(h: Tensor) -> torch.dtype:
     return torch.promote_types(h.dtype, torch.float32)
-
-
-def collapse(h: Tensor, pre: Tensor) -> Tensor:
-    """``x = Σ_h pre[h]·H[h]``: h [T, hc, D], pre [T, hc] → [T, D] in h's dtype."""
-    ct = _ctype(h)
-    return torch.einsum("th,thd->td", pre.to(ct), h.to(ct)).to(h.dtype)
-
-
-def expand(h: Tensor, y: Tensor, post: Tensor, comb: Tensor) -> Tensor:
-    """``H'[j] = post[j]·y + Σ_i comb[i, j]·H[i]``: h [T, hc, D], y [T, D] → [T, hc, D] in h's dtype."""
-    ct = _ctype(h)
-    mixed = torch.einsum("tij,tid->tjd", comb.to(ct), h.to(ct))
-    return (post.to(ct)[..., None] * y.to(ct)[:, None, :] + mixed).to(h.dtype)
 
 
 class HcHead(nn.Module):

@@ -85,7 +85,7 @@ class FastModel(nn.Module):
         self.head = LMHead(d, cfg.vocab_size, self.tp, self.device)
         if not cfg.is_v41:
             self.hc_head = HcHead(cfg)
-        self.ropes = {key: make_rope(cfg, key, self.device) for key in ("base", "compress")}
+        self.ropes = {key: make_rope(cfg, key, self.device, dtype) for key in ("base", "compress")}
         self.segment_ratios = sorted({p.ratio for p in cfg.plan if p.ratio > 1 and p.owns_compressor})
         self.cache: FastCache | None = None
 

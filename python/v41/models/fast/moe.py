@@ -1,5 +1,6 @@
 """Mixture of experts in the fast model, routed on the device (v41-architecture.md §3.8, §4 "MoE"): sqrtsoftplus
-router in float32, deterministic top-k (exact ties to the lower expert id) or V4 hash routing, the (token, slot)
+router in float32 (:mod:`v41.kernels.router`: log-domain weights, deterministic top-k with exact ties to the lower
+expert id, or V4 hash routing), the (token, slot)
 pairs sorted by expert, one grouped GEMM for every expert's fused ``w1|w3`` and one for ``w2``
 (:mod:`v41.kernels.moe`; MXFP4 experts dequantized in the kernel), the shared expert beside them, the routed
 outputs summed in float32.
@@ -11,47 +12,20 @@ and those columns of ``w2``; the router is replicated; the routed + shared parti
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...distributed.group import SINGLE, TPGroup
 from ...kernels.moe import align_pairs, grouped_linear
-from ...kernels.packed import PackedWeight
-from ...kernels.topk import stable_topk
-from .layers import PackedLinear
-
-ROUTER_RENORM_EPS = 1e-20
+from ...kernels.router import route
+from ...kernels.swiglu import swiglu
+from .layers import PackedLinear, PackedModule
 
 
-class PackedExperts(nn.Module):
+class PackedExperts(PackedModule):
     """A ``[E, out, in]`` packed weight held as buffers (set by the loader)."""
 
     def __init__(self, n_experts: int, in_features: int, out_features: int):
-        super().__init__()
-        self.shape = (n_experts, out_features, in_features)
-        self.register_buffer("weight", torch.empty(0), persistent=False)
-        self.register_buffer("scale", None, persistent=False)
-        self.fmt, self.block = "dense", (1, 1)
-
-    def set(self, w: PackedWeight) -> None:
-        if w.shape != self.shape:
-            raise ValueError(f"expert weights {w.shape}, expected {self.shape}")
-        self.weight, self.scale, self.fmt, self.block = w.data, w.scale, w.fmt, w.block
-
-    @property
-    def packed(self) -> PackedWeight:
-        return PackedWeight(self.weight, self.scale, self.fmt, self.block)
-
-
-def swiglu(h13: Tensor, limit: float, weight: Tensor | None = None) -> Tensor:
-    """``silu(min(g, L)) · clamp(u, ±L) (· weight)`` of ``h13 = [g | u]`` [P, 2I] → [P, I] in h13's dtype
-    (float32 math; the routing weight multiplies before ``w2``, as the V4.1 reference)."""
-    ct = torch.promote_types(h13.dtype, torch.float32)
-    g, u = h13.to(ct).chunk(2, dim=-1)
-    h = F.silu(g.clamp(max=limit)) * u.clamp(min=-limit, max=limit)
-    if weight is not None:
-        h = h * weight.to(ct)[:, None]
-    return h.to(h13.dtype)
+        super().__init__((n_experts, out_features, in_features))
 
 
 class FastMoE(nn.Module):
@@ -85,12 +59,10 @@ class FastMoE(nn.Module):
 
     def route(self, x: Tensor, token_ids: Tensor) -> tuple[Tensor, Tensor]:
         """x [T, D], token_ids [T] → (expert ids [T, k] int64 in selection order, weights [T, k] float32)."""
-        scores = torch.sqrt(F.softplus(self.gate(x, torch.float32) / self.gate_temp))
-        ids = self.tid2eid[token_ids] if self.is_hash else stable_topk(scores + self.bias.float(), self.top_k)
-        weights = scores.gather(1, ids)
-        if self.always_renorm or self.is_hash or (self.norm_topk_prob and ids.shape[1] > 1):
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + ROUTER_RENORM_EPS)
-        return ids, weights * self.scaling
+        renorm = self.always_renorm or self.is_hash or (self.norm_topk_prob and self.top_k > 1)
+        return route(self.gate(x, torch.float32), None if self.is_hash else self.bias.float(),
+                     self.tid2eid[token_ids] if self.is_hash else None, self.top_k, self.gate_temp, renorm,
+                     self.scaling)
 
     def forward(self, x: Tensor, token_ids: Tensor) -> Tensor:
         """x [T, D] (replicated), token_ids [T] → [T, D] (full on every rank)."""

@@ -17,7 +17,6 @@ from torch import nn
 from ...distributed.group import SINGLE, TPGroup, split_range
 from .ops import Linear, stable_topk
 
-ROUTER_RENORM_EPS = 1e-20
 
 
 class Expert(nn.Module):
@@ -66,25 +65,35 @@ class Gate(nn.Module):
         return hasattr(self, "tid2eid")
 
 
+def log_sqrt_softplus(logits: torch.Tensor) -> torch.Tensor:
+    """``log(sqrt(softplus(x)))`` accurate over the whole float range: below x = −20, ``log(softplus(x)) = x``
+    to within e^x/2 (< 1e-9), so the scores' logarithm never underflows (DESIGN.md §4 "Router numerics")."""
+    safe = torch.where(logits < -20, torch.zeros_like(logits), logits)
+    return 0.5 * torch.where(logits < -20, logits, torch.log(F.softplus(safe)))
+
+
 def route(gate: Gate, x: torch.Tensor, token_ids: torch.Tensor, *, gate_temp: float, norm_topk_prob: bool,
           scaling: float, always_renorm: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Routing (§3.8): scores ``s = sqrt(softplus(x·Wgᵀ / gate_temp))`` in ≥ float32.
+    """Routing (§3.8): scores ``s = sqrt(softplus(x·Wgᵀ / gate_temp))`` in ≥ float32, kept as ``log s``.
 
     x: [T, D]; token_ids: [T] int64 (hash layers). Returns (ids [T, k] int64 in descending selection-score
-    order, ties to the lower id; weights [T, k]). The renormalization is epsilon-floored, so rows whose scores
-    all underflow still get finite weights. V4.1 renormalizes only when ``norm_topk_prob`` and k > 1 (the
-    reference); V4 (``always_renorm``, as transformers does) and hash layers always.
+    order, ties to the lower id; weights [T, k]). Renormalized weights are a softmax of the selected ``log s``:
+    ``s_i / Σ s_j`` without underflow, so a row of identical logits gets equal weights at any value (−1000 or
+    1000) and never NaN. V4.1 renormalizes only when ``norm_topk_prob`` and k > 1 (the reference); V4
+    (``always_renorm``, as transformers does) and hash layers always.
     """
     ctype = torch.promote_types(x.dtype, torch.float32)
     logits = F.linear(x.to(ctype), gate.weight.to(ctype)) / gate_temp
-    scores = torch.sqrt(F.softplus(logits))
+    log_scores = log_sqrt_softplus(logits)
     if gate.is_hash:
         ids = gate.tid2eid[token_ids]
     else:
-        ids = stable_topk(scores + gate.bias.to(ctype), gate.top_k)
-    weights = scores.gather(1, ids)
+        ids = stable_topk(torch.exp(log_scores) + gate.bias.to(ctype), gate.top_k)
+    picked = log_scores.gather(1, ids)
     if always_renorm or gate.is_hash or (norm_topk_prob and ids.shape[1] > 1):
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + ROUTER_RENORM_EPS)
+        weights = torch.softmax(picked, dim=-1)
+    else:
+        weights = torch.exp(picked)
     return ids, weights * scaling
 
 

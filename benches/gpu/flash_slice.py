@@ -1,0 +1,319 @@
+"""flash-slice benchmark (DESIGN.md §5, issue 12): real V4-Flash / V4.1-Flash layer shapes, random weights made on
+the GPU, v41's engine (checkpoint formats: FP8 dense + MXFP4 experts, CUDA graphs) and, for V4, transformers
+(bf16, eager, the same dequantized weights) side by side in one call.
+
+    python3 benches/gpu/flash_slice.py --slice v4 [--transformers] [--cells 1x2048,8x2048] [--prefill 2048,8192]
+
+Figures as DESIGN.md §5 "How a figure is taken": decode = median of 50 engine steps (scheduler + forward +
+sampling) after 10 warm-ups, every request prefilled to context C first; prefill = one request of L tokens in one
+chunk, cold, median of 3 after a warm-up; floors = bytes the step must read (weights in the format used — dense
+parts plus the experts uniform routing touches in expectation — and the KV read) over the device-to-device copy
+bandwidth measured in the same call. Prints the environment, writes JSON next to --out, prints one table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+V4_FLASH_4L = dict(  # V4-Flash layers 0-3: SWA, SWA, CSA (4), HCA (128); hash-MoE on the first three
+    vocab_size=129280, hidden_size=4096, moe_intermediate_size=2048, num_hidden_layers=4, num_attention_heads=64,
+    head_dim=512, qk_rope_head_dim=64, q_lora_rank=1024, o_lora_rank=1024, o_groups=8, n_routed_experts=256,
+    n_shared_experts=1, num_experts_per_tok=6, num_hash_layers=3, sliding_window=128, index_n_heads=64,
+    index_head_dim=128, index_topk=512, compress_ratios=[0, 0, 4, 128, 0], max_position_embeddings=1048576,
+    quantization_config=dict(quant_method="fp8", fmt="e4m3", scale_fmt="ue8m0", activation_scheme="dynamic",
+                             weight_block_size=[128, 128]))
+V41_FLASH_SLICE = dict(  # real layers 0, 1, 2, 3, 14, 20, 21, 24, 25 of V4.1-Flash, roles kept; Engram folded
+    vocab_size=129280, hidden_size=5120, moe_intermediate_size=2304, num_hidden_layers=9, num_attention_heads=64,
+    head_dim=512, qk_rope_head_dim=64, q_lora_rank=1280, o_lora_rank=1024, o_groups=8, n_routed_experts=384,
+    n_shared_experts=1, num_experts_per_tok=6, sliding_window=128, index_n_heads=32, index_head_dim=128,
+    index_topk=512, compress_ratios=[0, 0, 2, 2, 2, 1, 1, 1, 1], kv_source_layer_ids=[2, 4, 5],
+    index_source_layer_ids=[2, 4, 5, 7], candidate_source_layer_id=5, candidate_topk_blocks=2048,
+    candidate_block_size=8, engram_layer_ids=[1, 4], engram_n_heads=8, engram_head_dim=256,
+    engram_vocab_size=333333, num_nextn_predict_layers=0, dspark_target_layer_ids=[], max_position_embeddings=1048576)
+
+
+def ceilings(dev: str) -> dict:
+    """Device-to-device copy bandwidth (bytes read + written) and the bf16 matmul rate, by events."""
+    def timed(fn, n=20):
+        fn()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ts = []
+        for _ in range(n):
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / 1e3)
+        return statistics.median(ts)
+    src = torch.randn(1 << 29, device=dev)  # 2 GiB
+    dst = torch.empty_like(src)
+    copy_s = timed(lambda: dst.copy_(src))
+    x = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    mm_s = timed(lambda: x @ x)
+    del src, dst, x
+    return {"copy_GBps": 2 * (1 << 31) / copy_s / 1e9, "bf16_TFLOPs": 2 * 8192 ** 3 / mm_s / 1e12}
+
+
+def write_config(root: Path, which: str) -> Path:
+    from v41.testing.tiny import make_tiny
+
+    arch, over = ("deepseek_v4", V4_FLASH_4L) if which == "v4" else ("deepseek_v41", V41_FLASH_SLICE)
+    return make_tiny(root / f"flash-slice-{which}", arch, weights=False, **over)
+
+
+# -- v41 -----------------------------------------------------------------------------------------------------------
+def v41_engine(path: Path, max_seqs: int, max_tokens: int, max_len: int, quantization: str):
+    from v41.engine.args import EngineArgs
+    from v41.engine.core import EngineCore
+
+    args = EngineArgs(model=str(path), load_format="dummy", device="cuda", max_num_seqs=max_seqs,
+                      max_num_batched_tokens=max_tokens, max_model_len=max_len, enable_prefix_caching=False,
+                      quantization=quantization, num_kv_blocks=max(64, max_seqs * (-(-max_len // 128) + 2)))
+    return EngineCore(args)
+
+
+def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10) -> float:
+    """Median ms per engine step with ``batch`` requests decoding at ``context``."""
+    from v41.engine.params import SamplingParams
+
+    rng = random.Random(batch * 7919 + context)
+    vocab = core.cfg.vocab_size
+    sp = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=steps + warmup + 4)
+    for i in range(batch):
+        core.add_request(f"d{batch}-{context}-{i}", [rng.randrange(3, vocab) for _ in range(context)], sp)
+    while any(len(s.output_token_ids) == 0 for s in core.seqs.values()):
+        core.step()
+    times = []
+    for k in range(warmup + steps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        core.step()
+        torch.cuda.synchronize()
+        if k >= warmup:
+            times.append(time.perf_counter() - t)
+    for rid in list(core.requests):
+        core.abort_request(rid)
+    core.step()
+    return 1e3 * statistics.median(times)
+
+
+def v41_prefill(core, length: int, reps: int = 3) -> float:
+    """tok/s of one cold request of ``length`` tokens prefilled in one chunk (median of ``reps`` after a warm-up)."""
+    from v41.engine.params import SamplingParams
+
+    rng = random.Random(length)
+    vocab = core.cfg.vocab_size
+    times = []
+    for k in range(reps + 1):
+        core.add_request(f"p{length}-{k}", [rng.randrange(3, vocab) for _ in range(length)],
+                         SamplingParams(temperature=0.0, max_tokens=1))
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        while core.has_unfinished():
+            core.step()
+        torch.cuda.synchronize()
+        if k:
+            times.append(time.perf_counter() - t)
+    return length / statistics.median(times)
+
+
+def weight_bytes(core) -> dict:
+    """Device bytes of the fast model's weights: dense parts, one routed expert of a layer, the LM head."""
+    model = core.executor.runner.model
+    dense = expert = 0
+    for name, buf in list(model.named_buffers()) + list(model.named_parameters()):
+        n = buf.numel() * buf.element_size()
+        if ".w13." in f".{name}." or ".w2." in f".{name}.":
+            if ".shared" not in name:
+                expert += n
+                continue
+        if name.startswith("head.") or name.startswith("embed."):
+            continue
+        dense += n
+    n_moe = len(model.layers)
+    per_expert = expert / (n_moe * model.cfg.n_routed_experts)
+    head = model.head.proj.packed.nbytes
+    return {"dense": dense, "expert_per_layer_each": per_expert, "n_moe": n_moe, "head": head}
+
+
+def floor_ms(wb: dict, cfg, batch: int, context: int, copy_gbps: float) -> float:
+    """Bytes a decode step must read (uniform routing expectation) over the copy bandwidth, in ms."""
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    touched = e * (1 - (1 - k / e) ** batch)
+    weights = wb["dense"] + wb["n_moe"] * touched * wb["expert_per_layer_each"] + wb["head"]
+    kv = 0
+    for plan in cfg.plan:
+        rows = min(cfg.sliding_window, context)
+        if plan.ratio > 0:
+            n = context // plan.ratio
+            rows += n if plan.attn_type == "hca" else min(cfg.index_topk, n)
+            if plan.attn_type in ("csa", "csa2") and plan.is_index_source:
+                kv += batch * n * cfg.index_head_dim * 2
+        kv += batch * rows * cfg.head_dim * 2
+    return 1e3 * (weights + kv) / (copy_gbps * 1e9)
+
+
+# -- transformers (V4) ------------------------------------------------------------------------------------------
+def hf_from_v41(path: Path, core):
+    """transformers' DeepseekV4ForCausalLM (bf16, eager) with v41's weights, dequantized."""
+    import transformers
+    from v41.checkpoint_names import bare_to_hf
+
+    raw = json.loads((path / "config.json").read_text())
+    names = {"swa": "sliding_attention", "csa": "compressed_sparse_attention", "hca": "heavily_compressed_attention"}
+    plan = core.cfg.plan
+    kw = {k: v for k, v in raw.items() if k not in ("architectures", "model_type", "compress_ratios", "num_hash_layers")}
+    kw.update(layer_types=[names[p.attn_type] for p in plan],
+              compress_rates={names[p.attn_type]: p.ratio for p in plan if p.ratio},
+              mlp_layer_types=["hash_moe" if p.hash_moe else "moe" for p in plan])
+    cfg = transformers.DeepseekV4Config(**kw)
+    cfg._attn_implementation = "eager"
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        hf = transformers.DeepseekV4ForCausalLM(cfg).eval()
+    torch.set_default_dtype(torch.float32)
+    params = dict(hf.named_parameters())
+    params.update(dict(hf.named_buffers()))
+    for bare, t in export_dense(core.executor.runner.model):
+        name = bare if bare.startswith("model.") else bare_to_hf(bare)
+        with torch.no_grad():
+            params[name].copy_(t.to(params[name].dtype))
+    return hf
+
+
+def export_dense(model):
+    """(bare name or HF fused-expert name, dense tensor) for every weight of the fast model."""
+    yield "embed.weight", model.embed.weight
+    yield "norm.weight", model.norm.weight
+    yield "head.weight", model.head.proj.packed.dequantize(torch.bfloat16)
+    if hasattr(model, "hc_head"):
+        for a in ("fn", "base", "scale"):
+            yield f"hc_head_{a}", getattr(model.hc_head, a)
+    for i, block in enumerate(model.layers):
+        p = f"layers.{i}."
+        for norm in ("attn_norm", "ffn_norm"):
+            yield f"{p}{norm}.weight", getattr(block, norm).weight
+        for sub in ("attn", "ffn"):
+            for a in ("fn", "base", "scale"):
+                yield f"{p}hc_{sub}_{a}", getattr(getattr(block, f"hc_{sub}"), a)
+        for name, mod in block.attn.named_modules():
+            if hasattr(mod, "packed") and hasattr(mod, "in_features"):
+                yield f"{p}attn.{name}.weight", mod.packed.dequantize(torch.bfloat16)
+        for name, t in block.attn.named_parameters():
+            yield f"{p}attn.{name}", t
+        ffn = block.ffn
+        yield f"{p}ffn.gate.weight", ffn.gate.packed.dequantize(torch.bfloat16)
+        yield (f"{p}ffn.gate.tid2eid", ffn.tid2eid) if ffn.is_hash else (f"{p}ffn.gate.bias", ffn.bias)
+        yield f"model.layers.{i}.mlp.experts.gate_up_proj", ffn.w13.packed.dequantize(torch.bfloat16)
+        yield f"model.layers.{i}.mlp.experts.down_proj", ffn.w2.packed.dequantize(torch.bfloat16)
+        w1, w3 = ffn.shared_w13.packed.dequantize(torch.bfloat16).chunk(2)
+        yield f"{p}ffn.shared_experts.w1.weight", w1
+        yield f"{p}ffn.shared_experts.w3.weight", w3
+        yield f"{p}ffn.shared_experts.w2.weight", ffn.shared_w2.packed.dequantize(torch.bfloat16)
+
+
+@torch.no_grad()
+def hf_decode(hf, vocab: int, batch: int, context: int, steps: int = 20, warmup: int = 3) -> float:
+    g = torch.Generator(device="cuda").manual_seed(batch + context)
+    ids = torch.randint(3, vocab, (batch, context), device="cuda", generator=g)
+    out = hf(input_ids=ids, use_cache=True)
+    past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    times = []
+    for k in range(warmup + steps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = hf(input_ids=nxt, past_key_values=past, use_cache=True)
+        past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        torch.cuda.synchronize()
+        if k >= warmup:
+            times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+@torch.no_grad()
+def hf_prefill(hf, vocab: int, length: int, reps: int = 3) -> float:
+    ids = torch.randint(3, vocab, (1, length), device="cuda")
+    times = []
+    for k in range(reps + 1):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        hf(input_ids=ids, use_cache=True)
+        torch.cuda.synchronize()
+        if k:
+            times.append(time.perf_counter() - t)
+    return length / statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--slice", choices=("v4", "v41"), default="v4")
+    ap.add_argument("--cells", default="1x2048,8x2048,64x2048", help="BATCHxCONTEXT decode cells")
+    ap.add_argument("--prefill", default="2048,8192", help="prefill lengths")
+    ap.add_argument("--transformers", action="store_true", help="also run transformers (V4 only)")
+    ap.add_argument("--quantization", default="auto", choices=("auto", "none"))
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    a = ap.parse_args()
+    cells = [tuple(int(x) for x in c.split("x")) for c in a.cells.split(",") if c]
+    prefills = [int(x) for x in a.prefill.split(",") if x]
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
+           "commit": os.environ.get("V41_COMMIT", "?")}
+    import triton
+    env["triton"] = triton.__version__
+    env.update(ceilings("cuda"))
+    print("environment:", json.dumps(env), flush=True)
+    root = Path(tempfile.mkdtemp())
+    path = write_config(root, a.slice)
+    max_len = max([c for _, c in cells] + prefills) + 80
+    t = time.perf_counter()
+    core = v41_engine(path, max(b for b, _ in cells), max(prefills + [256]), max_len, a.quantization)
+    print(f"v41 engine ready in {time.perf_counter() - t:.0f} s", flush=True)
+    wb = weight_bytes(core)
+    rows = []
+    for length in prefills:
+        rows.append({"what": f"prefill {length}", "v41": v41_prefill(core, length), "unit": "tok/s"})
+        print(rows[-1], flush=True)
+    for batch, context in cells:
+        rows.append({"what": f"decode B={batch} C={context}", "v41": v41_decode(core, batch, context), "unit": "ms",
+                     "floor": floor_ms(wb, core.cfg, batch, context, env["copy_GBps"])})
+        print(rows[-1], flush=True)
+    if a.transformers and a.slice == "v4":
+        hf = hf_from_v41(path, core)
+        vocab = core.cfg.vocab_size
+        del core
+        torch.cuda.empty_cache()
+        for row in rows:
+            kind, *rest = row["what"].split()
+            try:
+                if kind == "prefill":
+                    row["transformers"] = hf_prefill(hf, vocab, int(rest[0]))
+                else:
+                    b, c = int(rest[0][2:]), int(rest[1][2:])
+                    row["transformers"] = hf_decode(hf, vocab, b, c)
+            except torch.OutOfMemoryError as e:
+                row["transformers"] = f"OOM ({str(e)[:60]})"
+            print(row, flush=True)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / f"flash_slice_{a.slice}.json").write_text(json.dumps({"env": env, "weights": wb, "rows": rows}))
+    print(f"\nflash-slice-{a.slice} ({env['gpu']}; copy {env['copy_GBps']:.0f} GB/s, bf16 {env['bf16_TFLOPs']:.0f} "
+          f"TFLOP/s; v41 {a.quantization} weights)")
+    print(f"{'cell':<24}{'v41':>12}{'floor':>10}{'v41/floor':>11}{'transformers':>14}")
+    for r in rows:
+        fl, v = r.get("floor"), r["v41"]
+        hf_v = r.get("transformers", "")
+        hf_s = f"{hf_v:.1f}" if isinstance(hf_v, float) else str(hf_v)[:13]
+        fl_s, ratio = ("", "") if fl is None else (f"{fl:.2f}", f"{v / fl:.1f}x")
+        print(f"{r['what']:<24}{v:>10.2f} {r['unit']:<2}{fl_s:>9}{ratio:>11}{hf_s:>14}")
+
+if __name__ == "__main__":
+    main()

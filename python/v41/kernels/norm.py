@@ -1,0 +1,47 @@
+"""RMSNorm over the last dim (v41-architecture.md §2): ``y = w ⊙ x / sqrt(mean(x²) + eps)`` computed in float32
+(float64 stays float64), returned in x's dtype; ``w`` optional (V4's per-head q norm is unweighted). The Triton
+kernel normalizes one row per program in one pass."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .dispatch import TRITON_DTYPES, triton, use_triton
+
+
+def rms_norm_ref(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
+    """x [..., N] (float) → same shape and dtype."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.to(y.dtype)
+    return y.to(x.dtype)
+
+
+def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
+    """:func:`rms_norm_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
+    n = x.shape[-1]
+    if x.dtype not in TRITON_DTYPES or n > 16384 or x.numel() == 0 or not use_triton(x):
+        return rms_norm_ref(x, eps, weight)
+    xc = x.contiguous()
+    out = torch.empty_like(xc)
+    rows = xc.numel() // n
+    _rms_kernel[(rows,)](xc, out, xc if weight is None else weight, n, float(eps), HAS_W=weight is not None,
+                         BLOCK=triton.next_power_of_2(n))
+    return out
+
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _rms_kernel(x_ptr, y_ptr, w_ptr, N, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < N
+        x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+        y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+        if HAS_W:
+            y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,61 @@
+"""Interleaved ("GPT-J") rotary embedding of the last ``rd`` channels (v41-architecture.md §2): channel pairs
+``(2i, 2i+1)`` of that slice rotate by the token's angle ``θ_i`` (``inverse``: by ``−θ_i``); the other channels pass
+through. cos/sin come precomputed per token [T, rd/2] (formed in float64, used in float32 or float64). The Triton
+kernel writes each output row in one pass (one program per token and head)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .dispatch import TRITON_DTYPES, triton, use_triton
+
+
+def rope_ref(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
+    """x [T, ..., d]; cos, sin [T, rd/2] → x's shape and dtype."""
+    half = cos.shape[-1]
+    rd = 2 * half
+    ctype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (half,)
+    c, s = cos.to(ctype).view(shape), sin.to(ctype).view(shape)
+    if inverse:
+        s = -s
+    r = x[..., -rd:].to(ctype)
+    even, odd = r[..., 0::2], r[..., 1::2]
+    rot = torch.stack((even * c - odd * s, even * s + odd * c), dim=-1).flatten(-2)
+    return torch.cat([x[..., :-rd], rot.to(x.dtype)], dim=-1)
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
+    """:func:`rope_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
+    if x.dtype not in TRITON_DTYPES or x.numel() == 0 or not use_triton(x):
+        return rope_ref(x, cos, sin, inverse)
+    xc = x.contiguous()
+    out = torch.empty_like(xc)
+    t, d = xc.shape[0], xc.shape[-1]
+    rows_per_t = xc.numel() // (t * d)
+    _rope_kernel[(t, rows_per_t)](xc, out, cos.float().contiguous(), sin.float().contiguous(), rows_per_t, d,
+                                  cos.shape[-1], -1.0 if inverse else 1.0, BLOCK=triton.next_power_of_2(d))
+    return out
+
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _rope_kernel(x_ptr, y_ptr, cos_ptr, sin_ptr, ROWS, D, HALF, sign, BLOCK: tl.constexpr):
+        t, h = tl.program_id(0), tl.program_id(1)
+        base = (t.to(tl.int64) * ROWS + h) * D
+        cols = tl.arange(0, BLOCK)
+        mask = cols < D
+        x = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+        start = D - 2 * HALF
+        rot = (cols >= start) & mask
+        pair = tl.where(rot, cols ^ 1, cols)  # start is even: pairs (2i, 2i+1) of the slice stay pairs
+        xp = tl.load(x_ptr + base + pair, mask=rot, other=0.0).to(tl.float32)
+        i = tl.where(rot, (cols - start) // 2, 0)
+        c = tl.load(cos_ptr + t * HALF + i, mask=rot, other=1.0)
+        s = tl.load(sin_ptr + t * HALF + i, mask=rot, other=0.0) * sign
+        odd = (cols - start) % 2 == 1
+        y = tl.where(rot, x * c + tl.where(odd, xp * s, -xp * s), x)
+        tl.store(y_ptr + base + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
