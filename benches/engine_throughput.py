@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="auto", help="compute dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--load-format", default="auto", choices=["auto", "dummy"])
     args = ap.parse_args()

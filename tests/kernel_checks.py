@@ -15,7 +15,7 @@ import sys
 import torch
 
 from v41 import quant
-from v41.kernels import indexer, linear, mhc, moe, norm, rope, router, sampling, sparse_attention, swiglu
+from v41.kernels import indexer, linear, mhc, moe, norm, paged, rope, router, sampling, sparse_attention, swiglu
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
 
@@ -69,7 +69,7 @@ def check_linear(device: str, dtype: torch.dtype, g: torch.Generator):
 
 def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
     out = []
-    e, n, k, t, top = 6, 64, 128, 9, 2
+    e, n, k, t, top = 6, 64, 256, 9, 2
     for fmt in ("mxfp4", "fp8", "dense"):
         w = stack_experts([packed(torch.randn(n, k, generator=g) / k ** 0.5, fmt) for _ in range(e)]).to(device)
         if fmt == "dense":
@@ -84,6 +84,14 @@ def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
             r = moe.grouped_linear_ref(xin.double().cpu(), w.to("cpu"), offsets.cpu(),
                                        None if rows is None else rows.cpu())
             out.append((f"grouped/{fmt}/{'gather' if rows is not None else 'rows'}", rel(y.cpu(), r), tol(dtype)))
+    yp = torch.randn(t * top, k, generator=g).to(device, dtype)
+    extra = torch.randn(t, k, generator=g).to(device, dtype)
+    inv = moe.inverse_order(order)
+    for ex in (extra, None):
+        poison(device)
+        got = moe.combine_pairs(yp, inv, top, ex)
+        want = moe.combine_pairs_ref(yp.double(), inv, top, None if ex is None else ex.double())
+        out.append((f"combine/{'shared' if ex is not None else 'routed'}", rel(got, want), tol(dtype)))
     return out
 
 
@@ -183,6 +191,16 @@ def check_norm_rope_swiglu(device: str, dtype: torch.dtype, g: torch.Generator):
     return out
 
 
+def check_table_slots(device: str, dtype: torch.dtype, g: torch.Generator):
+    bt = torch.randint(-1, 50, (3, 7), generator=g).to(device)
+    req = torch.tensor([0, 2, 2, 1, 0], device=device)
+    idx = torch.randint(-1, 40, (5, 9), generator=g).to(device)
+    poison(device)
+    got = paged.table_slots(bt, req, idx, 4)
+    want = paged.block_slots(bt[req], idx, 4)
+    return [("table_slots/exact", 0.0 if torch.equal(got, want) else float("inf"), 0.0)]
+
+
 def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
     out = []
     t, e, k = 11, 24, 6
@@ -207,7 +225,7 @@ def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
 
 
 CHECKS = [check_linear, check_grouped, check_attention, check_index_scores, check_mhc, check_uniforms,
-          check_norm_rope_swiglu, check_router]
+          check_norm_rope_swiglu, check_router, check_table_slots]
 
 
 def run(check_name: str, device: str, dtype: torch.dtype):

@@ -224,9 +224,29 @@ def test_router_finite_for_logits_in_pm200(gate_temp):
     assert torch.isfinite(weights).all() and (weights >= 0).all()
     assert ids.shape == weights.shape == (4, k)
     scores = torch.sqrt(torch.nn.functional.softplus(logits[3] / gate_temp))
-    assert (scores == 0).all()  # the all-underflow row really underflows ...
-    assert torch.equal(weights[3], torch.zeros(k))  # ... and still gives finite weights
-    torch.testing.assert_close(weights[:3].sum(-1), torch.full((3,), 1.5))
+    assert (scores == 0).all()  # sqrt(softplus) underflows for the last row in float32 ...
+    # ... but the router keeps log-scores, so its renormalized weights are still exact (DESIGN.md §4):
+    torch.testing.assert_close(weights.sum(-1), torch.full((4,), 1.5))
+    picked = (logits[3] / gate_temp)[ids[3]].double() / 2  # log s = x / 2 that far down
+    want = torch.softmax(picked, -1) * 1.5
+    torch.testing.assert_close(weights[3].double(), want, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("value", [-1000.0, -200.0, -104.0, -20.0, 0.0, 30.0, 1000.0])
+def test_router_rows_of_identical_logits_get_equal_weights_at_any_value(value):
+    """Issue 13 item 5: the weights of a row of identical logits are equal (1.5 / k each) over the float32
+    range, in the oracle and in the fast model's router kernel (its PyTorch reference here)."""
+    from v41.kernels.router import route_ref
+
+    n_exp, k = 8, 4
+    gate = _gate(torch.zeros(n_exp, 1), k, torch.linspace(0, 0.1, n_exp))
+    x = torch.tensor([[1.0]])
+    gate.weight.data[:] = value
+    ids, weights = _route(gate, x)
+    torch.testing.assert_close(weights, torch.full((1, k), 1.5 / k))
+    fids, fweights = route_ref(torch.full((1, n_exp), value), gate.bias.data, None, k, 1.0, True, 1.5)
+    assert torch.equal(fids, ids)
+    torch.testing.assert_close(fweights, torch.full((1, k), 1.5 / k))
 
 
 def test_router_identical_logits_give_equal_weights():

@@ -43,14 +43,14 @@ def main() -> None:
     from v41.engine.params import SamplingParams
 
     path = write_config(Path(tempfile.mkdtemp()), a.slice)
-    core = v41_engine(path, a.batch, max(a.prefill, 256), max(a.context, a.prefill) + 64, "auto")
+    core = v41_engine(path, a.batch, max(a.prefill, 256), max(a.context, a.prefill) + 420, "auto")
     if a.eager:
         core.executor.runner.graphs = None
     rng = random.Random(0)
     vocab = core.cfg.vocab_size
     for i in range(a.batch):
         core.add_request(f"r{i}", [rng.randrange(3, vocab) for _ in range(a.context)],
-                         SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=40))
+                         SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=400))
     while any(len(s.output_token_ids) == 0 for s in core.seqs.values()):
         core.step()
     for _ in range(5):
@@ -63,6 +63,23 @@ def main() -> None:
         torch.cuda.synchronize()
     wall = (time.perf_counter() - t) / 5
     show(prof, 5, a.top, f"decode B={a.batch} C={a.context} (wall {wall * 1e3:.2f} ms/step under the profiler)")
+    import cProfile
+    import pstats
+
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        core.step()
+    torch.cuda.synchronize()
+    print(f"\n== decode wall without profilers: {(time.perf_counter() - t) / 10 * 1e3:.2f} ms/step; host (cProfile):")
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(10):
+        core.step()
+    torch.cuda.synchronize()
+    pr.disable()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(a.top)
+    pstats.Stats(pr).sort_stats("cumulative").print_stats(a.top)
     runner = core.executor.runner
     print("graphs:", None if runner.graphs is None else runner.graphs.sizes)
     for rid in list(core.requests):

@@ -82,8 +82,8 @@ def _decode_step_ms(llm, batch: int, prompt_len: int, steps: int) -> float:
         core.add_request(rid, [0] + [(7 * i + j) % 900 + 3 for j in range(prompt_len - 1)], sp)
     produced: dict[str, int] = {}
     while len(produced) < batch or min(produced.values()) < 2:  # prefill done, one decode step taken
-        for o in core.step():
-            produced[o.request_id] = len(o.outputs[0].token_ids)
+        for o in core.step():  # deltas: count each request's new tokens
+            produced[o.request_id] = produced.get(o.request_id, 0) + len(o.outputs[0].token_ids)
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(steps):

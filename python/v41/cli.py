@@ -125,14 +125,11 @@ def _stream(args: argparse.Namespace, model_dir: Path, tokenizer, out: TextIO) -
     text, ids = encode_prompt(core, args.prompt)
     params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
     core.add_request("cli", ids, params, prompt=text)
-    shown = 0
     while core.has_unfinished():
-        for res in core.step():
-            new = res.outputs[0].text[shown:]
-            if new:
-                out.write(new)
+        for res in core.step():  # deltas: each holds only the new text
+            if res.outputs[0].text:
+                out.write(res.outputs[0].text)
                 out.flush()
-                shown += len(new)
     out.write("\n")
     out.flush()
 

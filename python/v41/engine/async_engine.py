@@ -16,12 +16,11 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 from .args import EngineArgs
 from .core import EngineCore
 from .llm import PromptLike, encode_prompt, model_or_embedded, prompt_cache_salt
-from .params import CompletionOutput, RequestOutput, SamplingParams
+from .params import RequestOutput, SamplingParams
 
 log = logging.getLogger("v41.engine")
 STEP_TIMEOUT_ENV = "V41_STEP_TIMEOUT_S"  # one step longer than this: the loop counts as wedged (default 600 s)
@@ -118,7 +117,6 @@ class AsyncEngine:
         stream: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (loop, stream)
         self._send(("add", rid, prompt, params or SamplingParams(), priority, cache_salt))
-        sent: dict[int, tuple[int, int]] = {}
         finished = False
         try:
             while True:
@@ -126,7 +124,7 @@ class AsyncEngine:
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
-                yield _delta(item, sent)
+                yield item
                 if finished:
                     return
         finally:
@@ -218,17 +216,3 @@ class AsyncEngine:
                 return
             if msg[0] == "stats" and not msg[1].done():
                 msg[1].set_exception(err)
-
-
-def _delta(out: RequestOutput, sent: dict[int, tuple[int, int]]) -> RequestOutput:
-    """Turn a cumulative output into a delta against what ``sent`` records (updated in place)."""
-    outputs = []
-    for c in out.outputs:
-        n_text, n_tok = sent.get(c.index, (0, 0))
-        outputs.append(CompletionOutput(
-            index=c.index, text=c.text[n_text:], token_ids=c.token_ids[n_tok:],
-            cumulative_logprob=c.cumulative_logprob,
-            logprobs=None if c.logprobs is None else c.logprobs[n_tok:],
-            finish_reason=c.finish_reason, stop_reason=c.stop_reason))
-        sent[c.index] = (len(c.text), len(c.token_ids))
-    return replace(out, outputs=outputs)

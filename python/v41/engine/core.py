@@ -23,7 +23,7 @@ from .args import EngineArgs
 from .detokenizer import IncrementalDetokenizer
 from .executor import make_executor
 from .host_step import HostStep
-from .output import build_output
+from .output import delta_output
 from .params import RequestOutput, SamplingParams, check_request_options
 from .request import Sequence
 from .sampler import Sampler, SamplingState, compute_prompt_logprobs
@@ -35,8 +35,9 @@ DEFAULT_MAX_MODEL_LEN = 8192
 class EngineCore:
     """Owns the model, the paged cache, the scheduler and every live sequence.
 
-    ``add_request`` validates and enqueues; ``step`` advances every scheduled sequence by one step and
-    returns the updated requests (cumulative :class:`RequestOutput`); ``abort_request`` ends a request now.
+    ``add_request`` validates and enqueues; ``step`` advances every scheduled sequence by one step and returns
+    what is new for each request that changed (delta :class:`RequestOutput` s, :mod:`.output`); ``abort_request``
+    ends a request now.
     Errors: ValueError for bad requests (the message says what is wrong); nothing is enqueued then.
     """
 
@@ -293,7 +294,7 @@ class EngineCore:
         for s in seqs:
             if s.finished and s.finished_time is None:
                 s.finished_time = now
-        out = build_output(seqs)
+        out = delta_output(seqs)
         if out.finished:
             for s in seqs:
                 self.seqs.pop(s.seq_id, None)

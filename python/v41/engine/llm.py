@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from .args import EngineArgs
 from .core import EngineCore
+from .output import OutputAccumulator
 from .params import RequestOutput, SamplingParams
 
 PromptLike = str | list[int] | dict
@@ -119,10 +120,15 @@ class LLM:
                 core.abort_request(rid)
             raise
         results: dict[str, RequestOutput] = {}
+        acc = OutputAccumulator()
+        wanted = set(ids)
         with tqdm(total=len(ids), disable=not use_tqdm, desc="Generating", unit="req") as bar:
             while len(results) < len(ids):
                 for out in core.step():
-                    if out.finished and out.request_id in ids:
-                        results[out.request_id] = out
+                    if out.request_id not in wanted:
+                        continue
+                    acc.add(out)
+                    if out.finished:
+                        results[out.request_id] = acc.pop(out.request_id)
                         bar.update(1)
         return [results[rid] for rid in ids]

@@ -46,6 +46,9 @@ class Sequence:
     num_cached_tokens: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    sent_tokens: int = 0  # what the engine has already reported (output deltas)
+    sent_chars: int = 0
+    sent_prompt_logprobs: int = 0
 
     @property
     def output_token_ids(self) -> list[int]:

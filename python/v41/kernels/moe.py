@@ -28,6 +28,47 @@ def align_pairs(ids: Tensor, n_experts: int) -> tuple[Tensor, Tensor]:
     return order, offsets
 
 
+def active_experts(offsets: Tensor, n_slots: int) -> Tensor:
+    """The experts that own at least one sorted row, ascending, in ``n_slots`` entries padded with −1 (without a
+    host sync: ``n_slots`` = min(E, pairs) is known on the host)."""
+    counts = offsets[1:] - offsets[:-1]
+    live = counts > 0
+    rank = torch.cumsum(live.to(torch.int64), 0) - 1
+    out = torch.full((n_slots + 1,), -1, dtype=torch.int64, device=offsets.device)
+    slot = torch.where(live, rank, torch.full_like(rank, n_slots))
+    out.scatter_(0, slot, torch.arange(counts.shape[0], device=offsets.device))
+    return out[:n_slots]
+
+
+def inverse_order(order: Tensor) -> Tensor:
+    """The inverse permutation: ``inv[order[i]] = i`` (where each flat pair landed among the sorted rows)."""
+    inv = torch.empty_like(order)
+    return inv.scatter_(0, order, torch.arange(order.shape[0], device=order.device))
+
+
+def combine_pairs_ref(y: Tensor, inv: Tensor, top_k: int, extra: Tensor | None = None) -> Tensor:
+    """``out[t] = Σ_j y[inv[t·k + j]] (+ extra[t])`` summed in float32: y [P, D] sorted-pair rows, inv [T·k] →
+    [T, D] in y's dtype (the routed experts' outputs back per token, the shared expert's added)."""
+    ct = torch.promote_types(y.dtype, torch.float32)
+    out = y.index_select(0, inv).view(-1, top_k, y.shape[1]).sum(dim=1, dtype=ct)
+    if extra is not None:
+        out = out + extra.to(ct)
+    return out.to(y.dtype)
+
+
+def combine_pairs(y: Tensor, inv: Tensor, top_k: int, extra: Tensor | None = None) -> Tensor:
+    """:func:`combine_pairs_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
+    if y.dtype not in TRITON_DTYPES or inv.numel() == 0 or not use_triton(y):
+        return combine_pairs_ref(y, inv, top_k, extra)
+    t, d = inv.shape[0] // top_k, y.shape[1]
+    out = torch.empty(t, d, dtype=y.dtype, device=y.device)
+    block = min(1024, triton.next_power_of_2(d))
+    yc = y.contiguous()
+    _combine_kernel[(t, triton.cdiv(d, block))](yc, inv, yc if extra is None else extra.contiguous(), out, d,
+                                                K=top_k, HAS_EXTRA=extra is not None, BLOCK=block)
+    return out
+
+
 def grouped_linear_ref(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None = None) -> Tensor:
     """Reference: x [M, K] (float); w [E, N, K]; offsets [E+1]; rows [P] int64 (None: x's rows in order, P = M).
     Returns [P, N] in x's dtype. Reads the offsets on the host (a reference: CPU, or CUDA for debugging)."""
@@ -57,11 +98,16 @@ if triton is not None:
     from .wtile import FMT_CODES, TILE_K, scale_k, tile_scale, w_tile
 
     @triton.jit
-    def _grouped_kernel(x_ptr, rows_ptr, w_ptr, s_ptr, offs_ptr, y_ptr, N, K, stride_xm, stride_we, stride_wn,
-                        stride_se, stride_sn, stride_ym, GATHER: tl.constexpr, B0: tl.constexpr,
-                        SK: tl.constexpr, FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                        DOT: tl.constexpr, IEEE: tl.constexpr):
-        e, pid_n = tl.program_id(0), tl.program_id(1)
+    def _grouped_kernel(x_ptr, rows_ptr, w_ptr, s_ptr, offs_ptr, act_ptr, y_ptr, N, K, K_SPLIT, stride_xm, stride_we,
+                        stride_wn, stride_se, stride_sn, stride_ys, stride_ym, GATHER: tl.constexpr,
+                        B0: tl.constexpr, SK: tl.constexpr, FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
+        e = tl.load(act_ptr + tl.program_id(0))
+        if e < 0:
+            return
+        pid_n, pid_k = tl.program_id(1), tl.program_id(2)
+        k_lo = pid_k * K_SPLIT
+        k_hi = tl.minimum(K, k_lo + K_SPLIT)
         start = tl.load(offs_ptr + e)
         end = tl.load(offs_ptr + e + 1)
         rn = pid_n * BN + tl.arange(0, BN)
@@ -76,35 +122,56 @@ if triton is not None:
             else:
                 src = rm
             acc = tl.zeros([BM, BN], dtype=tl.float32)
-            for k0 in range(0, K, BK):
+            for k0 in range(k_lo, k_hi, BK):
                 rk = k0 + tl.arange(0, BK)
                 a = tl.load(x_ptr + src[:, None] * stride_xm + rk[None, :],
-                            mask=mmask[:, None] & (rk < K)[None, :], other=0.0).to(DOT)
+                            mask=mmask[:, None] & (rk < k_hi)[None, :], other=0.0).to(DOT)
                 w = w_tile(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT)
                 if IEEE:
                     part = tl.dot(a, tl.trans(w), input_precision="ieee")
                 else:
                     part = tl.dot(a, tl.trans(w))
                 acc += part * tile_scale(s_e, rn, k0, nmask, stride_sn, B0, SK, BK, FMT)[None, :]
-            tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-                     mask=mmask[:, None] & nmask[None, :])
+            tl.store(y_ptr + pid_k * stride_ys + rm[:, None] * stride_ym + rn[None, :],
+                     acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+    @triton.jit
+    def _combine_kernel(y_ptr, inv_ptr, extra_ptr, out_ptr, D, K: tl.constexpr, HAS_EXTRA: tl.constexpr,
+                        BLOCK: tl.constexpr):
+        t, db = tl.program_id(0), tl.program_id(1)
+        cols = db * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < D
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for j in tl.static_range(K):
+            row = tl.load(inv_ptr + t * K + j)
+            acc += tl.load(y_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_EXTRA:
+            acc += tl.load(extra_ptr + t.to(tl.int64) * D + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + t.to(tl.int64) * D + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _grouped_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None) -> Tensor:
+    """Programs (live expert, N tile, K split): only the experts with rows get programs (a compact list made on the
+    device), and few rows per expert (decode) split K so the in-register dequantization spreads over the GPU;
+    split partials are summed in float32 in a fixed order."""
     n_exp, n, k = w.shape
     p = x.shape[0] if rows is None else rows.shape[0]
-    y = torch.empty((p, n), dtype=x.dtype, device=x.device)
     if p == 0:
-        return y
-    bk = TILE_K
+        return torch.empty((0, n), dtype=x.dtype, device=x.device)
     x = x.contiguous()
     scale = w.scale if w.scale is not None else w.data
     per_expert = p / n_exp  # the host's view of the step's shape, not of its routing
     bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
     bn = 128 if bm == 16 else 64
-    _grouped_kernel[(n_exp, triton.cdiv(n, bn))](
-        x, x if rows is None else rows, w.data, scale, offsets, y, n, k, x.stride(0), w.data.stride(0),
-        w.data.stride(1), scale.stride(0), scale.stride(1), y.stride(0), GATHER=rows is not None,
-        B0=w.block[0], SK=scale_k(w.fmt, w.block), FMT=FMT_CODES[w.fmt], BM=bm, BN=bn, BK=bk, DOT=dot_dtype(x.dtype),
-        IEEE=x.dtype == torch.float32, num_stages=4)
-    return y
+    slots = min(n_exp, p)
+    n_kb = triton.cdiv(k, TILE_K)
+    split = max(1, min(n_kb, 1024 // (slots * triton.cdiv(n, bn)))) if bm == 16 else 1
+    k_split = triton.cdiv(n_kb, split) * TILE_K
+    split = triton.cdiv(k, k_split)
+    y = torch.empty((split, p, n), dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    _grouped_kernel[(slots, triton.cdiv(n, bn), split)](
+        x, x if rows is None else rows, w.data, scale, offsets, active_experts(offsets, slots), y, n, k, k_split,
+        x.stride(0), w.data.stride(0), w.data.stride(1), scale.stride(0), scale.stride(1), y.stride(0),
+        y.stride(1), GATHER=rows is not None, B0=w.block[0], SK=scale_k(w.fmt, w.block), FMT=FMT_CODES[w.fmt],
+        BM=bm, BN=bn, BK=TILE_K, DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32, num_stages=4)
+    return y[0] if split == 1 else y.sum(0).to(x.dtype)

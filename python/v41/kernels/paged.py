@@ -1,8 +1,11 @@
-"""Paged cache reads and writes by flat slot index (slot = block · rows_per_block + row in block)."""
+"""Paged cache reads and writes by flat slot index (slot = block · rows_per_block + row in block), and the slots
+of logical rows through a block table (one Triton launch on the GPU: :func:`table_slots`)."""
 
 from __future__ import annotations
 
 import torch
+
+from .dispatch import triton, use_triton
 
 
 def write_slots(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
@@ -39,3 +42,35 @@ def scatter_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, d
     lands there is unspecified)."""
     safe = torch.where(slots >= 0, slots, torch.full_like(slots, dummy_slot))
     cache.index_copy_(0, safe, rows.to(cache.dtype))
+
+
+def table_slots(block_table: torch.Tensor, req: torch.Tensor, index: torch.Tensor, rows_per_block: int) -> torch.Tensor:
+    """Flat slots [T, K] of logical rows ``index`` [T, K] (−1 = none) of requests ``req`` [T] through
+    ``block_table`` [R, max_blocks] (−1 = no block): :func:`block_slots` of ``block_table[req]`` without building
+    that [T, max_blocks] copy. One Triton launch where :func:`.dispatch.use_triton` says so."""
+    if index.numel() == 0 or not use_triton(index, block_table):
+        return block_slots(block_table[req], index, rows_per_block)
+    out = torch.empty_like(index, dtype=torch.int64)
+    t, k = index.shape
+    bt = block_table.contiguous()
+    idx = index.contiguous()
+    block = min(1024, triton.next_power_of_2(k))
+    _table_slots_kernel[(t, triton.cdiv(k, block))](bt, req.contiguous(), idx, out, k, bt.shape[1], bt.stride(0),
+                                                   rows_per_block, BLOCK=block)
+    return out
+
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _table_slots_kernel(bt_ptr, req_ptr, idx_ptr, out_ptr, K, NB, stride_bt, RPB, BLOCK: tl.constexpr):
+        t, kb = tl.program_id(0), tl.program_id(1)
+        cols = kb * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < K
+        idx = tl.load(idx_ptr + t * K + cols, mask=mask, other=-1)
+        blk = tl.maximum(idx, 0) // RPB
+        inside = (idx >= 0) & (blk < NB) & mask
+        phys = tl.load(bt_ptr + tl.load(req_ptr + t) * stride_bt + blk, mask=inside, other=-1)
+        slot = tl.where(inside & (phys >= 0), phys.to(tl.int64) * RPB + tl.maximum(idx, 0) % RPB, -1)
+        tl.store(out_ptr + t * K + cols, slot, mask=mask)

@@ -8,8 +8,8 @@ PUSH socket to ``--output`` (results out), loads the model, sends :class:`~v41.s
 1. drain the inbox (``AddRequest`` → ``EngineCore.add_request``, refused input answered by ``Error``; ``Abort``
    → the terminal delta; ``StatsRequest`` → ``StatsReply``; ``Shutdown`` → stop);
 2. run one ``EngineCore.step`` when a request is unfinished, else wait up to 50 ms for input;
-3. send one :class:`~v41.serve.messages.Outputs` with the step's per-request deltas (the engine keeps what
-   it has sent per request and cuts the cumulative outputs itself).
+3. send one :class:`~v41.serve.messages.Outputs` with the step's per-request deltas (the engine core's own
+   delta outputs, converted to wire dicts).
 
 Liveness: a heartbeat thread sends :class:`~v41.serve.messages.Heartbeat` every 0.5 s on a socket of its own,
 so the front end sees the process alive through a long prefill. It stops beating when the loop is *wedged*:
@@ -66,8 +66,6 @@ class EngineLoop:
         self.num_steps = 0
         self.busy_since: float | None = None  # monotonic start of the running loop iteration
         self.started_s = time.monotonic()
-        self._sent: dict[str, dict[int, tuple[int, int, int]]] = {}  # rid → index → (chars, tokens, logprobs)
-        self._sent_prompt_lp: dict[str, int] = {}
         self._stats_at = 0.0
         self.stats_snapshot: dict = self.stats()
 
@@ -144,28 +142,15 @@ class EngineLoop:
         self.out.send(m.encode(msg))
 
     # -- deltas ------------------------------------------------------------------------------------------------
-    def _delta(self, out) -> dict:
-        """Cumulative RequestOutput → the wire dict of what is new since the last send for this request."""
-        rid = out.request_id
-        sent = self._sent.setdefault(rid, {})
-        outputs = []
-        for c in out.outputs:
-            n_text, n_tok, n_lp = sent.get(c.index, (0, 0, 0))
-            outputs.append({
-                "index": c.index, "text": c.text[n_text:], "token_ids": list(c.token_ids[n_tok:]),
-                "cumulative_logprob": c.cumulative_logprob,
-                "logprobs": None if c.logprobs is None else [m._lp_to_wire(e) for e in c.logprobs[n_lp:]],
-                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
-            sent[c.index] = (len(c.text), len(c.token_ids), len(c.logprobs or ()))
-        plp = None
-        if out.prompt_logprobs is not None:
-            n = self._sent_prompt_lp.get(rid, 0)
-            plp = [m._lp_to_wire(e) for e in out.prompt_logprobs[n:]]
-            self._sent_prompt_lp[rid] = len(out.prompt_logprobs)
-        if out.finished:
-            self._sent.pop(rid, None)
-            self._sent_prompt_lp.pop(rid, None)
-        return {"request_id": rid, "prompt_logprobs": plp, "outputs": outputs, "finished": out.finished,
+    @staticmethod
+    def _delta(out) -> dict:
+        """A delta RequestOutput of the engine core → its wire dict (:mod:`v41.serve.messages`)."""
+        outputs = [{"index": c.index, "text": c.text, "token_ids": list(c.token_ids),
+                    "cumulative_logprob": c.cumulative_logprob,
+                    "logprobs": None if c.logprobs is None else [m._lp_to_wire(e) for e in c.logprobs],
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in out.outputs]
+        plp = None if out.prompt_logprobs is None else [m._lp_to_wire(e) for e in out.prompt_logprobs]
+        return {"request_id": out.request_id, "prompt_logprobs": plp, "outputs": outputs, "finished": out.finished,
                 "num_cached_tokens": out.num_cached_tokens,
                 "metrics": None if out.metrics is None else asdict(out.metrics)}
 

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ...config import LayerPlan, ModelConfig
 from ...distributed.group import SINGLE, TPGroup
-from ...kernels.paged import block_slots, scatter_rows
+from ...kernels.paged import scatter_rows, table_slots
 from ...kernels.sparse_attention import sparse_mqa_sink
 from ..protocol import StepBatch
 from ..sharding import group_range, head_range
@@ -53,7 +53,7 @@ class StepContext:
     def entry_slots(self, kind: str, entry_ids: Tensor) -> Tensor:
         """Cache slots [T, K] of per-query entry ids [T, K] (−1 = none) of ``kind`` through the requests' tables."""
         b = self.batch
-        return block_slots(b.block_tables[kind][b.req_index], entry_ids, self.cache.rows_per_block(kind))
+        return table_slots(b.block_tables[kind], b.req_index, entry_ids, self.cache.rows_per_block(kind))
 
     def write(self, kind: str, layer: int, rows_idx: Tensor, values: Tensor) -> None:
         """Write ``values`` [n, *row] at the slots the tokens ``rows_idx`` [n] close in ``kind``'s cache of
@@ -129,7 +129,7 @@ def window_slots(batch: StepBatch, cache: FastCache, window: int) -> Tensor:
     offs = torch.arange(window - 1, -1, -1, device=pos.device)
     win = pos[:, None] - offs[None, :]
     win = torch.where(win >= 0, win, torch.full_like(win, -1))
-    return block_slots(batch.block_tables["swa"][batch.req_index], win, cache.rows_per_block("swa"))
+    return table_slots(batch.block_tables["swa"], batch.req_index, win, cache.rows_per_block("swa"))
 
 
 def selected_or_none(scores: Tensor, topk: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from ...config import LayerPlan, ModelConfig
 from ...distributed.group import TPGroup
 from ...kernels.indexer import index_scores
-from ...kernels.paged import block_slots, gather_slots
+from ...kernels.paged import gather_slots, table_slots
 from ...kernels.topk import stable_topk
 from .attention import FastAttention, StepContext, selected_or_none
 from .compress import NEG, combine, finish, pool_step
@@ -37,8 +37,9 @@ class WindowCompressor(nn.Module):
         self.width, self.ratio = width, ratio
 
     def series(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """(values, gates + ape) [T, c·width] float32 of every token."""
-        return self.wkv(x, torch.float32), self.wgate(x, torch.float32) + self.ape.float()[pos % self.ratio]
+        """(values, gates + ape) [T, c·width] of every token in ≥ float32."""
+        ct = torch.promote_types(x.dtype, torch.float32)
+        return self.wkv(x, ct), self.wgate(x, ct) + self.ape.to(ct)[pos % self.ratio]
 
 
 class IndexerV4(nn.Module):
@@ -107,7 +108,7 @@ class V4Attention(FastAttention):
         """The A triple of window w−1 of every segment from ``cov{r}`` (empty for window 0)."""
         kind = f"cov{self.plan.ratio}"
         prev = seg.window - 1
-        slots = block_slots(ctx.batch.block_tables[kind][seg.req], prev[:, None], ctx.cache.rows_per_block(kind))
+        slots = table_slots(ctx.batch.block_tables[kind], seg.req, prev[:, None], ctx.cache.rows_per_block(kind))
         t = gather_slots(ctx.cache.tensors[kind][self.plan.layer_id], slots)[:, 0]  # [S, 3, c]
         has = (prev >= 0)[:, None]
         return (torch.where(has, t[:, 0], torch.full_like(t[:, 0], NEG)), torch.where(has, t[:, 1], 0.0),
@@ -118,7 +119,7 @@ class V4Attention(FastAttention):
         ix, r, lid = self.indexer, self.plan.ratio, self.plan.layer_id
         cos, sin = ctx.rope[self.rope_key]
         q = rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
-        w = ix.weights_proj(x, torch.float32) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+        w = ix.weights_proj(x, torch.promote_types(x.dtype, torch.float32)) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
         kind = f"idx{r}"
         b = ctx.batch
         scores = index_scores(q, w, ctx.cache.tensors[kind][lid], b.block_tables[kind], b.req_index, ctx.n_visible[r],

@@ -74,7 +74,8 @@ class CSA2Attention(FastAttention):
             rows, entry = torch.arange(x.shape[0], device=x.device), ctx.batch.positions
         else:
             seg = ctx.segments[r]
-            m, s, a = pool_step(seg, comp.wkv(x, torch.float32), comp.wgate(x, torch.float32), ctx.cache.state[lid])
+            ct = torch.promote_types(x.dtype, torch.float32)
+            m, s, a = pool_step(seg, comp.wkv(x, ct), comp.wgate(x, ct), ctx.cache.state[lid])
             latent = comp.norm(finish(m, s, a).to(x.dtype))
             rows, entry = seg.last_row, seg.window
         cos, sin = ctx.ropes[self.rope_key].cos_sin(entry * r)
@@ -88,7 +89,7 @@ class CSA2Attention(FastAttention):
         r = plan.ratio
         cos, sin = ctx.rope[self.rope_key]
         q = rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
-        w = ix.weights_proj(x, torch.float32) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+        w = ix.weights_proj(x, torch.promote_types(x.dtype, torch.float32)) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
         kind = f"idx{r}"
         b = ctx.batch
         scores = index_scores(q, w, ctx.cache.tensors[kind][plan.kv_src], b.block_tables[kind], b.req_index,

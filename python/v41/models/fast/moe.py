@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ...distributed.group import SINGLE, TPGroup
-from ...kernels.moe import align_pairs, grouped_linear
+from ...kernels.moe import align_pairs, combine_pairs, grouped_linear, inverse_order
 from ...kernels.router import route
 from ...kernels.swiglu import swiglu
 from .layers import PackedLinear, PackedModule
@@ -60,21 +60,18 @@ class FastMoE(nn.Module):
     def route(self, x: Tensor, token_ids: Tensor) -> tuple[Tensor, Tensor]:
         """x [T, D], token_ids [T] → (expert ids [T, k] int64 in selection order, weights [T, k] float32)."""
         renorm = self.always_renorm or self.is_hash or (self.norm_topk_prob and self.top_k > 1)
-        return route(self.gate(x, torch.float32), None if self.is_hash else self.bias.float(),
+        ct = torch.promote_types(x.dtype, torch.float32)
+        return route(self.gate(x, ct), None if self.is_hash else self.bias.to(ct),
                      self.tid2eid[token_ids] if self.is_hash else None, self.top_k, self.gate_temp, renorm,
                      self.scaling)
 
     def forward(self, x: Tensor, token_ids: Tensor) -> Tensor:
         """x [T, D] (replicated), token_ids [T] → [T, D] (full on every rank)."""
-        t, k = x.shape[0], self.top_k
+        k = self.top_k
         ids, weights = self.route(x, token_ids)
         order, offsets = align_pairs(ids, self.n_experts)
         h = grouped_linear(x, self.w13.packed, offsets, rows=order // k)
         h = swiglu(h, self.limit, weights.reshape(-1)[order])
         y = grouped_linear(h, self.w2.packed, offsets)
-        ct = torch.promote_types(x.dtype, torch.float32)
-        routed = torch.zeros(t * k, x.shape[1], dtype=ct, device=x.device).index_copy_(0, order, y.to(ct))
-        out = routed.view(t, k, -1).sum(dim=1)
-        if self.n_shared:
-            out = out + self.shared_w2(swiglu(self.shared_w13(x), self.limit)).to(ct)
-        return self.tp.all_reduce(out.to(x.dtype))
+        shared = self.shared_w2(swiglu(self.shared_w13(x), self.limit)) if self.n_shared else None
+        return self.tp.all_reduce(combine_pairs(y, inverse_order(order), k, shared))
