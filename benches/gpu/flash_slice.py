@@ -143,8 +143,8 @@ def weight_bytes(core) -> dict:
             if ".shared" not in name:
                 expert += n
                 continue
-        if name.startswith("head.") or name.startswith("embed."):
-            continue
+        if name.startswith("head.") or name.startswith("embed.") or ".engram.table" in name:
+            continue  # the head is counted apart; a step reads only its tokens' embedding and Engram rows
         dense += n
     n_moe = len(model.layers)
     per_expert = expert / (n_moe * model.cfg.n_routed_experts)
@@ -157,7 +157,8 @@ def floor_ms(wb: dict, cfg, batch: int, context: int, copy_gbps: float) -> float
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     touched = e * (1 - (1 - k / e) ** batch)
     weights = wb["dense"] + wb["n_moe"] * touched * wb["expert_per_layer_each"] + wb["head"]
-    kv = 0
+    cols = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads
+    kv = batch * len(cfg.engram_layer_ids) * cols * (cfg.engram_head_dim + cfg.engram_head_dim // 32)
     for plan in cfg.plan:
         rows = min(cfg.sliding_window, context)
         if plan.ratio > 0:
