@@ -33,13 +33,21 @@ def assert_same_tokens(got: list[int], want: list[int], first_tie: int) -> None:
     assert got[:n] == want[:n], (got, want, first_tie)
 
 
+def whole_rows_diff(rows: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """[3, R·W] int32 block-table diff that writes ``table`` [R, W] into persistent rows ``rows`` [R]."""
+    r, w = table.shape
+    return np.stack([np.repeat(rows, w), np.tile(np.arange(w), r), table.reshape(-1)]).astype(np.int32)
+
+
 def host_step(layout, runs: list[tuple[int, list[int], int, list[int]]], max_blocks: int = 8, all_rows: bool = True,
-              hasher=None):
+              hasher=None, send_tables: bool = True):
     """A HostStep without a scheduler: request slot s owns blocks s·max_blocks .. (s+1)·max_blocks − 1 of every
-    kind and state row s.
+    kind, row s of the persistent block tables and state row s.
 
     runs: (slot, new token ids, first position, all earlier token ids). ``all_rows``: logits for every token
-    row, else only for each run's last row. ``hasher``: the Engram row hasher (models with Engram layers)."""
+    row, else only for each run's last row. ``hasher``: the Engram row hasher (models with Engram layers).
+    ``send_tables``: the block-table diff writes the runs' whole rows (False: empty diff, for steps after the
+    rows were sent — what the scheduler sends for decode steps inside a block)."""
     from v41.engine.host_step import HostStep
 
     ids, pos, counts = [], [], []
@@ -47,13 +55,15 @@ def host_step(layout, runs: list[tuple[int, list[int], int, list[int]]], max_blo
         ids += toks
         pos += range(p0, p0 + len(toks))
         counts.append(len(toks))
-    tables, slots = {}, {}
+    diffs, slots = {}, {}
+    table_rows = np.array([s for s, *_ in runs], dtype=np.int32)
     for k in layout.kinds:
         bt = np.stack([np.arange(max_blocks) + s * max_blocks for s, *_ in runs]).astype(np.int32)
         r, rpb = k.tokens_per_entry, layout.block_tokens // k.tokens_per_entry
         sm = [int(bt[i, (p // r) // rpb]) * rpb + (p // r) % rpb if (p + 1) % r == 0 else -1
               for i, (_, toks, p0, _) in enumerate(runs) for p in range(p0, p0 + len(toks))]
-        tables[k.name], slots[k.name] = bt, np.array(sm, dtype=np.int32)
+        diff = whole_rows_diff(table_rows, bt) if send_tables else np.zeros((3, 0), dtype=np.int32)
+        diffs[k.name], slots[k.name] = diff, np.array(sm, dtype=np.int32)
     engram = {}
     if hasher is not None:
         engram = {lid: np.concatenate([hasher.hash_ids(lid, toks, history=earlier[-3:]) for _, toks, _, earlier in runs])
@@ -62,8 +72,8 @@ def host_step(layout, runs: list[tuple[int, list[int], int, list[int]]], max_blo
     rows = np.arange(len(ids)) if all_rows else ends - 1
     return HostStep(token_ids=np.array(ids, dtype=np.int64), positions=np.array(pos, dtype=np.int64),
                     num_scheduled=np.array(counts, dtype=np.int64),
-                    start_pos=np.array([p0 for _, _, p0, _ in runs], dtype=np.int64), block_tables=tables,
-                    slot_mapping=slots, state_rows=np.array([s for s, *_ in runs], dtype=np.int32),
+                    start_pos=np.array([p0 for _, _, p0, _ in runs], dtype=np.int64), table_rows=table_rows,
+                    table_diffs=diffs, max_blocks={k: max_blocks for k in diffs}, slot_mapping=slots, state_rows=np.array([s for s, *_ in runs], dtype=np.int32),
                     logits_rows=rows.astype(np.int64), engram_rows=engram)
 
 
@@ -74,6 +84,7 @@ class StepDriver:
 
     def __init__(self, model, hasher, block_tokens: int, max_blocks: int = 32, n_slots: int = 4,
                  max_tokens: int = 256):
+        from v41.engine.block_tables import DeviceBlockTables
         from v41.engine.input_buffers import InputBuffers
 
         self.model, self.hasher, self.max_blocks = model, hasher, max_blocks
@@ -81,8 +92,8 @@ class StepDriver:
         self.layout = model.cache_layout(block_tokens)
         cfg = model.cfg
         cols = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads
-        self.buffers = InputBuffers("cpu", max_tokens, n_slots, {k.name: max_blocks for k in self.layout.kinds},
-                                    model.segment_ratios, {lid: cols for lid in cfg.engram_layer_ids})
+        tables = DeviceBlockTables({k.name: max_blocks for k in self.layout.kinds}, n_slots, "cpu")
+        self.buffers = InputBuffers("cpu", max_tokens, n_slots, tables, model.segment_ratios, {lid: cols for lid in cfg.engram_layer_ids})
 
     def step(self, runs, all_rows: bool = True):
         return host_step(self.layout, runs, self.max_blocks, all_rows, self.hasher)

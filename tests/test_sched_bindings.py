@@ -53,6 +53,7 @@ def test_prefill_then_decode_returns_typed_numpy_arrays():
     expected = {
         "req_ids": np.uint64, "num_scheduled": np.uint32, "start_pos": np.uint32, "num_draft_tokens": np.uint32,
         "is_prefill": np.bool_, "do_sample": np.bool_, "prefix_hit_tokens": np.uint32, "state_rows": np.int32,
+        "table_rows": np.int32,
     }
     for name, dtype in expected.items():
         arr = getattr(out, name)
@@ -60,10 +61,12 @@ def test_prefill_then_decode_returns_typed_numpy_arrays():
     assert out.token_ids.dtype == np.uint32 and out.positions.dtype == np.uint32
     np.testing.assert_array_equal(out.token_ids, prompt(20))
     np.testing.assert_array_equal(out.positions, np.arange(20))
-    assert set(out.block_tables) == set(out.slot_mappings) == {"swa", "ckv2", "idx2"}
-    swa = out.block_tables["swa"]
-    assert swa.dtype == np.int32 and swa.shape == (1, 2)
-    assert out.block_tables["ckv2"].shape == (1, 2)  # 10 entries, 8 per block
+    assert set(out.table_diffs) == set(out.max_blocks) == set(out.slot_mappings) == {"swa", "ckv2", "idx2"}
+    diff = out.table_diffs["swa"]  # admission: the whole table of the request's row
+    assert diff.dtype == np.int32 and diff.shape == (3, 2) and out.max_blocks["swa"] == 2
+    assert diff[0].tolist() == [out.table_rows[0]] * 2 and diff[1].tolist() == [0, 1]
+    swa = diff[2][None, :]
+    assert out.max_blocks["ckv2"] == 2 and out.table_diffs["ckv2"].shape == (3, 2)  # 10 entries, 8 per block
     slots = out.slot_mappings["swa"]
     assert slots.dtype == np.int32 and slots.shape == (20,)
     assert slots[17] == swa[0, 1] * PAGE + 1

@@ -56,7 +56,8 @@ def test_step_message_round_trips_without_pickle():
     i64, i32 = np.int64, np.int32
     step = HostStep(token_ids=np.array([5, 6, 7], i64), positions=np.array([0, 1, 9], i64),
                     num_scheduled=np.array([2, 1], i64), start_pos=np.array([0, 9], i64),
-                    block_tables={"swa": np.array([[3, -1], [4, 5]], i32)},
+                    table_rows=np.array([1, 0], i32), table_diffs={"swa": np.array([[1, 0], [0, 1], [3, -1]], i32)},
+                    max_blocks={"swa": 2},
                     slot_mapping={"swa": np.array([48, 49, 80], i32), "ckv2": np.array([-1, 24, -1], i32)},
                     state_rows=np.array([0, 1], i32), logits_rows=np.array([1, 2], i64),
                     engram_rows={1: np.arange(12, dtype=i64).reshape(3, 4)}, return_aux=True)
@@ -67,7 +68,8 @@ def test_step_message_round_trips_without_pickle():
     for name in ("token_ids", "positions", "num_scheduled", "start_pos", "state_rows", "logits_rows"):
         a, b = getattr(got, name), getattr(step, name)
         assert a.dtype == b.dtype and np.array_equal(a, b)
-    for field in ("block_tables", "slot_mapping", "engram_rows"):
+    assert got.max_blocks == step.max_blocks and np.array_equal(got.table_rows, step.table_rows)
+    for field in ("table_diffs", "slot_mapping", "engram_rows"):
         want = getattr(step, field)
         assert getattr(got, field).keys() == want.keys()
         assert all(np.array_equal(getattr(got, field)[k], v) for k, v in want.items())
@@ -78,7 +80,8 @@ def test_step_message_round_trips_without_pickle():
 def test_segments_cut_each_request_at_window_boundaries():
     i64 = np.int64
     step = HostStep(token_ids=np.zeros(7, i64), positions=np.array([3, 4, 5, 6, 7, 8, 2], i64),
-                    num_scheduled=np.array([6, 1], i64), start_pos=np.array([3, 2], i64), block_tables={},
+                    num_scheduled=np.array([6, 1], i64), start_pos=np.array([3, 2], i64),
+                    table_rows=np.array([0, 1], np.int32), table_diffs={}, max_blocks={},
                     slot_mapping={}, state_rows=np.array([0, 1], np.int32), logits_rows=np.array([5, 6], i64))
     assert step.segments(4).tolist() == [[0, -1, -1, -1], [1, 2, 3, 4], [5, -1, -1, -1], [6, -1, -1, -1]]
     assert step.segments(2).tolist() == [[0, -1], [1, 2], [3, 4], [5, -1], [6, -1]]

@@ -60,9 +60,17 @@ class StepOutput:
     """[T] positions."""
     state_rows: npt.NDArray[np.int32]
     """[R] ``cstate`` row per request, -1 if the layout has no state kind."""
-    block_tables: dict[str, npt.NDArray[np.int32]]
-    """kind name -> [R, max_blocks] int32: logical block (positions [b*B, (b+1)*B)) -> physical block;
-    -1 = released (behind the sliding window), not taken, or padding."""
+    table_rows: npt.NDArray[np.int32]
+    """[R] int32: each request's row of the caller's persistent block tables (one [max_num_seqs, width] table
+    per kind; the row is the request's while it runs)."""
+    table_diffs: dict[str, npt.NDArray[np.int32]]
+    """kind name -> [3, D] int32 (row, logical block, physical block) of the entries that changed since each
+    row was last sent: new blocks, released window blocks (-1), pages switched to their prefix-cache copies, a
+    newly admitted request's whole table plus -1 over the previous occupant's tail. Logical block b covers
+    positions [b*B, (b+1)*B); -1 = released (behind the sliding window) or not taken."""
+    max_blocks: dict[str, int]
+    """kind name -> the longest block table among scheduled requests: after applying every step's diff in
+    order, ``table[table_rows, :max_blocks]`` is this step's padded block table (-1 beyond each length)."""
     slot_mappings: dict[str, npt.NDArray[np.int32]]
     """kind name -> [T] int32: slot written by each token, in entries of that kind
     (``block * entries_per_block + entry % entries_per_block``); -1 if the token closes no entry."""

@@ -87,8 +87,11 @@ fn parse_layout(items: &[Bound<'_, PyAny>]) -> PyResult<Layout> {
 }
 
 /// The plan of one step. Per-request arrays have shape `[R]`, per-token arrays `[T]`;
-/// `block_tables[kind]` is `[R, max_blocks]` int32 (−1 = none/padding), `slot_mappings[kind]` is
-/// `[T]` int32 in entries of that kind (−1 = the token closes no entry).
+/// `slot_mappings[kind]` is `[T]` int32 in entries of that kind (−1 = the token closes no entry).
+/// Block tables are persistent on the caller's side (`v41_sched::step` docs): request `i` owns row
+/// `table_rows[i]` of a `[max_num_seqs, width]` table per kind, and `table_diffs[kind]` is
+/// `[3, D]` int32 (row, column, block; −1 = none) of the entries that changed; after applying it,
+/// `table[table_rows, :max_blocks[kind]]` is the step's padded block table.
 #[pyclass(module = "v41._native", name = "StepOutput", frozen, get_all)]
 pub struct PyStepOutput {
     /// `[R]` uint64 request ids.
@@ -111,8 +114,12 @@ pub struct PyStepOutput {
     positions: Py<PyArray1<u32>>,
     /// `[R]` int32 cstate rows (−1 = no state kind).
     state_rows: Py<PyArray1<i32>>,
-    /// kind name → `[R, max_blocks]` int32.
-    block_tables: Py<PyDict>,
+    /// `[R]` int32 persistent block-table row of each request.
+    table_rows: Py<PyArray1<i32>>,
+    /// kind name → `[3, D]` int32 (row, column, block) of the changed table entries.
+    table_diffs: Py<PyDict>,
+    /// kind name → the longest block table among scheduled requests.
+    max_blocks: Py<PyDict>,
     /// kind name → `[T]` int32.
     slot_mappings: Py<PyDict>,
     /// Ids preempted in this step.
@@ -137,12 +144,18 @@ impl PyStepOutput {
 
 fn step_to_py(py: Python<'_>, out: StepOutput, names: &[String]) -> PyResult<PyStepOutput> {
     let (num_reqs, num_tokens) = (out.num_reqs(), out.num_tokens());
-    let block_tables = PyDict::new(py);
+    let table_diffs = PyDict::new(py);
+    let max_blocks = PyDict::new(py);
     let slot_mappings = PyDict::new(py);
-    for (name, kind) in names.iter().zip(out.kinds) {
-        let table = Array2::from_shape_vec((num_reqs, kind.max_blocks), kind.block_table)
+    for (name, mut kind) in names.iter().zip(out.kinds) {
+        let d = kind.diff_rows.len();
+        let mut diff = std::mem::take(&mut kind.diff_rows);
+        diff.extend_from_slice(&kind.diff_cols);
+        diff.extend_from_slice(&kind.diff_blocks);
+        let diff = Array2::from_shape_vec((3, d), diff)
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        block_tables.set_item(name, table.into_pyarray(py))?;
+        table_diffs.set_item(name, diff.into_pyarray(py))?;
+        max_blocks.set_item(name, kind.max_blocks)?;
         slot_mappings.set_item(name, kind.slot_mapping.into_pyarray(py))?;
     }
     Ok(PyStepOutput {
@@ -156,7 +169,9 @@ fn step_to_py(py: Python<'_>, out: StepOutput, names: &[String]) -> PyResult<PyS
         token_ids: out.token_ids.into_pyarray(py).unbind(),
         positions: out.positions.into_pyarray(py).unbind(),
         state_rows: out.state_rows.into_pyarray(py).unbind(),
-        block_tables: block_tables.unbind(),
+        table_rows: out.table_rows.into_pyarray(py).unbind(),
+        table_diffs: table_diffs.unbind(),
+        max_blocks: max_blocks.unbind(),
         slot_mappings: slot_mappings.unbind(),
         preempted: out.preempted,
         finished: out

@@ -13,8 +13,8 @@ impl Scheduler {
     /// - a shared block (count > 1) covers a page that every holding request has fully computed and
     ///   committed, so no one writes into it;
     /// - windowed tables: released entries are `-1`, the rest resident;
-    /// - running ≤ `max_num_seqs`, each running request owns a distinct state row (if any);
-    ///   waiting requests hold nothing;
+    /// - running ≤ `max_num_seqs`, each running request owns a distinct state row (if any) and a
+    ///   distinct table row, the other table rows are free; waiting requests hold nothing;
     /// - radix lock counts equal the number of requests whose hit path covers the node, plus the
     ///   tree's own structural invariants.
     ///
@@ -44,6 +44,7 @@ impl Scheduler {
         }
         let mut locks: HashMap<u32, u32> = HashMap::new();
         let mut rows = Vec::new();
+        let mut table_rows = self.free_table_rows.clone();
         for req in self.slots.iter().flatten() {
             let who = format!("request {}", req.id);
             let running = req.status == RequestStatus::Running;
@@ -61,6 +62,16 @@ impl Scheduler {
             if let Some(node) = req.prefix_lock {
                 for id in self.radix.path_to_root(node) {
                     *locks.entry(id).or_default() += 1;
+                }
+            }
+            match (running, req.table_row) {
+                (true, Some(row)) => table_rows.push(row),
+                (false, None) => {}
+                _ => {
+                    return Err(format!(
+                        "{who}: running {running}, table row {:?}",
+                        req.table_row
+                    ))
                 }
             }
             if running && self.state_pool.is_some() {
@@ -129,6 +140,10 @@ impl Scheduler {
             if sorted.len() != rows.len() || pool.num_used() as usize != rows.len() {
                 return Err("state rows are shared or leaked".into());
             }
+        }
+        table_rows.sort_unstable();
+        if !table_rows.iter().copied().eq(0..self.config.max_num_seqs) {
+            return Err("table rows are shared or leaked".into());
         }
         if self.running.len() + self.waiting.len() != self.index.len() {
             return Err("running + waiting != live requests".into());

@@ -81,6 +81,8 @@ impl Scheduler {
             }
             let table = &mut req.block_tables[k];
             let keep_from = keep_from.min(table.len());
+            let synced = &mut req.table_synced[k];
+            *synced = (*synced).min(from.min(keep_from) as u32);
             for blk in &mut table[from.min(keep_from)..keep_from] {
                 if *blk >= 0 {
                     self.pools[k].decref(*blk);
@@ -118,6 +120,11 @@ impl Scheduler {
         );
         req.cached_pages = pages as u32;
         req.insert_cursor = out.cursor;
+        if let Some(p) = out.first_switched_page {
+            for synced in &mut req.table_synced {
+                *synced = (*synced).min(p);
+            }
+        }
         // Pin what this request published: evicting it would free nothing it does not hold itself.
         if let Some(last) = out.cursor.map(|c| c.node()) {
             self.radix.extend_lock(req.prefix_lock, last);
@@ -159,7 +166,8 @@ impl Scheduler {
         }
     }
 
-    /// Drops every block reference, the prefix lock and the state row of request `slot`.
+    /// Drops every block reference, the prefix lock, the state row and the table row of request
+    /// `slot`.
     pub(crate) fn free_blocks(&mut self, slot: u32) {
         let req = self.slots[slot as usize].as_mut().expect("live slot");
         for (k, table) in req.block_tables.iter_mut().enumerate() {
@@ -171,6 +179,9 @@ impl Scheduler {
         }
         if let Some(node) = req.prefix_lock.take() {
             self.radix.unlock(node);
+        }
+        if let Some(row) = req.table_row.take() {
+            self.free_table_rows.push(row);
         }
         if let Some(row) = req.state_row.take() {
             self.state_pool

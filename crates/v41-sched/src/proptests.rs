@@ -4,7 +4,9 @@
 //! produced it; every slot a scheduled request reads (the window before its first position for
 //! windowed kinds, every closed entry for compressed kinds) must hold the hash of its own prefix.
 //! That catches wrong prefix hits, cross-salt sharing, premature window release, writes into shared
-//! blocks and broken slot mappings. After every operation `check_invariants` runs; at the end the
+//! blocks and broken slot mappings. The block tables it reads are the consumer's persistent tables,
+//! rebuilt from every step's diffs alone, so a missing or stale diff entry fails too. After every
+//! operation `check_invariants` runs; at the end the
 //! workload must drain within a bounded number of steps and every block must come back.
 
 use std::collections::HashMap;
@@ -120,6 +122,8 @@ struct Harness {
     setup: Setup,
     /// Per kind: slot → prefix hash of the token that wrote it.
     ghost: Vec<HashMap<i32, u64>>,
+    /// Per kind: the persistent block tables `[row][col]` as the step diffs build them.
+    tables: Vec<Vec<Vec<i32>>>,
     live: Vec<u64>,
     next_id: u64,
 }
@@ -169,10 +173,12 @@ impl Harness {
             enable_prefix_caching: setup.caching,
         };
         let s = Scheduler::new(Layout::new(kinds, state).unwrap(), config).unwrap();
+        let rows = setup.max_seqs as usize;
         Self {
             s,
             setup,
             ghost: vec![HashMap::new(); 3],
+            tables: vec![vec![Vec::new(); rows]; 3],
             live: Vec::new(),
             next_id: 0,
         }
@@ -243,6 +249,7 @@ impl Harness {
         assert!(out.num_reqs() <= self.setup.max_seqs as usize);
         assert!(self.s.stats().num_running <= self.setup.max_seqs as usize);
         self.s.check_invariants().unwrap();
+        self.apply_table_diffs(&out);
         self.check_reads_then_write(&out);
         let mut rng = seed;
         let mut outputs = Vec::new();
@@ -276,6 +283,33 @@ impl Harness {
         out.finished
     }
 
+    /// Applies the step's diffs to the persistent tables; each scheduled request's row must then be
+    /// its block table, `-1` beyond.
+    fn apply_table_diffs(&mut self, out: &StepOutput) {
+        for (k, ks) in out.kinds.iter().enumerate() {
+            assert_eq!(ks.diff_rows.len(), ks.diff_cols.len());
+            assert_eq!(ks.diff_rows.len(), ks.diff_blocks.len());
+            for ((&r, &c), &blk) in ks.diff_rows.iter().zip(&ks.diff_cols).zip(&ks.diff_blocks) {
+                let row = &mut self.tables[k][r as usize];
+                if row.len() <= c as usize {
+                    row.resize(c as usize + 1, -1);
+                }
+                row[c as usize] = blk;
+            }
+            for (i, &id) in out.req_ids.iter().enumerate() {
+                let table = &self.s.request(id).unwrap().block_tables[k];
+                let row = &self.tables[k][out.table_rows[i] as usize];
+                assert!(ks.max_blocks >= table.len());
+                assert_eq!(
+                    &row[..table.len().min(row.len())],
+                    &table[..],
+                    "request {id} kind {k}"
+                );
+                assert!(row.len() >= table.len() && row[table.len()..].iter().all(|&b| b < 0));
+            }
+        }
+    }
+
     /// Ghost-model reads of every scheduled request, then its writes.
     fn check_reads_then_write(&mut self, out: &StepOutput) {
         let kinds = self.s.layout().kinds().to_vec();
@@ -292,7 +326,7 @@ impl Harness {
             );
             for (k, kind) in kinds.iter().enumerate() {
                 let ks = &out.kinds[k];
-                let row = &ks.block_table[i * ks.max_blocks..(i + 1) * ks.max_blocks];
+                let row = &self.tables[k][out.table_rows[i] as usize];
                 let (r, e) = (
                     kind.tokens_per_entry as usize,
                     kind.entries_per_block() as usize,
@@ -305,7 +339,7 @@ impl Harness {
                         continue;
                     }
                     let entry = (pos + 1) / r - 1;
-                    let blk = row[entry / e];
+                    let blk = row.get(entry / e).copied().unwrap_or(-1);
                     assert!(
                         blk >= 0,
                         "request {} reads kind {k} pos {pos} through a missing block",

@@ -82,6 +82,11 @@ pub struct Request {
     pub released_blocks: Vec<u32>,
     /// State row (`cstate`) while running.
     pub state_row: Option<u32>,
+    /// Row of the persistent block tables while running (see [`crate::step`]).
+    pub table_row: Option<u32>,
+    /// Per kind: entries `0..table_synced[k]` of `table_row` already hold this table (as emitted by
+    /// earlier steps' diffs); a change below marks it down, a growing table stays above it.
+    pub(crate) table_synced: Vec<u32>,
     /// Tokens reused from the prefix cache at the latest admission.
     pub prefix_hit_tokens: u32,
     /// Times this request was preempted.
@@ -119,6 +124,8 @@ impl Request {
             block_tables: Vec::new(),
             released_blocks: Vec::new(),
             state_row: None,
+            table_row: None,
+            table_synced: Vec::new(),
             prefix_hit_tokens: 0,
             num_preemptions: 0,
             prefix_lock: None,

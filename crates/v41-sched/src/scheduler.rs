@@ -16,8 +16,9 @@
 //! the most important one makes progress; waiting requests never overtake the head of the queue, so
 //! none starves.
 //!
-//! Cost: `step` is O(running + scheduled tokens × kinds + Σ block-table sizes) plus prefix-cache work
-//! for admissions and completed pages.
+//! Cost: `step` is O(running + scheduled tokens × kinds + changed block-table entries) plus
+//! prefix-cache work for admissions and completed pages (block tables travel as diffs of persistent
+//! rows, see [`crate::step`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -119,6 +120,11 @@ pub struct Scheduler {
     pub(crate) config: SchedulerConfig,
     pub(crate) pools: Vec<BlockPool>,
     pub(crate) state_pool: Option<BlockPool>,
+    /// Free rows of the persistent block tables (`0..max_num_seqs`; see [`crate::step`]).
+    pub(crate) free_table_rows: Vec<u32>,
+    /// `[max_num_seqs × kinds]`: entries of each row the consumer's tables may hold a block in (beyond
+    /// them the row is `-1`); a new occupant's first diff clears its predecessor's tail.
+    pub(crate) table_row_widths: Vec<u32>,
     pub(crate) radix: RadixCache,
     pub(crate) slots: Vec<Option<Request>>,
     pub(crate) free_slots: Vec<u32>,
@@ -167,6 +173,8 @@ impl Scheduler {
                 .map(|k| BlockPool::new(k.num_blocks))
                 .collect(),
             state_pool: layout.state().map(|s| BlockPool::new(s.state_rows)),
+            free_table_rows: (0..config.max_num_seqs).rev().collect(),
+            table_row_widths: vec![0; config.max_num_seqs as usize * layout.kinds().len()],
             radix: RadixCache::new(&layout),
             scratch_needed: vec![0; layout.kinds().len()],
             geometry: Geometry::new(&layout),
@@ -281,6 +289,7 @@ impl Scheduler {
         let kinds = self.layout.kinds().len();
         req.block_tables = vec![Vec::new(); kinds];
         req.released_blocks = vec![0; kinds];
+        req.table_synced = vec![0; kinds];
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(req);

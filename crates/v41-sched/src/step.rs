@@ -9,6 +9,15 @@
 //! (highest `priority` value), latest-arrived running request (possibly itself) and retries; a
 //! waiting one that cannot simply waits, and so does everything behind it (no overtaking, hence no
 //! starvation).
+//!
+//! Block tables are persistent on the consumer's side: each running request owns a row
+//! (`table_rows`, `0..max_num_seqs`) of one `[max_num_seqs, width]` table per kind, and a step
+//! carries only the entries that changed since that row was last sent (`KindStep::diff_*`): blocks
+//! appended since, window blocks released (`-1`), pages switched to their prefix-cache copies, and
+//! for a request admitted into a row its whole table plus `-1` over what the row's previous occupant
+//! left. Applying every step's diff in order keeps, for each scheduled request, row
+//! `table_rows[i]` equal to its block table over `0..max_blocks` and `-1` beyond its length — the
+//! padded `[R, max_blocks]` table of the step is `table[table_rows, :max_blocks]`.
 
 use crate::request::{FinishReason, RequestStatus};
 use crate::scheduler::Scheduler;
@@ -16,10 +25,14 @@ use crate::scheduler::Scheduler;
 /// Per token-indexed kind arrays of a step.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KindStep {
-    /// Columns of `block_table`: the longest table among scheduled requests.
+    /// The longest block table among scheduled requests (the width the step reads).
     pub max_blocks: usize,
-    /// `[num_reqs × max_blocks]` int32 row-major: logical block → physical block, `-1` = none/padding.
-    pub block_table: Vec<i32>,
+    /// `[D]` int32: table row of each changed entry (see the module docs).
+    pub diff_rows: Vec<i32>,
+    /// `[D]` int32: logical block (column) of each changed entry.
+    pub diff_cols: Vec<i32>,
+    /// `[D]` int32: the entry's physical block, `-1` = none.
+    pub diff_blocks: Vec<i32>,
     /// `[T]` int32: slot written by each scheduled token, in entries of this kind
     /// (`block · entries_per_block + entry % entries_per_block`); `-1` if the token closes no entry.
     pub slot_mapping: Vec<i32>,
@@ -53,6 +66,8 @@ pub struct StepOutput {
     pub kinds: Vec<KindStep>,
     /// `[R]` `cstate` row of each request, `-1` if the layout has none.
     pub state_rows: Vec<i32>,
+    /// `[R]` persistent block-table row of each request (module docs).
+    pub table_rows: Vec<i32>,
     /// Requests preempted in this step (they are not in `req_ids`).
     pub preempted: Vec<u64>,
     /// Requests that ended since the previous step.
@@ -185,6 +200,10 @@ fn admit_waiting(s: &mut Scheduler, planned: &mut Vec<Planned>, budget: &mut u32
             .state_pool
             .as_mut()
             .map(|p| p.allocate_one().expect("checked free"));
+        let table_row = s
+            .free_table_rows
+            .pop()
+            .expect("fewer than max_num_seqs run");
         s.waiting.remove(&key);
         s.running.push(slot);
         let query = s.req(slot).committed_len() as u64;
@@ -193,6 +212,8 @@ fn admit_waiting(s: &mut Scheduler, planned: &mut Vec<Planned>, budget: &mut u32
         }
         let req = s.req_mut(slot);
         req.state_row = row;
+        req.table_row = Some(table_row);
+        req.table_synced.fill(0);
         req.status = RequestStatus::Running;
         req.prefix_hit_tokens = hit.hit_tokens;
         planned.push(Planned {
@@ -216,22 +237,17 @@ fn build_output(s: &mut Scheduler, planned: &[Planned], preempted: Vec<u64>, out
     out.token_ids.clear();
     out.positions.clear();
     out.state_rows.clear();
+    out.table_rows.clear();
     out.preempted = preempted;
     out.finished.clear();
     out.finished.append(&mut s.finished);
-    out.kinds
-        .resize_with(s.geometry.kinds.len(), KindStep::default);
+    let num_kinds = s.geometry.kinds.len();
+    out.kinds.resize_with(num_kinds, KindStep::default);
     for kind in &mut out.kinds {
         kind.max_blocks = 0;
-    }
-    for p in planned {
-        for (kind, table) in out.kinds.iter_mut().zip(&s.req(p.slot).block_tables) {
-            kind.max_blocks = kind.max_blocks.max(table.len());
-        }
-    }
-    for kind in &mut out.kinds {
-        kind.block_table.clear();
-        kind.block_table.reserve(planned.len() * kind.max_blocks);
+        kind.diff_rows.clear();
+        kind.diff_cols.clear();
+        kind.diff_blocks.clear();
         kind.slot_mapping.clear();
         kind.slot_mapping.reserve(num_tokens);
     }
@@ -239,17 +255,27 @@ fn build_output(s: &mut Scheduler, planned: &[Planned], preempted: Vec<u64>, out
     for p in planned {
         let req = s.slots[p.slot as usize].as_mut().expect("live slot");
         let (start, end) = (req.num_computed, req.num_computed + p.tokens as usize);
+        let row = req.table_row.expect("a running request has a table row");
+        let widths = &mut s.table_row_widths[row as usize * num_kinds..][..num_kinds];
         let kinds = s.geometry.kinds.iter().zip(&mut out.kinds);
-        for (((geo, kind), table), &released) in
-            kinds.zip(&req.block_tables).zip(&req.released_blocks)
+        for ((((geo, kind), table), synced), width) in kinds
+            .zip(&req.block_tables)
+            .zip(&mut req.table_synced)
+            .zip(widths)
         {
-            // Row: released entries (-1), live blocks, padding (-1); each byte written once.
-            let released = released as usize;
-            let padding = kind.max_blocks - table.len();
-            let bt = &mut kind.block_table;
-            bt.resize(bt.len() + released, -1);
-            bt.extend_from_slice(&table[released..]);
-            bt.resize(bt.len() + padding, -1);
+            kind.max_blocks = kind.max_blocks.max(table.len());
+            let (from, len) = (*synced as usize, table.len());
+            let stale = (*width as usize).max(len);
+            if from < stale {
+                // Changed entries, then -1 over a previous occupant's longer row.
+                kind.diff_rows
+                    .resize(kind.diff_rows.len() + stale - from, row as i32);
+                kind.diff_cols.extend(from as i32..stale as i32);
+                kind.diff_blocks.extend_from_slice(&table[from.min(len)..]);
+                kind.diff_blocks.resize(kind.diff_rows.len(), -1);
+            }
+            *synced = len as u32;
+            *width = len as u32;
             if end == start + 1 {
                 kind.slot_mapping.push(geo.slot(table, start)); // decode fast path
             } else {
@@ -267,6 +293,7 @@ fn build_output(s: &mut Scheduler, planned: &[Planned], preempted: Vec<u64>, out
         out.do_sample.push(end >= committed);
         out.prefix_hit_tokens.push(p.hit);
         out.state_rows.push(req.state_row.map_or(-1, |r| r as i32));
+        out.table_rows.push(row as i32);
         if end == start + 1 {
             out.token_ids.push(req.token_at(start)); // decode fast path
         } else {

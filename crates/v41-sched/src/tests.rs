@@ -185,7 +185,8 @@ fn compressed_slot_mapping_marks_only_closing_tokens() {
     add(&mut s, 1, prompt(5, 1), 4);
     let out = s.step();
     let ckv = &out.kinds[1];
-    let blk = out.kinds[1].block_table[0];
+    assert_eq!((&ckv.diff_rows, &ckv.diff_cols), (&vec![0], &vec![0]));
+    let blk = ckv.diff_blocks[0];
     assert_eq!(ckv.slot_mapping, [-1, blk * 2, -1, blk * 2 + 1, -1]);
     assert_eq!(ckv.max_blocks, 1);
 }
@@ -480,5 +481,35 @@ fn running_request_pins_its_published_pages_until_it_ends() {
     s.finish_request(1).unwrap();
     assert_eq!(s.reset_prefix_cache(), 3);
     assert!(s.stats().kinds.iter().all(|k| k.used == 0));
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn block_table_diffs_carry_only_changes_and_clear_a_reused_row() {
+    let mut s = sched(64, 64, 1);
+    add(&mut s, 1, prompt(6, 1), 8);
+    let out = s.step(); // admission: the whole table, cols 0..2 of row 0
+    assert_eq!(out.table_rows, [0]);
+    let swa = &out.kinds[0];
+    assert_eq!((swa.diff_cols.clone(), swa.max_blocks), (vec![0, 1], 2));
+    assert_eq!(swa.diff_blocks, s.request(1).unwrap().block_tables[0]);
+    s.update_from_output(&[sample(1, 9)]).unwrap();
+    let out = s.step(); // position 6 stays in block 1: nothing changes
+    assert!(out.kinds.iter().all(|k| k.diff_rows.is_empty()));
+    s.update_from_output(&[sample(1, 9)]).unwrap();
+    let out = s.step(); // position 7: still block 1
+    assert!(out.kinds[0].diff_rows.is_empty());
+    s.update_from_output(&[sample(1, 9)]).unwrap();
+    let out = s.step(); // position 8 opens block 2
+    assert_eq!(out.kinds[0].diff_cols, [2]);
+    s.update_from_output(&[sample(1, 9)]).unwrap();
+    s.finish_request(1).unwrap();
+    add(&mut s, 2, prompt(3, 2), 4);
+    let out = s.step(); // request 2 reuses row 0: its block, then -1 over request 1's tail
+    assert_eq!(out.table_rows, [0]);
+    let swa = &out.kinds[0];
+    assert_eq!(swa.diff_cols, [0, 1, 2]);
+    assert_eq!(swa.diff_blocks[1..], [-1, -1]);
+    assert_eq!(swa.diff_blocks[0], s.request(2).unwrap().block_tables[0][0]);
     s.check_invariants().unwrap();
 }

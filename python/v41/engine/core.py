@@ -238,7 +238,8 @@ class EngineCore:
                     for a, n, p, seq in zip(first.tolist(), counts.tolist(), plan.start_pos.tolist(), seqs)]
             engram = {lid: self.hasher.hash_runs(lid, runs) for lid in self.cfg.engram_layer_ids}
         step = HostStep(token_ids=token_ids, positions=plan.positions.astype(np.int64), num_scheduled=counts,
-                        start_pos=plan.start_pos.astype(np.int64), block_tables=dict(plan.block_tables),
+                        start_pos=plan.start_pos.astype(np.int64), table_rows=plan.table_rows,
+                        table_diffs=dict(plan.table_diffs), max_blocks=dict(plan.max_blocks),
                         slot_mapping=dict(plan.slot_mappings), state_rows=plan.state_rows,
                         logits_rows=np.array(sorted(set(rows)), dtype=np.int64), engram_rows=engram)
         now = time.time()

@@ -14,15 +14,20 @@ import numpy as np
 @dataclass
 class HostStep:
     """One step. Per token [T]: token_ids, positions (int64), slot_mapping[kind] (int32, −1 = no row). Per request
-    [R]: num_scheduled, start_pos (int64), state_rows (int32, −1 = none), block_tables[kind] [R, B] (int32, −1 =
-    none). engram_rows[layer] [T, cols] int64 table rows; logits_rows [N] int64 rows whose logits the step returns;
-    return_aux: the DSpark aux states are wanted too."""
+    [R]: num_scheduled, start_pos (int64), state_rows (int32, −1 = none), table_rows (int32: the request's row of
+    the persistent block tables). Per kind: table_diffs[kind] [3, D] int32 (row, logical block, physical block;
+    −1 = none) — the entries that changed since each row was last sent, applied in step order on every rank
+    (:mod:`.block_tables`) — and max_blocks[kind], the columns this step reads. engram_rows[layer] [T, cols]
+    int64 table rows; logits_rows [N] int64 rows whose logits the step returns; return_aux: the DSpark aux states
+    are wanted too."""
 
     token_ids: np.ndarray
     positions: np.ndarray
     num_scheduled: np.ndarray
     start_pos: np.ndarray
-    block_tables: dict[str, np.ndarray]
+    table_rows: np.ndarray
+    table_diffs: dict[str, np.ndarray]
+    max_blocks: dict[str, int]
     slot_mapping: dict[str, np.ndarray]
     state_rows: np.ndarray
     logits_rows: np.ndarray
@@ -76,7 +81,8 @@ class HostStep:
         return msgpack.packb({
             "token_ids": arr(self.token_ids), "positions": arr(self.positions),
             "num_scheduled": arr(self.num_scheduled), "start_pos": arr(self.start_pos),
-            "block_tables": {k: arr(v) for k, v in self.block_tables.items()},
+            "table_rows": arr(self.table_rows), "table_diffs": {k: arr(v) for k, v in self.table_diffs.items()},
+            "max_blocks": {k: int(v) for k, v in self.max_blocks.items()},
             "slot_mapping": {k: arr(v) for k, v in self.slot_mapping.items()},
             "state_rows": arr(self.state_rows), "logits_rows": arr(self.logits_rows),
             "engram_rows": {str(k): arr(v) for k, v in self.engram_rows.items()},
@@ -92,7 +98,9 @@ class HostStep:
             d = msgpack.unpackb(data, raw=False)
             return cls(token_ids=arr(d["token_ids"]), positions=arr(d["positions"]),
                        num_scheduled=arr(d["num_scheduled"]), start_pos=arr(d["start_pos"]),
-                       block_tables={k: arr(v) for k, v in d["block_tables"].items()},
+                       table_rows=arr(d["table_rows"]),
+                       table_diffs={k: arr(v) for k, v in d["table_diffs"].items()},
+                       max_blocks={k: int(v) for k, v in d["max_blocks"].items()},
                        slot_mapping={k: arr(v) for k, v in d["slot_mapping"].items()},
                        state_rows=arr(d["state_rows"]), logits_rows=arr(d["logits_rows"]),
                        engram_rows={int(k): arr(v) for k, v in d["engram_rows"].items()},

@@ -2,12 +2,14 @@
 
 :class:`InputBuffers` owns one pinned host staging buffer and one device buffer of int64, sized at start-up for
 ``max_num_batched_tokens`` tokens and ``max_num_seqs`` requests. Each step it packs the :class:`HostStep` arrays
-(token ids, positions, per-token request rows, per-request cached lengths, state rows, logits rows, block tables
-and slot mappings per kind, Engram rows, compressor segments) into the staging buffer, issues **one**
-non-blocking copy, and returns a :class:`~v41.models.protocol.StepBatch` of views into the device buffer.
+(token ids, positions, per-token request rows, per-request cached lengths, state rows, logits rows, block-table
+rows, the block-table diff and slot mappings per kind, Engram rows, compressor segments) into the staging buffer,
+issues **one** non-blocking copy, applies the diffs to the persistent device tables (:mod:`.block_tables`) and
+returns a :class:`~v41.models.protocol.StepBatch` of views into the device buffer plus the step's block tables
+gathered from the persistent ones.
 There are two staging buffers used in turn, each reused only after its copy has finished (an event), so the host
-can pack step N+1 while the GPU still runs step N. A step needing more room than the start-up estimate (very wide
-block tables, many short segments beside long ones) grows the buffers.
+can pack step N+1 while the GPU still runs step N. A step needing more room than the start-up estimate (large
+block-table diffs after admissions, many short segments beside long ones) grows the buffers.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 import torch
 
 from ..models.protocol import StepBatch
+from .block_tables import DeviceBlockTables
 from .host_step import HostStep
 
 log = logging.getLogger("v41.engine")
@@ -26,16 +29,17 @@ log = logging.getLogger("v41.engine")
 class InputBuffers:
     """Persistent step-input buffers on ``device`` (module docstring).
 
-    max_tokens / max_reqs: per-step bounds; max_blocks: kind → widest block table; ratios: compressor ratios
-    whose segments the model needs; engram_cols: Engram layer → hash columns.
+    max_tokens / max_reqs: per-step bounds; tables: the persistent block tables (their kinds); ratios: compressor
+    ratios whose segments the model needs; engram_cols: Engram layer → hash columns.
     """
 
-    def __init__(self, device: torch.device | str, max_tokens: int, max_reqs: int, max_blocks: dict[str, int],
+    def __init__(self, device: torch.device | str, max_tokens: int, max_reqs: int, tables: DeviceBlockTables,
                  ratios: list[int], engram_cols: dict[int, int]):
         self.device = torch.device(device)
         self.ratios = list(ratios)
-        per_token = 4 + len(max_blocks) + sum(engram_cols.values())
-        per_req = 3 + sum(max_blocks.values())
+        self.tables = tables
+        per_token = 4 + len(tables.widths) + sum(engram_cols.values())
+        per_req = 4 + 3 * 2 * len(tables.widths)  # diffs: about two changed entries per kind and request
         segs = sum((2 * max_reqs + max_tokens // r + 1) * r for r in self.ratios)
         self._turn = 0
         self._done: list[torch.cuda.Event | None] = [None, None]
@@ -58,7 +62,10 @@ class InputBuffers:
             ("token_ids", None, step.token_ids), ("positions", None, step.positions), ("req_index", None, req_index),
             ("seq_lens", None, seq_lens), ("state_rows", None, step.state_rows),
             ("logits_rows", None, step.logits_rows)]
-        fields += [("block_tables", k, v) for k, v in step.block_tables.items()]
+        fields.append(("table_rows", None, step.table_rows))
+        for k, diff in step.table_diffs.items():
+            self.tables.check(k, diff)
+            fields.append(("table_diffs", k, diff))
         fields += [("slot_mapping", k, v) for k, v in step.slot_mapping.items()]
         fields += [("engram_rows", k, v) for k, v in step.engram_rows.items()]
         fields += [("segments", r, step.segments(r)) for r in self.ratios]
@@ -81,12 +88,16 @@ class InputBuffers:
             self.dev[:off].copy_(host[:off], non_blocking=True)
             self._done[turn] = torch.cuda.Event()
             self._done[turn].record()
-        out: dict[str, object] = {"block_tables": {}, "slot_mapping": {}, "engram_rows": {}, "segments": {}}
+        out: dict[str, object] = {"table_diffs": {}, "slot_mapping": {}, "engram_rows": {}, "segments": {}}
         for name, key, o, shape in views:
             t = self.dev[o:o + int(np.prod(shape, dtype=np.int64))].view(*shape)
             if key is None:
                 out[name] = t
             else:
                 out[name][key] = t
+        rows = out.pop("table_rows")
+        for k, diff in out.pop("table_diffs").items():
+            self.tables.apply(k, diff)
+        out["block_tables"] = {k: self.tables.gather(k, rows, step.max_blocks[k]) for k in self.tables.widths}
         max_len = int(seq_lens.max()) if seq_lens.size else 0
         return StepBatch(max_seq_len=max_len, starts=step.starts(), **out)

@@ -15,6 +15,7 @@ import torch
 from ..distributed.group import SINGLE, TPGroup
 from ..models.protocol import StepModel
 from .args import EngineArgs
+from .block_tables import DeviceBlockTables
 from .cuda_graph import CudaGraphRunner, GraphInputs, capture_sizes
 from .host_step import HostStep
 from .input_buffers import InputBuffers
@@ -63,13 +64,17 @@ class ModelRunner:
         widths = {k.name: -(-max_model_len // block_tokens) + 1 for k in layout.kinds}
         cols = (self.cfg.engram_max_ngram_size - 1) * self.cfg.engram_n_heads
         engram = {lid: cols for lid in self.cfg.engram_layer_ids}
-        self.buffers = InputBuffers(self.device, self.args.max_num_batched_tokens, self.args.max_num_seqs, widths,
-                                    self.model.segment_ratios, engram)
+        self.tables = DeviceBlockTables(widths, self.args.max_num_seqs, self.device)
+        self.buffers = InputBuffers(self.device, self.args.max_num_batched_tokens, self.args.max_num_seqs,
+                                    self.tables, self.model.segment_ratios, engram)
         if self._capture_wanted():
             cap = min(self.args.max_cudagraph_capture_size or 512, self.args.max_num_seqs)
-            self.graphs = CudaGraphRunner(self.model, capture_sizes(cap), lambda size: GraphInputs(
-                size, widths, engram, self.model.segment_ratios, max_model_len, self.model.cache.dummy_state_row,
-                torch.device(self.device)))
+            sizes = capture_sizes(cap)
+            static = {k: torch.full((sizes[-1], w), -1, dtype=torch.int64, device=self.device)
+                      for k, w in widths.items()}
+            self.graphs = CudaGraphRunner(self.model, sizes, lambda size: GraphInputs(
+                size, self.tables, static, engram, self.model.segment_ratios, max_model_len,
+                self.model.cache.dummy_state_row, torch.device(self.device)))
 
     def _capture_wanted(self) -> bool:
         if self.args.enforce_eager or not str(self.device).startswith("cuda"):

@@ -27,6 +27,9 @@ pub struct InsertOutcome {
     pub cached_tokens: u32,
     /// Resume point for the next insertion of this sequence.
     pub cursor: Option<InsertCursor>,
+    /// First page whose block in the caller's tables was switched to a cached one (`None`: the
+    /// tables are unchanged).
+    pub first_switched_page: Option<u32>,
 }
 
 impl InsertCursor {
@@ -101,6 +104,7 @@ impl RadixCache {
                 already_cached_tokens: 0,
                 cached_tokens: 0,
                 cursor,
+                first_switched_page: None,
             };
         }
         let valid = |c: &InsertCursor| {
@@ -117,11 +121,14 @@ impl RadixCache {
         let now = self.clock;
         let mut already = start;
         let mut done = start;
+        let mut first_switched = None;
         for (p, page) in tokens.chunks_exact(b).enumerate().skip(start) {
             h = page_hash(h, page);
             match self.by_hash.get(&h).copied() {
                 Some(id) if self.node(id).parent == cur && *self.node(id).tokens == *page => {
-                    self.share_page(id, p, tables, pools);
+                    if self.share_page(id, p, tables, pools) {
+                        first_switched = first_switched.or(Some(p as u32));
+                    }
                     self.touch(id, now);
                     if already == p {
                         already = p + 1;
@@ -145,17 +152,20 @@ impl RadixCache {
             already_cached_tokens: (already * b) as u32,
             cached_tokens: (done * b) as u32,
             cursor,
+            first_switched_page: first_switched,
         }
     }
 
-    /// Reconciles the request's blocks for page `p` with cached node `id`.
+    /// Reconciles the request's blocks for page `p` with cached node `id`; true if a table entry
+    /// changed.
     fn share_page(
         &mut self,
         id: NodeId,
         p: usize,
         tables: &mut [Vec<i32>],
         pools: &mut [BlockPool],
-    ) {
+    ) -> bool {
+        let mut switched = false;
         let node = self.nodes[id as usize].as_mut().expect("live node");
         for (k, table) in tables.iter_mut().enumerate() {
             let Some(mine) = table.get_mut(p) else {
@@ -169,11 +179,13 @@ impl RadixCache {
                 pools[k].incref(*cached);
                 pools[k].decref(*mine);
                 *mine = *cached;
+                switched = true;
             } else {
                 pools[k].incref(*mine);
                 *cached = *mine;
             }
         }
+        switched
     }
 
     #[allow(clippy::too_many_arguments)]
