@@ -81,8 +81,6 @@ impl Scheduler {
             }
             let table = &mut req.block_tables[k];
             let keep_from = keep_from.min(table.len());
-            let synced = &mut req.table_synced[k];
-            *synced = (*synced).min(from.min(keep_from) as u32);
             for blk in &mut table[from.min(keep_from)..keep_from] {
                 if *blk >= 0 {
                     self.pools[k].decref(*blk);

@@ -85,8 +85,12 @@ pub struct Request {
     /// Row of the persistent block tables while running (see [`crate::step`]).
     pub table_row: Option<u32>,
     /// Per kind: entries `0..table_synced[k]` of `table_row` already hold this table (as emitted by
-    /// earlier steps' diffs); a change below marks it down, a growing table stays above it.
+    /// earlier steps' diffs) except window releases since (`table_released_sent`); any other change
+    /// below marks it down, a growing table stays above it.
     pub(crate) table_synced: Vec<u32>,
+    /// Per kind: `released_blocks[k]` as of the last diff; entries released since (below
+    /// `table_synced`) are sent as `-1` by the next one.
+    pub(crate) table_released_sent: Vec<u32>,
     /// Tokens reused from the prefix cache at the latest admission.
     pub prefix_hit_tokens: u32,
     /// Times this request was preempted.
@@ -126,6 +130,7 @@ impl Request {
             state_row: None,
             table_row: None,
             table_synced: Vec::new(),
+            table_released_sent: Vec::new(),
             prefix_hit_tokens: 0,
             num_preemptions: 0,
             prefix_lock: None,

@@ -290,6 +290,7 @@ impl Scheduler {
         req.block_tables = vec![Vec::new(); kinds];
         req.released_blocks = vec![0; kinds];
         req.table_synced = vec![0; kinds];
+        req.table_released_sent = vec![0; kinds];
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(req);

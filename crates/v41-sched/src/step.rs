@@ -13,7 +13,8 @@
 //! Block tables are persistent on the consumer's side: each running request owns a row
 //! (`table_rows`, `0..max_num_seqs`) of one `[max_num_seqs, width]` table per kind, and a step
 //! carries only the entries that changed since that row was last sent (`KindStep::diff_*`): blocks
-//! appended since, window blocks released (`-1`), pages switched to their prefix-cache copies, and
+//! appended since, window blocks released since (`-1`, just those entries), pages switched to their
+//! prefix-cache copies (from the first switched page on), and
 //! for a request admitted into a row its whole table plus `-1` over what the row's previous occupant
 //! left. Applying every step's diff in order keeps, for each scheduled request, row
 //! `table_rows[i]` equal to its block table over `0..max_blocks` and `-1` beyond its length — the
@@ -214,6 +215,7 @@ fn admit_waiting(s: &mut Scheduler, planned: &mut Vec<Planned>, budget: &mut u32
         req.state_row = row;
         req.table_row = Some(table_row);
         req.table_synced.fill(0);
+        req.table_released_sent.fill(0);
         req.status = RequestStatus::Running;
         req.prefix_hit_tokens = hit.hit_tokens;
         planned.push(Planned {
@@ -258,13 +260,26 @@ fn build_output(s: &mut Scheduler, planned: &[Planned], preempted: Vec<u64>, out
         let row = req.table_row.expect("a running request has a table row");
         let widths = &mut s.table_row_widths[row as usize * num_kinds..][..num_kinds];
         let kinds = s.geometry.kinds.iter().zip(&mut out.kinds);
-        for ((((geo, kind), table), synced), width) in kinds
-            .zip(&req.block_tables)
-            .zip(&mut req.table_synced)
-            .zip(widths)
+        let tables = req.block_tables.iter().zip(&req.released_blocks);
+        let marks = req
+            .table_synced
+            .iter_mut()
+            .zip(&mut req.table_released_sent);
+        for ((((geo, kind), (table, &released)), (synced, released_sent)), width) in
+            kinds.zip(tables).zip(marks).zip(widths)
         {
             kind.max_blocks = kind.max_blocks.max(table.len());
             let (from, len) = (*synced as usize, table.len());
+            // Window blocks released since the last diff, below the re-sent range.
+            let released_to = released.min(*synced);
+            if *released_sent < released_to {
+                let n = (released_to - *released_sent) as usize;
+                kind.diff_rows.resize(kind.diff_rows.len() + n, row as i32);
+                kind.diff_cols
+                    .extend(*released_sent as i32..released_to as i32);
+                kind.diff_blocks.resize(kind.diff_rows.len(), -1);
+            }
+            *released_sent = released;
             let stale = (*width as usize).max(len);
             if from < stale {
                 // Changed entries, then -1 over a previous occupant's longer row.

@@ -31,7 +31,8 @@ class DeviceBlockTables:
             return
         if int(diff[0].max()) >= self.padding_row or int(diff[1].max()) >= self.widths[kind] or diff[:2].min() < 0:
             raise ValueError(f"block-table diff of kind {kind!r} outside the [{self.padding_row}, "
-                             f"{self.widths[kind]}] table")
+                             f"{self.widths[kind]}] table: the scheduler and the runner disagree on max_num_seqs "
+                             f"or max_model_len")
 
     def apply(self, kind: str, diff: torch.Tensor) -> None:
         """Write ``diff`` ([3, D] int64 on the device: rows, columns, blocks) into the table of ``kind``."""
