@@ -539,3 +539,77 @@ def test_feed_engine_output_drops_the_stop_token_keeps_stop_strings_and_counts_r
     _, _, kept = run("the", TOK.encode(" more", add_special_tokens=False).ids)
     assert kept.content.endswith("more")
     assert OutputParser(TOK, thinking=False).reasoning_tokens(body, ParserResult(None, "x", [])) == 0
+
+
+# ----------------------------------------------------------------------------- issue 13: partial closers, wrappers
+
+
+def random_chunks(text: str, rng: random.Random, max_size: int = 4) -> list[str]:
+    """``text`` cut into pieces of 1..``max_size`` characters (a streamed output)."""
+    chunks, i = [], 0
+    while i < len(text):
+        n = rng.randint(1, max_size)
+        chunks.append(text[i : i + n])
+        i += n
+    return chunks
+
+
+def assert_same_streamed_and_whole(text: str, want_calls, **kw):
+    """Non-streaming (one feed) and streaming (small random chunks, many seeds) both give ``want_calls``."""
+    whole, deltas = run([text], by_ids=False, **kw)
+    assert summary(whole)[2] == want_calls
+    check_stream(whole, deltas, markers_in_data=True)
+    for seed in range(40):
+        result, deltas = run(random_chunks(text, random.Random(seed)), by_ids=False, **kw)
+        assert result == whole
+        check_stream(result, deltas, markers_in_data=True)
+
+
+def dsml_call(name: str, *params: tuple[str, bool, str]) -> str:
+    """A V4.1 DSML block with one call; ``params``: (key, is_string, raw value text)."""
+    body = "".join(
+        f'<｜DSML｜ parameter name="{k}" string="{"true" if s else "false"}">{v}</｜DSML｜ parameter>\n'
+        for k, s, v in params
+    )
+    return f'\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name="{name}">\n{body}</｜DSML｜ invoke>\n</｜DSML｜ calls>' + EOS
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "x</｜DSML｜ paramete y",
+        "x</｜DSML｜ y",
+        "a</｜DSML｜b</｜DSML｜ invok",
+        "</｜DSML｜",
+        "x</｜DSML｜ parameter y",
+        "x</｜DSML｜parameter name",
+        "x </｜DSML｜ calls",
+    ],
+)
+def test_partial_dsml_closer_inside_a_string_value_is_kept(value):
+    text = dsml_call("bash", ("command", True, value), ("n", False, "1"))
+    want = [("bash", json.dumps({"command": value, "n": 1}, ensure_ascii=False))]
+    assert_same_streamed_and_whole(text, want, thinking=False)
+
+
+def test_partial_dsml_closer_inside_a_non_string_value_is_kept():
+    text = dsml_call("f", ("a", False, "[1]</｜DSML｜ param"), ("b", True, "z"))
+    want = [("f", json.dumps({"a": "[1]</｜DSML｜ param", "b": "z"}, ensure_ascii=False))]
+    assert_same_streamed_and_whole(text, want, thinking=False)
+
+
+def test_partial_dsml_closer_at_the_end_of_a_truncated_value_is_kept():
+    head = '<｜DSML｜ calls>\n<｜DSML｜ invoke name="bash">\n<｜DSML｜ parameter name="command" string="true">ls</｜DSML｜ par'
+    for chunks in ([head], random_chunks(head, random.Random(5))):
+        result, deltas = run(chunks, by_ids=False, thinking=False)
+        assert summary(result)[2] == [("bash", json.dumps({"command": "ls</｜DSML｜ par"}, ensure_ascii=False))]
+        check_stream(result, deltas, markers_in_data=True)
+
+
+def test_real_closers_still_end_a_value():
+    # An invoke or block closer right after a value (no parameter closer) ends the value and the call.
+    text = (
+        '<｜DSML｜ calls>\n<｜DSML｜ invoke name="f">\n<｜DSML｜ parameter name="a" string="true">v</｜DSML｜ invoke>\n'
+        '<｜DSML｜ invoke name="g">\n<｜DSML｜ parameter name="b" string="true">w</｜DSML｜ calls>after'
+    )
+    assert_same_streamed_and_whole(text, [("f", '{"a": "v"}'), ("g", '{"b": "w"}')], thinking=False)

@@ -9,9 +9,10 @@ Entered right after ``<｜DSML｜`` (the opener ``<｜DSML｜ calls>``; also ``t
 * ``<｜DSML｜ invoke name="NAME">`` starts a call (the name runs to ``">``); its first delta carries index, id
   and name;
 * ``<｜DSML｜ parameter name="KEY" string="true|false">VALUE`` -- the key runs to ``" string="``, the value to
-  the next ``</｜DSML｜``. A ``true`` value is a string taken verbatim and streams as JSON-escaped fragments
-  while it arrives; any other value is JSON-decoded when it closes (raw text as a string if it is not
-  valid JSON) and re-serialised with ``ensure_ascii=False``;
+  the next closing tag: ``</｜DSML｜`` + ``parameter>``, ``invoke>`` or a block name (any other text after
+  ``</｜DSML｜``, as in ``x</｜DSML｜ paramete y``, stays in the value). A ``true`` value is a string taken
+  verbatim and streams as JSON-escaped fragments while it arrives; any other value is JSON-decoded when it
+  closes (raw text as a string if it is not valid JSON) and re-serialised with ``ensure_ascii=False``;
 * ``</｜DSML｜ invoke>`` closes the call (arguments ``{}`` without parameters); ``</｜DSML｜ calls>`` closes the
   block and the text after it is content again (as vLLM; the reference expects EOS there);
 * anything else between tags (the format's newlines, or garbage) is skipped; an unexpected tag is
@@ -46,6 +47,7 @@ INVOKE_OPEN = _spellings("invoke", suffix=' name="')
 PARAM_OPEN = _spellings("parameter", suffix=' name="')
 INVOKE_CLOSE = _spellings("invoke", suffix=">")
 PARAM_CLOSE = _spellings("parameter", suffix=">")
+VALUE_CLOSERS = PARAM_CLOSE + INVOKE_CLOSE + BLOCK_TAGS  # the tags after "</｜DSML｜" that end a value
 NAME_END = '">'
 KEY_END = '" string="'
 KINDS = ('true">', 'false">')
@@ -209,19 +211,30 @@ class DsmlParser:
 
     def _value(self, buf: str, final: bool, out: Emitter) -> tuple[int, str | None]:
         markers = (CLOSE, EOS)
-        hit = find_first(buf, markers)
-        if hit is None:
-            end = len(buf) if final else len(buf) - partial_tail(buf, markers)
-            self._value_text(buf[:end], out)
-            return end, None
-        pos, marker = hit
-        self._value_text(buf[:pos], out)
-        self._end_value(out)
-        if marker == EOS:
-            self._state = _State.BETWEEN
-            return pos + len(marker), "end"
-        self._state = _State.CLOSE_TAG
-        return pos + len(marker), None
+        start = 0  # text before it is value text (no real closer, no EOS)
+        while True:
+            hit = find_first(buf[start:], markers)
+            if hit is None:
+                # A suffix that could start a marker never reaches back past `start` (a complete closer).
+                end = len(buf) if final else len(buf) - partial_tail(buf, markers)
+                self._value_text(buf[:end], out)
+                return end, None
+            pos, marker = start + hit[0], hit[1]
+            if marker == CLOSE:
+                tag = match_pattern(buf[pos + len(CLOSE) :], VALUE_CLOSERS, final)
+                if tag is False:  # "</｜DSML｜" not followed by a closing tag: value text
+                    start = pos + len(CLOSE)
+                    continue
+                if tag is None:  # could still become a closing tag: wait for more text
+                    self._value_text(buf[:pos], out)
+                    return pos, None
+            self._value_text(buf[:pos], out)
+            self._end_value(out)
+            if marker == EOS:
+                self._state = _State.BETWEEN
+                return pos + len(marker), "end"
+            self._state = _State.CLOSE_TAG
+            return pos + len(marker), None
 
     # ------------------------------------------------------------------ calls
 
