@@ -613,3 +613,73 @@ def test_real_closers_still_end_a_value():
         '<｜DSML｜ invoke name="g">\n<｜DSML｜ parameter name="b" string="true">w</｜DSML｜ calls>after'
     )
     assert_same_streamed_and_whole(text, [("f", '{"a": "v"}'), ("g", '{"b": "w"}')], thinking=False)
+
+
+def _tool(name: str, parameters=None) -> dict:
+    fn = {"name": name} if parameters is None else {"name": name, "parameters": parameters}
+    return {"type": "function", "function": fn}
+
+
+WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
+WRAPPER_TOOLS = [
+    _tool("get_weather", WEATHER_SCHEMA),
+    _tool("run", {"type": "object", "properties": {"arguments": {"type": "object"}, "cwd": {"type": "string"}}}),
+    _tool("untyped", {"type": "object"}),
+    _tool("bare"),
+]
+
+
+@pytest.mark.parametrize(
+    "params, want",
+    [
+        ([("arguments", False, '{"city": "Paris", "days": 2}')], {"city": "Paris", "days": 2}),
+        ([("arguments", False, '{"city":"北京"}')], {"city": "北京"}),
+        ([("arguments", True, '{"city": "Paris"}')], {"city": "Paris"}),
+        ([("arguments", False, "{}")], {}),
+    ],
+)
+def test_arguments_wrapper_is_unwrapped_when_the_schema_lacks_it(params, want):
+    text = dsml_call("get_weather", *params)
+    want_calls = [("get_weather", json.dumps(want, ensure_ascii=False))]
+    assert_same_streamed_and_whole(text, want_calls, thinking=False, tools=WRAPPER_TOOLS)
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("run", [("arguments", False, '{"cwd": "/"}')]),  # the schema declares `arguments`
+        ("untyped", [("arguments", False, '{"city": "Paris"}')]),  # no declared properties: schema unknown
+        ("bare", [("arguments", False, '{"city": "Paris"}')]),  # no parameters schema
+        ("unlisted", [("arguments", False, '{"city": "Paris"}')]),  # not a requested tool
+        ("get_weather", [("arguments", False, '{"city": "Paris", "hourly": true}')]),  # undeclared inner key
+        ("get_weather", [("arguments", False, '{"city": "Paris"}'), ("days", False, "2")]),  # not the whole value
+        ("get_weather", [("days", False, "2"), ("arguments", False, '{"city": "Paris"}')]),
+        ("get_weather", [("arguments", False, '["Paris"]')]),  # not an object
+        ("get_weather", [("arguments", True, "Paris")]),
+    ],
+)
+def test_arguments_wrapper_is_kept_otherwise(name, params):
+    args = {k: (v if s else json.loads(v)) for k, s, v in params}
+    text = dsml_call(name, *params)
+    want_calls = [(name, json.dumps(args, ensure_ascii=False))]
+    assert_same_streamed_and_whole(text, want_calls, thinking=False, tools=WRAPPER_TOOLS)
+
+
+def test_arguments_wrapper_written_by_the_v4_reference_is_unwrapped_for_any_split():
+    # The V4 reference encoder renders an object `arguments` as one wrapper parameter; a model trained on
+    # such histories writes it back. Rendered here from the arguments {"arguments": {...}}.
+    calls = [("get_weather", {"arguments": {"city": "Paris", "days": 3}}), ("get_weather", {"city": "Rome"})]
+    prompt_ids, gen_ids, gen_text = rendered_turn("Weather?", "", calls, tools=WRAPPER_TOOLS)
+    want = ("Weather?", "", [("get_weather", '{"city": "Paris", "days": 3}'), ("get_weather", '{"city": "Rome"}')])
+    assert_split_invariant(prompt_ids, gen_ids, gen_text, want, tools=WRAPPER_TOOLS)
+
+
+def test_truncated_arguments_wrapper_is_closed_and_unwrapped():
+    head = (
+        '<｜DSML｜ calls>\n<｜DSML｜ invoke name="get_weather">\n'
+        '<｜DSML｜ parameter name="arguments" string="false">{"city": "Oslo"}'
+    )
+    for chunks in ([head], random_chunks(head, random.Random(7))):
+        result, deltas = run(chunks, by_ids=False, thinking=False, tools=WRAPPER_TOOLS)
+        assert summary(result)[2] == [("get_weather", '{"city": "Oslo"}')]
+        check_stream(result, deltas)

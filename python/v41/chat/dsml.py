@@ -18,6 +18,15 @@ Entered right after ``<｜DSML｜`` (the opener ``<｜DSML｜ calls>``; also ``t
 * anything else between tags (the format's newlines, or garbage) is skipped; an unexpected tag is
   ignored; EOS ends the output and an open call is closed with what it has.
 
+Wrapper unwrapping (as vLLM's DeepSeek parsers; the V4 reference encoder renders an object ``arguments`` as
+one ``arguments`` parameter, so models write it back): when a call's only parameter is ``arguments`` and
+its value is an object (or a string holding JSON text of one), the call's arguments are that object --
+but only when the request's schema for the tool is known (``parameters.properties`` is an object), does
+not declare ``arguments``, and declares every key of the object. Otherwise the wrapper is kept: a declared
+``arguments`` is a real parameter, and without a schema there is nothing to say the wrapper is one. Such a
+call's arguments are held from its ``arguments`` parameter until the call closes (or a second parameter
+starts) and then sent in one delta.
+
 The arguments of a call are the concatenation of its deltas: ``{"KEY": VALUE, ...}`` with the default
 ``", "``/``": "`` separators, i.e. the reference encoder's own JSON text for the values it renders.
 """
@@ -26,8 +35,9 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .deltas import Emitter
 from .formats import DSML, EOS
@@ -51,6 +61,7 @@ VALUE_CLOSERS = PARAM_CLOSE + INVOKE_CLOSE + BLOCK_TAGS  # the tags after "</｜
 NAME_END = '">'
 KEY_END = '" string="'
 KINDS = ('true">', 'false">')
+WRAPPER = "arguments"
 
 
 class _State(enum.Enum):
@@ -70,6 +81,7 @@ class _Call:
     fragments: list[str] = field(default_factory=list)  # arguments text, in order
     params: int = 0
     closed: bool = False
+    held: bool = False  # fragments not sent yet: the call may be a lone `arguments` wrapper
 
     @property
     def arguments(self) -> str:
@@ -89,11 +101,42 @@ def json_value_text(raw: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-class DsmlParser:
-    """Parses DSML blocks into tool calls. ``call_id``: index -> call id."""
+def declared_properties(tools: Iterable[Any] | None) -> dict[str, frozenset[str]]:
+    """Tool name -> the property names its ``parameters`` schema declares, for the request's tools (OpenAI
+    ``{"type": "function", "function": {...}}`` items or bare function objects) that declare them."""
+    out: dict[str, frozenset[str]] = {}
+    for tool in tools or ():
+        fn = tool.get("function", tool) if isinstance(tool, Mapping) else None
+        if not isinstance(fn, Mapping):
+            continue
+        params = fn.get("parameters")
+        props = params.get("properties") if isinstance(params, Mapping) else None
+        if isinstance(fn.get("name"), str) and isinstance(props, Mapping):
+            out[fn["name"]] = frozenset(props)
+    return out
 
-    def __init__(self, call_id: Callable[[int], str]) -> None:
+
+def unwrapped_arguments(arguments: str, properties: frozenset[str]) -> str:
+    """``{"arguments": X}`` -> X's JSON text when X is an object (or JSON text of one) whose keys are all in
+    ``properties``; else ``arguments`` unchanged."""
+    try:
+        inner = json.loads(arguments).get(WRAPPER)
+        if isinstance(inner, str):
+            inner = json.loads(inner, parse_constant=_reject_constant)
+    except (ValueError, AttributeError):
+        return arguments
+    if isinstance(inner, dict) and inner.keys() <= properties:
+        return json.dumps(inner, ensure_ascii=False)
+    return arguments
+
+
+class DsmlParser:
+    """Parses DSML blocks into tool calls. ``call_id``: index -> call id. ``properties``: tool name -> its
+    declared parameter names (:func:`declared_properties`), for the ``arguments`` wrapper rule."""
+
+    def __init__(self, call_id: Callable[[int], str], properties: Mapping[str, frozenset[str]] | None = None) -> None:
         self._call_id = call_id
+        self._properties = properties or {}
         self.calls: list[_Call] = []
         self._state = _State.OPEN_TAG
         self._key = ""
@@ -201,6 +244,11 @@ class DsmlParser:
             return 0, None
         call = self._open_call()
         assert call is not None
+        if call.held:  # a second parameter: not a lone wrapper
+            self._release(call, out)
+        elif call.params == 0 and self._key == WRAPPER:
+            declared = self._properties.get(call.name)
+            call.held = declared is not None and WRAPPER not in declared
         self._string = m == KINDS[0]
         prefix = ("{" if call.params == 0 else ", ") + json.dumps(self._key, ensure_ascii=False) + ": "
         call.params += 1
@@ -251,7 +299,14 @@ class DsmlParser:
     def _append(self, call: _Call, text: str, out: Emitter) -> None:
         if text:
             call.fragments.append(text)
-            out.call_fragment(len(self.calls) - 1, text)  # only the last call is ever open
+            if not call.held:
+                out.call_fragment(len(self.calls) - 1, text)  # only the last call is ever open
+
+    def _release(self, call: _Call, out: Emitter) -> None:
+        """Send a held call's arguments so far in one fragment; later fragments stream again."""
+        call.held = False
+        if call.fragments:
+            out.call_fragment(len(self.calls) - 1, call.arguments)
 
     def _value_text(self, text: str, out: Emitter) -> None:
         if not text:
@@ -274,4 +329,7 @@ class DsmlParser:
         if call is None:
             return
         self._append(call, "}" if call.params else "{}", out)
+        if call.held:
+            call.fragments = [unwrapped_arguments(call.arguments, self._properties[call.name])]
+            self._release(call, out)
         call.closed = True

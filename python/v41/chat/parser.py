@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from ..engine.detokenizer import IncrementalDetokenizer
 from .deltas import Emitter, ParserDelta, ParserResult
-from .dsml import DsmlParser
+from .dsml import DsmlParser, declared_properties
 from .formats import V41, profile
 from .reasoning import DEFAULT_HOLDBACK_CHARS, Phase, ReasoningSplitter, start_phase
 from .tokens import ChatTokenizer, chat_tokenizer
@@ -35,7 +35,8 @@ class OutputParser:
     ``tokenizer``: a ``tokenizers.Tokenizer`` or model directory (None: text-only, ``feed_text`` only).
     ``thinking``: the request's effective thinking flag (None = model default, on); used for the start
     state unless ``prompt_ids`` decides it (§7.10). ``tools``: the request's tool definitions; DSML blocks
-    are parsed only when it is non-empty (else they stay content). ``prompt_ids``: the prompt, for the
+    are parsed only when it is non-empty (else they stay content), and their ``parameters`` schemas decide
+    whether a lone ``{"arguments": {...}}`` is unwrapped (``dsml.py``). ``prompt_ids``: the prompt, for the
     start state and as decoding context. ``revision``: format revision (default from the model directory).
     ``reasoning_holdback_chars``: KF-03 hold-back (see ``reasoning.py``). ``call_id_prefix``: tool-call ids
     become ``prefix + index`` (default ``call_`` + random hex + ``_``).
@@ -70,7 +71,7 @@ class OutputParser:
         )
         prefix = call_id_prefix if call_id_prefix is not None else f"call_{uuid.uuid4().hex[:24]}_"
         self._splitter = ReasoningSplitter(tools=bool(tools), holdback_chars=reasoning_holdback_chars)
-        self._dsml = DsmlParser(lambda i: f"{prefix}{i}")
+        self._dsml = DsmlParser(lambda i: f"{prefix}{i}", declared_properties(tools))
         self._buf = ""
         self._out = Emitter()
         self._reasoning: list[str] = []
