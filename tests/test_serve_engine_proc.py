@@ -109,6 +109,31 @@ def test_every_message_round_trips_through_the_codec():
         m.decode(b"\x93\x63\x01\x02")
 
 
+def test_drain_yields_waiting_messages_in_order_and_skips_undecodable_ones(caplog):
+    import logging
+
+    import zmq
+
+    ctx = zmq.Context.instance()
+    rx, tx = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        rx.bind("inproc://drain-test")
+        tx.connect("inproc://drain-test")
+        sent = [m.Abort("a"), m.StatsRequest(2), m.Shutdown()]
+        for data in (m.encode(sent[0]), b"\x93\x63\x01\x02", m.encode(sent[1]), m.encode(sent[2])):
+            tx.send(data)
+        time.sleep(0.05)  # inproc delivery is asynchronous
+        received = []
+        with caplog.at_level(logging.ERROR):
+            got = list(m.drain(rx, logging.getLogger("drain-test"), "the peer", lambda: received.append(1)))
+        assert got == sent and len(received) == 4  # the undecodable one counts as received
+        assert "dropping an undecodable message from the peer" in caplog.text
+        assert list(m.drain(rx, logging.getLogger("drain-test"), "the peer")) == []  # nothing waiting: no block
+    finally:
+        rx.close(0)
+        tx.close(0)
+
+
 def test_request_output_dict_round_trip_keeps_logprobs_and_metrics():
     out = RequestOutput(
         request_id="r", prompt="hi", prompt_token_ids=[0, 5], prompt_logprobs=[None, {5: Logprob(-0.5, 1, "a")}],

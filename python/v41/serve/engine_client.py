@@ -442,18 +442,11 @@ class EngineClient:
                 _kill(self.proc)
                 break
 
+    def _beat(self) -> None:
+        self._last_beat = time.monotonic()
+
     def _drain(self) -> None:
-        while True:
-            try:
-                data = self._in.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self._last_beat = time.monotonic()
-            try:
-                msg = m.decode(data)
-            except m.ProtocolError:
-                log.exception("dropping an undecodable message from the engine core")
-                continue
+        for msg in m.drain(self._in, log, "the engine core", on_receive=self._beat):
             if isinstance(msg, m.Outputs):
                 for d in msg.outputs:
                     self._deliver(d)

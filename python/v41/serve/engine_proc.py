@@ -103,16 +103,7 @@ class EngineLoop:
             self._send(m.Outputs(deltas))
 
     def _drain(self) -> None:
-        while True:
-            try:
-                data = self.inbox.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                msg = m.decode(data)
-            except m.ProtocolError:
-                log.exception("dropping an undecodable message")
-                continue
+        for msg in m.drain(self.inbox, log, "the front end"):
             if isinstance(msg, m.AddRequest):
                 self._add(msg)
             elif isinstance(msg, m.Abort):

@@ -19,12 +19,14 @@ Direction and meaning:
 
 from __future__ import annotations
 
+import logging
 import os
-
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import msgpack
+import zmq
 
 from ..engine.params import CompletionOutput, Logprob, RequestMetrics, RequestOutput, SamplingParams
 
@@ -153,6 +155,26 @@ def decode(data: bytes) -> Message:
         return MESSAGE_TYPES[tag](*values)
     except (ValueError, TypeError, IndexError, msgpack.UnpackException) as e:
         raise ProtocolError(f"undecodable engine message: {e}") from e
+
+
+def drain(sock: zmq.Socket, log: logging.Logger, source: str,
+          on_receive: Callable[[], object] | None = None) -> Iterator[Message]:
+    """The messages waiting on ``sock`` now, in order, without blocking (stops when none is left).
+    ``on_receive`` runs for every message received, decodable or not; an undecodable one is logged on
+    ``log`` (naming ``source``) and skipped. Errors: ``zmq.ZMQError`` from the socket."""
+    while True:
+        try:
+            data = sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        if on_receive is not None:
+            on_receive()
+        try:
+            msg = decode(data)
+        except ProtocolError:
+            log.exception("dropping an undecodable message from %s", source)
+            continue
+        yield msg
 
 
 # -- plain-dict forms of the request types ---------------------------------------------------------------------
