@@ -57,7 +57,8 @@ INVOKE_OPEN = _spellings("invoke", suffix=' name="')
 PARAM_OPEN = _spellings("parameter", suffix=' name="')
 INVOKE_CLOSE = _spellings("invoke", suffix=">")
 PARAM_CLOSE = _spellings("parameter", suffix=">")
-VALUE_CLOSERS = PARAM_CLOSE + INVOKE_CLOSE + BLOCK_TAGS  # the tags after "</｜DSML｜" that end a value
+OPEN_TAGS = BLOCK_TAGS + INVOKE_OPEN + PARAM_OPEN  # after "<｜DSML｜"
+CLOSE_TAGS = BLOCK_TAGS + INVOKE_CLOSE + PARAM_CLOSE  # after "</｜DSML｜"; also what ends a value
 NAME_END = '">'
 KEY_END = '" string="'
 KINDS = ('true">', 'false">')
@@ -158,10 +159,8 @@ class DsmlParser:
         s = self._state
         if s is _State.BETWEEN:
             return self._between(buf, final)
-        if s is _State.OPEN_TAG:
-            return self._open_tag(buf, final, out)
-        if s is _State.CLOSE_TAG:
-            return self._close_tag(buf, final, out)
+        if s in (_State.OPEN_TAG, _State.CLOSE_TAG):
+            return self._tag(buf, final, out)
         if s in (_State.NAME, _State.KEY):
             return self._name_or_key(buf, final, out)
         if s is _State.KIND:
@@ -188,31 +187,24 @@ class DsmlParser:
         self._state = _State.OPEN_TAG if marker == OPEN else _State.CLOSE_TAG
         return pos + len(marker), None
 
-    def _open_tag(self, buf: str, final: bool, out: Emitter) -> tuple[int, str | None]:
-        m = match_pattern(buf, BLOCK_TAGS + INVOKE_OPEN + PARAM_OPEN, final)
+    def _tag(self, buf: str, final: bool, out: Emitter) -> tuple[int, str | None]:
+        """The tag name after ``<｜DSML｜`` (OPEN_TAG) or ``</｜DSML｜`` (CLOSE_TAG); an unknown one is skipped."""
+        opening = self._state is _State.OPEN_TAG
+        m = match_pattern(buf, OPEN_TAGS if opening else CLOSE_TAGS, final)
         if m is None:
             return 0, None
         self._state = _State.BETWEEN
         if m is False:
             return 0, None
-        if m in INVOKE_OPEN:
-            self._state = _State.NAME
-        elif m in PARAM_OPEN and self._open_call() is not None:
-            self._state = _State.KEY
-        return len(m), None
-
-    def _close_tag(self, buf: str, final: bool, out: Emitter) -> tuple[int, str | None]:
-        m = match_pattern(buf, BLOCK_TAGS + INVOKE_CLOSE + PARAM_CLOSE, final)
-        if m is None:
-            return 0, None
-        self._state = _State.BETWEEN
-        if m is False:
-            return 0, None
-        if m in INVOKE_CLOSE:
+        if opening:
+            if m in INVOKE_OPEN:
+                self._state = _State.NAME
+            elif m in PARAM_OPEN and self._open_call() is not None:
+                self._state = _State.KEY
+        elif m not in PARAM_CLOSE:  # an invoke or block closer
             self._close_call(out)
-        elif m in BLOCK_TAGS:
-            self._close_call(out)
-            return len(m), "done"
+            if m in BLOCK_TAGS:
+                return len(m), "done"
         return len(m), None
 
     def _name_or_key(self, buf: str, final: bool, out: Emitter) -> tuple[int, str | None]:
@@ -269,7 +261,7 @@ class DsmlParser:
                 return end, None
             pos, marker = start + hit[0], hit[1]
             if marker == CLOSE:
-                tag = match_pattern(buf[pos + len(CLOSE) :], VALUE_CLOSERS, final)
+                tag = match_pattern(buf[pos + len(CLOSE) :], CLOSE_TAGS, final)
                 if tag is False:  # "</｜DSML｜" not followed by a closing tag: value text
                     start = pos + len(CLOSE)
                     continue

@@ -210,13 +210,18 @@ def _user_blocks(raw: Mapping[str, Any], prof: FormatProfile, where: str) -> lis
     return [TextBlock(_content_parts(raw, prof, where))]
 
 
-def _tool_definitions(tools: Any, where: str) -> list[dict[str, Any]]:
-    if not tools:
+def _list_field(value: Any, where: str, name: str) -> Sequence[Any]:
+    """A message's list field ``name``: ``[]`` when missing or empty. Errors: ``ValueError`` if not a list."""
+    if not value:
         return []
-    if not isinstance(tools, Sequence) or isinstance(tools, (str, bytes)):
-        raise ValueError(f"{where}: tools must be a list")
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise ValueError(f"{where}: {name} must be a list")
+    return value
+
+
+def _tool_definitions(tools: Any, where: str) -> list[dict[str, Any]]:
     out = []
-    for j, tool in enumerate(tools):
+    for j, tool in enumerate(_list_field(tools, where, "tools")):
         fn = tool.get("function") if isinstance(tool, Mapping) else None
         if not isinstance(fn, Mapping):
             raise ValueError(f'{where}.tools[{j}] must be {{"type": "function", "function": {{...}}}}')
@@ -225,12 +230,8 @@ def _tool_definitions(tools: Any, where: str) -> list[dict[str, Any]]:
 
 
 def _tool_calls(calls: Any, where: str) -> list[ToolCall]:
-    if not calls:
-        return []
-    if not isinstance(calls, Sequence) or isinstance(calls, (str, bytes)):
-        raise ValueError(f"{where}: tool_calls must be a list")
     out = []
-    for j, call in enumerate(calls):
+    for j, call in enumerate(_list_field(calls, where, "tool_calls")):
         fn = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
             raise ValueError(f'{where}.tool_calls[{j}] must be {{"function": {{"name": str, "arguments": ...}}}}')
