@@ -313,12 +313,7 @@ impl Scheduler {
     /// # Errors
     /// [`SchedError::UnknownRequest`] if the id is not waiting or running.
     pub fn finish_request(&mut self, id: u64) -> Result<(), SchedError> {
-        let slot = *self
-            .index
-            .get(&id)
-            .ok_or(SchedError::UnknownRequest { id })?;
-        self.end_request(slot, FinishReason::Stop);
-        Ok(())
+        self.end_request_id(id, FinishReason::Stop)
     }
 
     /// Aborts a request in any state: frees everything, reported with reason `abort`.
@@ -326,11 +321,17 @@ impl Scheduler {
     /// # Errors
     /// [`SchedError::UnknownRequest`] if the id is not waiting or running (no side effects).
     pub fn abort_request(&mut self, id: u64) -> Result<(), SchedError> {
+        self.end_request_id(id, FinishReason::Abort)
+    }
+
+    /// [`Self::end_request`] by request id; [`SchedError::UnknownRequest`] (no side effects) if the id
+    /// is not waiting or running.
+    fn end_request_id(&mut self, id: u64, reason: FinishReason) -> Result<(), SchedError> {
         let slot = *self
             .index
             .get(&id)
             .ok_or(SchedError::UnknownRequest { id })?;
-        self.end_request(slot, FinishReason::Abort);
+        self.end_request(slot, reason);
         Ok(())
     }
 
