@@ -1,4 +1,4 @@
-"""Shared helpers of the engine tests: reference greedy decoding with the margin rule (DESIGN.md §4)."""
+"""Shared helpers of the engine tests: reference greedy decoding with the margin rule (docs/numerics.md §4)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Checks of every Triton kernel of ``v41.kernels`` against its PyTorch reference, on fresh random inputs.
 
-Run two ways (DESIGN.md §4a): on the CPU through Triton's interpreter, in a subprocess that sets
+Run two ways (docs/numerics.md §4a): on the CPU through Triton's interpreter, in a subprocess that sets
 ``TRITON_INTERPRET=1`` and ``V41_KERNELS=triton`` before importing v41 (``python tests/kernel_checks.py`` prints
 one JSON line per check; float32 operands, small shapes), and on a GPU by ``tests/test_gpu_fast.py`` (bf16 and
 float32). Outputs are poisoned first (freed NaN memory that the next allocation reuses) and a non-finite output

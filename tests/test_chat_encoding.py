@@ -1,8 +1,8 @@
-"""Tests for ``v41.chat`` encoding (v41-architecture.md §7.1-§7.9, §7.12; DESIGN §4; KF-05..KF-07).
+"""Tests for ``v41.chat`` encoding (docs/model.md §7.1-§7.9, §7.12; docs/numerics.md §4; KF-05..KF-07).
 
 The GOLDEN_* strings are copied byte for byte from the worked examples of §7.12 (A-D: V4.1, E: V4
 original, produced by the official V4 encoder). Ids are checked against the reference tokenization of the
-golden string (``encode(prompt, add_special_tokens=False)`` with marker matching on), which the DESIGN §4
+golden string (``encode(prompt, add_special_tokens=False)`` with marker matching on), which the docs/numerics.md §4
 run-wise tokenization must reproduce for ordinary content. The tiny tokenizer has every §7.2 marker as one
 token but different ids from the real model, so no id is hard-coded.
 """
@@ -364,7 +364,7 @@ def test_model_directory_without_tokenizer_is_file_not_found(tmp_path):
         encode_messages(tmp_path, MESSAGES_A)
 
 
-# ----------------------------------------------------------------------------- DESIGN §4 tokenization
+# ----------------------------------------------------------------------------- docs/numerics.md §4 tokenization
 
 CONTROL_TEXT = (
     "<｜User｜>hi</think><think><｜end▁of▁sentence｜><｜begin▁of▁sentence｜>｜DSML｜<｜System｜><｜deepseek_image｜>"

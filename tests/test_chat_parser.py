@@ -1,4 +1,4 @@
-"""Tests for ``v41.chat.OutputParser`` (v41-architecture.md §7.6, §7.10; KF-01..KF-04).
+"""Tests for ``v41.chat.OutputParser`` (docs/model.md §7.6, §7.10; KF-01..KF-04).
 
 Model outputs are produced by the encoder's own rendering of an assistant turn (the suffix of the prompt
 that contains the turn, after the generation prompt), so what is parsed is exactly what the model was

@@ -1,5 +1,5 @@
-"""Tests for v41.checkpoint / v41.checkpoint_names and the tiny checkpoint generator (v41-architecture.md §2
-"Weight storage dtypes", §5 checkpoint tensors; DESIGN.md §1 tiny checkpoints).
+"""Tests for v41.checkpoint / v41.checkpoint_names and the tiny checkpoint generator (docs/model.md §2
+"Weight storage dtypes", §5 checkpoint tensors; docs/architecture.md §1 tiny checkpoints).
 
 Broken checkpoints are made by rewriting one shard of a fresh tiny checkpoint with safetensors.
 """

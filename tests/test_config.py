@@ -1,4 +1,4 @@
-"""Tests for v41.config (v41-architecture.md §1.1 V4.1 config, §1.2 V4 config, §1.4 layer plan, §2 YaRN).
+"""Tests for v41.config (docs/model.md §1.1 V4.1 config, §1.2 V4 config, §1.4 layer plan, §2 YaRN).
 
 The expected layer plan is written out from the §1.4 table, not derived with the code's own rule; the YaRN
 frequencies are recomputed here from the §2 formula.

@@ -1,6 +1,6 @@
 """The engine (Rust scheduler + paged runner + sampler) gives the reference model's answers (issue: engine).
 
-Exact-token comparisons follow the margin rule of DESIGN.md §4 (see engine_helpers)."""
+Exact-token comparisons follow the margin rule of docs/numerics.md §4 (see engine_helpers)."""
 
 from __future__ import annotations
 

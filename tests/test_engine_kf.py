@@ -1,4 +1,4 @@
-"""Known failures of other engines, at the engine level (known-failures.md KF-08..KF-14), plus n > 1 and
+"""Known failures of other engines, at the engine level (docs/known-failures.md KF-08..KF-14), plus n > 1 and
 AsyncEngine streaming/abort."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Per-request scheduling options of the engine (serving-api.md, GenerateRequest "cache"): ``cache_salt`` keeps
+"""Per-request scheduling options of the engine (docs/serving-api.md, GenerateRequest "cache"): ``cache_salt`` keeps
 prefix-cache hits inside one namespace, ``priority`` orders admission (lower first, vLLM's convention); bad
 values are refused before anything is queued."""
 

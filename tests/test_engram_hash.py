@@ -1,4 +1,4 @@
-"""Tests for v41.models.engram_hash (architecture spec §3.3, Engram token-id -> row-id hashing)."""
+"""Tests for v41.models.engram_hash (docs/model.md §3.3, Engram token-id -> row-id hashing)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The fast model against the reference oracle beyond float32 (DESIGN.md §4 "Compute dtypes of the fast path"):
+"""The fast model against the reference oracle beyond float32 (docs/numerics.md §4 "Compute dtypes of the fast path"):
 bfloat16 within a stated bound, float64 to rounding, ``--quantization none`` equal to packed weights, and its
 checkpoint reader's errors. (float32 chunked / batched equality with the oracle: ``test_step_models.py``.)
 

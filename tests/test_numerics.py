@@ -1,5 +1,5 @@
-"""Numerics of the reference model (v41-architecture.md §2, §3.4 mHC, §3.5/§3.6 visibility and sinks, §3.8
-router; DESIGN.md §4 numerics contract; known-failures.md KF-22).
+"""Numerics of the reference model (docs/model.md §2, §3.4 mHC, §3.5/§3.6 visibility and sinks, §3.8
+router; docs/numerics.md §4 numerics contract; docs/known-failures.md KF-22).
 
 Expected values come from independent slow implementations written here with explicit Python loops, or
 from properties (causality, tie order) that do not depend on the code under test.
@@ -33,7 +33,7 @@ def _prompt(seed: int = 0, n: int = PROMPT_LEN) -> torch.Tensor:
 
 
 def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-position ‖a − b‖₂ / ‖b‖₂ (DESIGN.md §4) over the last dim."""
+    """Per-position ‖a − b‖₂ / ‖b‖₂ (docs/numerics.md §4) over the last dim."""
     return (a - b).norm(dim=-1) / b.norm(dim=-1)
 
 
@@ -107,7 +107,7 @@ def test_hc_mixes_matches_independent_sinkhorn(peaked):
         torch.testing.assert_close(post[t], torch.tensor(e_post, dtype=torch.float64), rtol=1e-12, atol=1e-15)
         torch.testing.assert_close(comb[t], torch.tensor(e_c, dtype=torch.float64), rtol=1e-10, atol=1e-15)
     row_err = (comb.sum(-1) - 1).abs().max().item()
-    if peaked:  # fixed iterations, not an ideal projection (DESIGN.md §4)
+    if peaked:  # fixed iterations, not an ideal projection (docs/numerics.md §4)
         assert row_err > 1e-2
     else:  # mild logits converge within the 20 iterations
         assert row_err < 1e-5  # up to the hc_eps terms
@@ -191,7 +191,7 @@ def test_logits_are_causal(ckpts, arch):
 
 
 # --------------------------------------------------------------------------------------------------
-# router (§3.8, DESIGN.md §4, KF-22)
+# router (§3.8, docs/numerics.md §4, KF-22)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -225,7 +225,7 @@ def test_router_finite_for_logits_in_pm200(gate_temp):
     assert ids.shape == weights.shape == (4, k)
     scores = torch.sqrt(torch.nn.functional.softplus(logits[3] / gate_temp))
     assert (scores == 0).all()  # sqrt(softplus) underflows for the last row in float32 ...
-    # ... but the router keeps log-scores, so its renormalized weights are still exact (DESIGN.md §4):
+    # ... but the router keeps log-scores, so its renormalized weights are still exact (docs/numerics.md §4):
     torch.testing.assert_close(weights.sum(-1), torch.full((4,), 1.5))
     picked = (logits[3] / gate_temp)[ids[3]].double() / 2  # log s = x / 2 that far down
     want = torch.softmax(picked, -1) * 1.5

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP app (issue 6 items 3 and 5; known-failures.md KF-12, KF-13, KF-16..KF-18).
+"""The OpenAI-compatible HTTP app (issue 6 items 3 and 5; docs/known-failures.md KF-12, KF-13, KF-16..KF-18).
 
 One tiny V4.1 engine (``v41.AsyncEngine``) serves one app on a real uvicorn server on 127.0.0.1 for the whole
 module; tests talk to it with httpx (and once with the official ``openai`` client). Apps over test doubles

@@ -1,4 +1,4 @@
-"""Parity of the V4 reference forward with transformers 5.23 ``DeepseekV4ForCausalLM`` (DESIGN.md §4).
+"""Parity of the V4 reference forward with transformers 5.23 ``DeepseekV4ForCausalLM`` (docs/numerics.md §4).
 
 Like with like: v41's whole-sequence forward against transformers with ``use_cache=False``, float32, relative
 L2 per position ≤ 1e-4, same tiny config and (dequantized) weights. Every config is checked for a tie at
@@ -64,7 +64,7 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def kth_ties(ref, ids: torch.Tensor) -> list[float]:
-    """Scores tied at any CSA indexer's k-th place for this prompt (DESIGN.md §4)."""
+    """Scores tied at any CSA indexer's k-th place for this prompt (docs/numerics.md §4)."""
     cfg = ref.cfg
     ties = []
 

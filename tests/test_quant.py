@@ -1,5 +1,5 @@
-"""Tests for v41.quant (v41-architecture.md §2 numerical conventions / activation quantization, §5
-checkpoint dtypes; known-failures.md KF-21).
+"""Tests for v41.quant (docs/model.md §2 numerical conventions / activation quantization, §5
+checkpoint dtypes; docs/known-failures.md KF-21).
 
 Expected values come from independent slow references written here: powers of two from plain Python
 floats, an E2M1 table and nibble loops for MXFP4, and a round-to-nearest-even over explicitly enumerated

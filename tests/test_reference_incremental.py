@@ -1,6 +1,6 @@
-"""The reference model's incremental path equals its whole-sequence path (DESIGN.md §4), for V4 and V4.1,
+"""The reference model's incremental path equals its whole-sequence path (docs/numerics.md §4), for V4 and V4.1,
 across odd/even ratio-2 boundaries, the window boundary and candidate-block boundaries; DSpark aux states
-and draft blocks behave as v41-architecture.md §3.9 says."""
+and draft blocks behave as docs/model.md §3.9 says."""
 
 from __future__ import annotations
 

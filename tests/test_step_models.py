@@ -1,7 +1,7 @@
-"""Both step models reproduce the reference model over the paged caches (DESIGN.md §4: paged vs dense, batched vs
+"""Both step models reproduce the reference model over the paged caches (docs/numerics.md §4: paged vs dense, batched vs
 alone, chunked vs whole), for V4.1 and V4, with a trivial block planner (no scheduler): the fast model
 (``models/fast``, float32 on the CPU here: its PyTorch kernels) and the paged parity bridge (``models/paged``).
-The bridge's full chunk matrix is ``slow`` (DESIGN.md §4a); CI runs a subset."""
+The bridge's full chunk matrix is ``slow`` (docs/numerics.md §4a); CI runs a subset."""
 
 from __future__ import annotations
 

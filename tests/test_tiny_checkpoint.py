@@ -48,7 +48,7 @@ def test_v41_dspark_noise_id_is_the_system_token(tmp_path):
 
 
 def test_logits_are_peaked_so_greedy_leads_rarely_fall_within_tolerance(ckpt):
-    """Exact-token tests skip positions whose top-1 lead is within the tolerance (DESIGN.md §4): a relative
+    """Exact-token tests skip positions whose top-1 lead is within the tolerance (docs/numerics.md §4): a relative
     L2 error of 1e-4 can move two logits by 1e-4·‖logits‖ each, so a lead below 2e-4·‖logits‖ is
     ambiguous. The tiny checkpoints make that rare: ≤ 5% of positions."""
     model = load(ckpt)

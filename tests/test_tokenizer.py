@@ -1,6 +1,6 @@
 """Tests for the tiny tokenizer shipped in ``v41/testing/data`` (built by ``v41.testing.build_tokenizer``).
 
-Marker strings and ids follow architecture doc §7.2: BOS/EOS/pad are ids 0/1/2 as in the real model, the
+Marker strings and ids follow docs/model.md §7.2: BOS/EOS/pad are ids 0/1/2 as in the real model, the
 other markers sit at the end of the 1024-entry vocabulary.
 """
 

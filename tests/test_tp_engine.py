@@ -1,6 +1,6 @@
 """Tensor parallelism through the engine (issue: tensor parallelism): TP=2 and TP=4 CPU ranks as worker
 processes, with the v41-comm ``host`` backend and with gloo, give TP=1's greedy tokens (margin rule,
-DESIGN.md §4) and its logprobs within 1e-4; a 2-host × 2-rank engine meets through the env rendezvous; a dead
+docs/numerics.md §4) and its logprobs within 1e-4; a 2-host × 2-rank engine meets through the env rendezvous; a dead
 rank is an error naming it, never a hang; a custom backend that cannot run falls back with the reason logged.
 """
 

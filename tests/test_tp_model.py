@@ -1,12 +1,12 @@
 """Tensor-parallel sharding of the model (issue 7, part 1): TP=2 and TP=4 gloo ranks give TP=1's logits for
-the reference forward, the paged bridge, the fast model and the DSpark drafter (DESIGN.md §4: TP=N vs TP=1, relative L2 ≤ 1e-4
+the reference forward, the paged bridge, the fast model and the DSpark drafter (docs/numerics.md §4: TP=N vs TP=1, relative L2 ≤ 1e-4
 per position, greedy argmax equal under the margin rule), bitwise identical on every rank; each rank's
 checkpoint reader reads only (quantization-block-aligned) slices and gets exactly the TP=1 model's slices;
 dummy weights are the slices of TP=1's; configs that cannot be split are refused early.
 
 Exact numerics only: deployed numerics (FP8/FP4 rounding points, indexer top-k) are discontinuous in tiny input
 changes even at TP=1 (measured: 1e-6 relative noise on the ``wo_b`` weights moves tiny-V4 deployed paged logits
-by up to 0.16 relative L2), so the 1e-4 tolerance of DESIGN.md §4 cannot hold for them across TP sizes."""
+by up to 0.16 relative L2), so the 1e-4 tolerance of docs/numerics.md §4 cannot hold for them across TP sizes."""
 
 from __future__ import annotations
 

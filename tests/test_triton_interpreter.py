@@ -1,5 +1,5 @@
 """Every Triton kernel of ``v41.kernels`` equals its PyTorch reference when run on the CPU by Triton's interpreter
-(DESIGN.md §4a): each check runs in a subprocess that sets ``TRITON_INTERPRET=1`` and ``V41_KERNELS=triton``
+(docs/numerics.md §4a): each check runs in a subprocess that sets ``TRITON_INTERPRET=1`` and ``V41_KERNELS=triton``
 before importing v41 (float32 operands, small grids; inputs drawn fresh each run, see ``kernel_checks.py``)."""
 
 from __future__ import annotations

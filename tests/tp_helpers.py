@@ -1,6 +1,6 @@
 """Helpers of the tensor-parallel tests: run a function on W spawned gloo ranks (one torch thread each, killed
 on failure or timeout), and one workload (reference forward, paged engine steps, DSpark draft) that TP=1 and
-every TP rank run identically so their logits can be compared (DESIGN.md §4: TP=N vs TP=1)."""
+every TP rank run identically so their logits can be compared (docs/numerics.md §4: TP=N vs TP=1)."""
 
 from __future__ import annotations
 
@@ -124,5 +124,5 @@ def tp_worker(group, runs: list[tuple[str, str, str, str]], prompts, decode) -> 
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Max over positions of ‖a − b‖₂ / ‖b‖₂ along the last dim (DESIGN.md §4)."""
+    """Max over positions of ‖a − b‖₂ / ‖b‖₂ along the last dim (docs/numerics.md §4)."""
     return ((a - b).norm(dim=-1) / b.norm(dim=-1)).max().item()

@@ -1,4 +1,4 @@
-"""Loading sharded safetensors checkpoints (v41-architecture.md §5).
+"""Loading sharded safetensors checkpoints (docs/model.md §5).
 
 Shards are read one tensor at a time through ``model.safetensors.index.json`` (or a single
 ``model.safetensors``), so peak memory is about one tensor plus the model. Names may be bare (V4.1, V4) or

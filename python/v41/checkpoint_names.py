@@ -1,4 +1,4 @@
-"""Tensor names and on-disk formats of DeepSeek-V4 / V4.1 checkpoints (v41-architecture.md §2, §5).
+"""Tensor names and on-disk formats of DeepSeek-V4 / V4.1 checkpoints (docs/model.md §2, §5).
 
 v41 uses the **bare** names of the official checkpoints internally (``layers.3.attn.wq_a.weight``). This
 module maps transformers-style names (``model.layers.3.self_attn.q_a_proj.weight``) onto them and says

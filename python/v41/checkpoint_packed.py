@@ -1,4 +1,4 @@
-"""Reading checkpoint tensors in their storage formats for the fast model (v41-architecture.md §5; DESIGN.md §3a:
+"""Reading checkpoint tensors in their storage formats for the fast model (docs/model.md §5; docs/architecture.md §3a:
 weights stay FP8 / MXFP4 on the device).
 
 :class:`PackedReader` serves a model tensor by its bare checkpoint name: :meth:`~PackedReader.dense` for

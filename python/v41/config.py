@@ -1,10 +1,10 @@
 """Model configuration for DeepSeek-V4 (``deepseek_v4``) and DeepSeek-V4.1 (``deepseek_v41``).
 
 One validated, frozen object (:class:`ModelConfig`) is built from a checkpoint's ``config.json`` whatever
-spelling it uses, and the per-layer plan of v41-architecture.md §1.4 is derived from it, never from
+spelling it uses, and the per-layer plan of docs/model.md §1.4 is derived from it, never from
 hard-coded layer numbers.
 
-Accepted spellings (v41-architecture.md §1.1, §1.2):
+Accepted spellings (docs/model.md §1.1, §1.2):
 
 * V4.1: nested ``text_config`` (or flat), HF names or the official reference names (``dim``,
   ``n_layers``, ``kv_source_layers``, ...); ``rope_scaling`` with ``rope_type`` or ``type``.
@@ -41,7 +41,7 @@ from typing import Any
 ARCH_V4 = "deepseek_v4"
 ARCH_V41 = "deepseek_v41"
 
-# Official-reference field names -> HF names (v41-architecture.md §1.1 table).
+# Official-reference field names -> HF names (docs/model.md §1.1 table).
 _REFERENCE_ALIASES = {
     "dim": "hidden_size",
     "n_layers": "num_hidden_layers",
@@ -76,7 +76,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """YaRN parameters (v41-architecture.md §2), applied only on layers with ``compress_ratio > 0``."""
+    """YaRN parameters (docs/model.md §2), applied only on layers with ``compress_ratio > 0``."""
 
     factor: float
     beta_fast: float
@@ -86,7 +86,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class LayerPlan:
-    """What one layer does, derived from the config (v41-architecture.md §1.4, §4).
+    """What one layer does, derived from the config (docs/model.md §1.4, §4).
 
     ``ratio``: 0 = sliding-window only, r > 0 = the layer reads a compressed cache at ratio r.
     V4.1: ``kv_src``/``idx_src`` are the layers whose compressed KV / top-k list this layer reads;
@@ -200,7 +200,7 @@ class ModelConfig:
         return self.head_dim - self.qk_rope_head_dim
 
     def layer_rope(self, ratio: int) -> tuple[float, RopeScaling | None]:
-        """RoPE base and YaRN scaling for a layer of this compress ratio (v41-architecture.md §2)."""
+        """RoPE base and YaRN scaling for a layer of this compress ratio (docs/model.md §2)."""
         if ratio > 0:
             return self.compress_rope_theta, self.rope_scaling
         return self.rope_theta, None
@@ -642,7 +642,7 @@ def _plan_v41(c: ModelConfig) -> list[LayerPlan]:
                "needs one entry per DSpark stage after the backbone layers")
         stages = list(c.compress_ratios[n:n + c.num_nextn_predict_layers])
         _check(all(r == 0 for r in stages), "compress_ratios",
-               f"DSpark stages attend over their sliding window only (v41-architecture.md §1.4): the entries "
+               f"DSpark stages attend over their sliding window only (docs/model.md §1.4): the entries "
                f"after the {n} backbone layers must be 0, got {stages}")
         _check(0 <= c.dspark_noise_token_id < c.vocab_size, "dspark_noise_token_id",
                f"{c.dspark_noise_token_id} outside the vocabulary")
@@ -653,7 +653,7 @@ def _plan_v41(c: ModelConfig) -> list[LayerPlan]:
 
 
 def yarn_inv_freq(rope_dim: int, base: float, scaling: RopeScaling | None) -> list[float]:
-    """Inverse frequencies ``f_i`` (i = 0..rope_dim/2-1) with the YaRN correction of v41-architecture.md §2.
+    """Inverse frequencies ``f_i`` (i = 0..rope_dim/2-1) with the YaRN correction of docs/model.md §2.
 
     ``corr(r) = rope_dim·ln(orig/(2πr)) / (2·ln base)``, ``low = floor(corr(beta_fast))``,
     ``high = ceil(corr(beta_slow))`` clamped to [0, rope_dim-1]; ``f' = f/factor·ramp + f·(1-ramp)``.

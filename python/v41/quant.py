@@ -2,7 +2,7 @@
 
 Pure torch; every function runs on CPU or GPU (the device of its inputs) and never leaves torch.
 
-Formats (v41-architecture.md §2 "Numerical conventions", §5 "Checkpoint tensors"):
+Formats (docs/model.md §2 "Numerical conventions", §5 "Checkpoint tensors"):
 
 * **E8M0 scale** (checkpoint dtype ``F8_E8M0``, torch ``float8_e8m0fnu``): one byte ``b`` is the power of
   two ``2^(b-127)``; ``b = 255`` is NaN (OCP Microscaling Formats spec v1.0, §5.4). The byte is an
@@ -178,7 +178,7 @@ def e8m0_to_float(scale: Tensor) -> Tensor:
 
     Args:
         scale: any shape; ``torch.float8_e8m0fnu`` or ``torch.uint8`` holding the raw bytes
-            (checkpoint dtype ``F8_E8M0``, v41-architecture.md §5).
+            (checkpoint dtype ``F8_E8M0``, docs/model.md §5).
     Returns:
         float32, same shape: byte ``b`` -> ``2^(b-127)`` exactly (byte 0 -> ``2^-127``, a float32
         subnormal; byte 254 -> ``2^127``); byte 255 -> NaN (OCP MX spec v1.0).
@@ -229,7 +229,7 @@ def float_to_e8m0(scale_pow2: Tensor) -> Tensor:
 
 
 def dequant_fp8_block(weight: Tensor, scale: Tensor, block: int | Sequence[int] = (32, 32)) -> Tensor:
-    """Dequantize a block-scaled FP8 weight (v41-architecture.md §5: FP8 linears + sibling ``.scale``).
+    """Dequantize a block-scaled FP8 weight (docs/model.md §5: FP8 linears + sibling ``.scale``).
 
     Args:
         weight: ``[out, in]`` ``torch.float8_e4m3fn`` (checkpoint ``F8_E4M3``).
@@ -303,7 +303,7 @@ def quant_fp8_block(w: Tensor, block: int | Sequence[int] = (32, 32)) -> tuple[T
 
 
 def dequant_mxfp4(packed: Tensor, scale: Tensor) -> Tensor:
-    """Dequantize MXFP4 (FP4 E2M1 + E8M0 per 32) expert weights (v41-architecture.md §5: ``I8`` experts).
+    """Dequantize MXFP4 (FP4 E2M1 + E8M0 per 32) expert weights (docs/model.md §5: ``I8`` experts).
 
     Args:
         packed: ``[out, in/2]`` ``int8`` (checkpoint ``I8``; reinterpreted with ``.view(torch.uint8)``)
@@ -381,7 +381,7 @@ def fp8_act_qdq(x: Tensor, block: int = 32) -> Tensor:
 
     ``scale = 2^ceil(log2(max(amax/448, 1e-4)))``; ``y = e4m3(x / scale) * scale`` (RNE cast).
     Used for activations before FP8/FP4 GEMMs (w8a8 / w4a8) and for the SWA KV cache (all 512 dims,
-    after RoPE); formula as pinned for vLLM's V4.1 SWA cache (v41-architecture.md §2).
+    after RoPE); formula as pinned for vLLM's V4.1 SWA cache (docs/model.md §2).
 
     Args:
         x: ``[..., n]`` float32/float64/bfloat16 (float16 works while results stay in its range);
@@ -399,7 +399,7 @@ def fp8_act_qdq(x: Tensor, block: int = 32) -> Tensor:
 def fp4_e4m3_qdq(x: Tensor, block: int = 16) -> Tensor:
     """FP4 E2M1 quantize-dequantize with E4M3 block scales (compressed-KV format, block 16).
 
-    Per ``block`` elements of the last dim (v41-architecture.md §2, vLLM V4.1 paged compressed KV):
+    Per ``block`` elements of the last dim (docs/model.md §2, vLLM V4.1 paged compressed KV):
     ``scale = e4m3(clamp(amax/6, 2^-9, 448))`` (ordinary RNE float8 cast), ``q = x / scale`` (IEEE float32
     division), ``y = RNE_e2m1(q) * scale`` (ties to even, saturating at +-6).
 
@@ -421,7 +421,7 @@ def mxfp4_qdq(x: Tensor, block: int = 32) -> Tensor:
     """FP4 E2M1 quantize-dequantize with power-of-two (ue8m0) block scales (index queries and keys).
 
     Per ``block`` elements of the last dim: ``scale = 2^ceil(log2(max(amax, 1e-30) / 6))``,
-    ``y = RNE_e2m1(x / scale) * scale`` (v41-architecture.md §2; the formula is the MX convention, not
+    ``y = RNE_e2m1(x / scale) * scale`` (docs/model.md §2; the formula is the MX convention, not
     seen in reference code).
 
     Args:

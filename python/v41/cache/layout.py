@@ -1,4 +1,4 @@
-"""Cache kinds of a model (DESIGN.md §3 names) and their sizes (v41-architecture.md §6).
+"""Cache kinds of a model (docs/cache.md names) and their sizes (docs/model.md §6).
 
 Every token-indexed kind shares one page size ``block_tokens`` (the prefix cache's page), which every
 compression ratio divides; a kind stores ``block_tokens / tokens_per_entry`` rows per block per owning

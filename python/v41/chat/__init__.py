@@ -1,4 +1,4 @@
-"""Chat format of DeepSeek-V4.1 / V4: prompt encoding and output parsing (v41-architecture.md §7).
+"""Chat format of DeepSeek-V4.1 / V4: prompt encoding and output parsing (docs/model.md §7).
 
 * :func:`encode_messages` -- OpenAI-style messages -> prompt token ids (``encoding.py``);
   :func:`encode_chat` also returns the prompt string and the image parts; :func:`render_messages` gives
@@ -7,7 +7,7 @@
   (``parser.py``, with ``reasoning.py`` and ``dsml.py``).
 
 Module map: ``formats.py`` (format data), ``normalize.py`` (§7.3), ``render.py`` (§7.4, §7.8), ``tools.py``
-(§7.5, §7.6), ``segments.py`` and ``tokens.py`` (DESIGN §4 tokenization), ``textscan.py``/``deltas.py``
+(§7.5, §7.6), ``segments.py`` and ``tokens.py`` (docs/numerics.md §4 tokenization), ``textscan.py``/``deltas.py``
 (parser helpers and output types).
 """
 

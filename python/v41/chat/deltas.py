@@ -1,6 +1,6 @@
 """Output types of the incremental output parser, and the per-feed accumulator.
 
-Source: v41-architecture.md §7.10; OpenAI chat-completions shapes (``tool_calls`` items and streaming
+Source: docs/model.md §7.10; OpenAI chat-completions shapes (``tool_calls`` items and streaming
 ``delta.tool_calls`` items).
 
 Invariant (checked by the tests): concatenating every ``ParserDelta`` returned by ``feed`` plus

@@ -1,6 +1,6 @@
 """Incremental DSML tool-call block parser (V4.1 spaced and V4 unspaced tags).
 
-Source: v41-architecture.md §7.6 (block layout), §7.10 (reference and streaming parsers), known-failures.md
+Source: docs/model.md §7.6 (block layout), §7.10 (reference and streaming parsers), docs/known-failures.md
 KF-01 and KF-02.
 
 Entered right after ``<｜DSML｜`` (the opener ``<｜DSML｜ calls>``; also ``tool_calls`` and V3.2's

@@ -1,6 +1,6 @@
 """Public chat encoder: OpenAI-style messages -> the exact prompt ids DeepSeek-V4.1 / V4 were trained on.
 
-Source: v41-architecture.md §7 (format), DESIGN.md §4 (tokenization), known-failures.md KF-05..KF-07.
+Source: docs/model.md §7 (format), docs/numerics.md §4 (tokenization), docs/known-failures.md KF-05..KF-07.
 
 Revisions (§7.1): ``v41`` (V4.1 release; effort ``low``/``high``/``max`` = 50/75/100 or an int 1-100,
 default ``high``), ``v4-original`` and ``v4-0731``. The default comes from ``model_type`` when the tokenizer

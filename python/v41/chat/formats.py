@@ -1,6 +1,6 @@
 """Format data of the DeepSeek-V4.1 / V4 chat prompts: marker strings, revisions, fixed texts.
 
-Source: v41-architecture.md §7.1 (revisions), §7.2 (markers), §7.4.1 (reasoning effort texts), §7.5 (tools
+Source: docs/model.md §7.1 (revisions), §7.2 (markers), §7.4.1 (reasoning effort texts), §7.5 (tools
 section), §7.6 (DSML tag spellings), §7.9 (response format). Marker strings and the quoted texts are the
 model's format and must stay byte-exact; they use U+FF5C ``｜`` and U+2581 ``▁``, never ASCII lookalikes.
 

@@ -1,6 +1,6 @@
 """Input normalisation: OpenAI-style messages -> typed chat messages ready to render.
 
-Source: v41-architecture.md §7.3 (roles, content lists, tool messages merged into user turns, result order,
+Source: docs/model.md §7.3 (roles, content lists, tool messages merged into user turns, result order,
 tool definitions, tool-call arguments), §7.9 (tasks, image placeholder).
 
 Steps, in order: validate each message; turn content lists into blocks (images become placeholder parts,

@@ -1,6 +1,6 @@
 """Incremental output parser: generated ids -> reasoning, content and tool calls, streamed or not.
 
-Source: v41-architecture.md §7.10; known-failures.md KF-01..KF-04. The rules live in ``reasoning.py`` (start
+Source: docs/model.md §7.10; docs/known-failures.md KF-01..KF-04. The rules live in ``reasoning.py`` (start
 state, ``</think>``, EOS, the KF-03 policy) and ``dsml.py`` (tool blocks); this module decodes ids
 incrementally and drives the two over one text buffer.
 

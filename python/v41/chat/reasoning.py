@@ -1,7 +1,7 @@
 """Reasoning / content split of generated text, and the parser's start state.
 
-Source: v41-architecture.md §7.10 (start state, ``</think>``, implicit end at a tool block), §7.9
-(continuation, tasks), known-failures.md KF-03 and KF-04.
+Source: docs/model.md §7.10 (start state, ``</think>``, implicit end at a tool block), §7.9
+(continuation, tasks), docs/known-failures.md KF-03 and KF-04.
 
 Rules (all matched on text; a partial marker at the end of the text is held back):
 

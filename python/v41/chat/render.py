@@ -1,6 +1,6 @@
 """Prompt layout: message bodies, transitions, the index-0 prefix and the historical-reasoning drop rule.
 
-Source: v41-architecture.md §7.4 (bodies and transitions), §7.4.1 (effort), §7.8 (drop rule), §7.9
+Source: docs/model.md §7.4 (bodies and transitions), §7.4.1 (effort), §7.8 (drop rule), §7.9
 (mid-conversation system, tasks, continuation, incremental encoding).
 
 The prompt is BOS, then per message its body and its transition. With the drop on (thinking mode,

@@ -1,6 +1,6 @@
 """A prompt under construction: an ordered list of plain-text runs and control markers.
 
-Source: DESIGN.md §4 (tokenization of chat prompts), v41-architecture.md §7.2. The encoder never builds the
+Source: docs/numerics.md §4 (tokenization of chat prompts), docs/model.md §7.2. The encoder never builds the
 prompt as one string to be re-tokenized: it records *what* each piece is, so that scaffolding markers become
 their token ids while message text stays plain text even when it spells a control token.
 

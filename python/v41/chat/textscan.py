@@ -1,6 +1,6 @@
 """Marker search on streamed text: complete occurrences and held-back partial markers.
 
-Source: v41-architecture.md §7.2 ("streaming parsers must match on text"), §7.10.
+Source: docs/model.md §7.2 ("streaming parsers must match on text"), §7.10.
 
 A streaming parser may act on text only when no later text can change the decision. These helpers give
 the two facts needed: the earliest complete marker in a buffer, and how many trailing characters could

@@ -1,6 +1,6 @@
 """The tokenizer side of the chat format: marker ids, plain-text runs, loading from a model directory.
 
-Source: DESIGN.md §4 (chat prompt tokenization), v41-architecture.md §7.1 (revision from ``model_type``),
+Source: docs/numerics.md §4 (chat prompt tokenization), docs/model.md §7.1 (revision from ``model_type``),
 §7.2 and §11 item 6 (look every marker up at load time; fail if one is missing or not a single token).
 
 Plain text is tokenized by a private copy of the tokenizer in which every §7.2 control marker is a special

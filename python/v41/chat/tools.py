@@ -1,6 +1,6 @@
 """Rendering of tool definitions (the tools section) and of historical tool calls (DSML blocks).
 
-Source: v41-architecture.md §7.5 (tools section), §7.6 (DSML call block), §7.3 (JSON text rules).
+Source: docs/model.md §7.5 (tools section), §7.6 (DSML call block), §7.3 (JSON text rules).
 
 Tag text is template text (``｜DSML｜`` becomes its token id); tool names, parameter names, values and
 schemas are message data (plain text, inserted raw: the format has no escaping, so a string value that

@@ -1,5 +1,5 @@
 """The step channel: rank 0 broadcasts each step's metadata (msgpack bytes, never pickled tensors) to the other
-tensor-parallel ranks (DESIGN.md §3). Within one host it is a v41-comm shared-memory broadcast; when ranks
+tensor-parallel ranks (docs/architecture.md §3). Within one host it is a v41-comm shared-memory broadcast; when ranks
 span hosts it is a ``torch.distributed`` broadcast over a gloo group.
 """
 

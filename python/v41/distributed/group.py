@@ -1,5 +1,5 @@
 """The tensor-parallel group as the model sees it, how tensors are split across its ranks, and the early check
-of a config against a TP size (DESIGN.md §3 "TP workers"; v41-architecture.md §8 "TP: heads/groups shard (≤8
+of a config against a TP size (docs/architecture.md §3 "TP workers"; docs/model.md §8 "TP: heads/groups shard (≤8
 groups), indexer heads are small (replicate), KV latent is replicated").
 
 A model built with a :class:`TPGroup` of ``world_size`` W holds on rank r: the attention heads and output
@@ -113,7 +113,7 @@ def check_tp(cfg: ModelConfig, world_size: int, moe_parallel: str = "tp") -> Non
     """Check that ``cfg`` can be split over ``world_size`` ranks; call it before building anything.
 
     Requirements: ``world_size`` divides ``num_attention_heads`` and ``o_groups`` (heads shard by whole output
-    groups, so TP ≤ o_groups, v41-architecture.md §3.5), and is at most ``moe_intermediate_size``,
+    groups, so TP ≤ o_groups, docs/model.md §3.5), and is at most ``moe_intermediate_size``,
     ``vocab_size`` and (with Engram) the Engram hash column count ``(engram_max_ngram_size − 1)·engram_n_heads``
     (every rank holds at least one row / column). ``moe_parallel`` must be one of :data:`MOE_PARALLEL_MODES`.
     Raises ValueError (:class:`v41.config.ConfigError`) listing every violated requirement, e.g.

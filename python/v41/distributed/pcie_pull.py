@@ -1,4 +1,4 @@
-"""The opt-in ``pcie-pull`` all-reduce for GPUs of one host with peer access (DESIGN.md §3; seed
+"""The opt-in ``pcie-pull`` all-reduce for GPUs of one host with peer access (docs/architecture.md §3; seed
 "paired PCIe collectives").
 
 Each rank owns one CUDA buffer shared with its peers through CUDA IPC: an input half and a reduced half.

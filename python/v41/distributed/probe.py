@@ -1,4 +1,4 @@
-"""What the collective backends rely on, probed on this host (DESIGN.md §4a; issue: "the code checks the
+"""What the collective backends rely on, probed on this host (docs/numerics.md §4a; issue: "the code checks the
 same at start-up"): GPU count and peer access between every pair, pinned host registration, /dev/shm size.
 CUDA IPC itself is exercised by the pcie-pull backend when it opens its peers' buffers (its failure disables
 the backend with the reason logged).

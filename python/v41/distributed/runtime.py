@@ -1,5 +1,5 @@
 """One tensor-parallel rank's distributed runtime: the ``torch.distributed`` env rendezvous, the collective
-backend chosen by flag behind its start-up self-test, and the step channel (DESIGN.md §3, §6; KF-20).
+backend chosen by flag behind its start-up self-test, and the step channel (docs/architecture.md §3, §6; KF-20).
 
 Rank layout: ``rank = node_rank · ranks_per_node + local_rank``; rank 0 (node 0) runs the engine core; each
 rank uses ``cuda:<local_rank>`` on CUDA. Backends:
@@ -72,7 +72,7 @@ def selftest_max_bytes(device: str) -> int:
 
 def segment_dir(need_bytes: int) -> str:
     """Where to put shared segments: /dev/shm when it has ``need_bytes`` free (×2 headroom), else the temp
-    directory (file-backed segment; DESIGN.md §4a)."""
+    directory (file-backed segment; docs/numerics.md §4a)."""
     shm = "/dev/shm"
     try:
         if shutil.disk_usage(shm).free >= 2 * need_bytes:

@@ -1,5 +1,5 @@
 """:class:`TorchDistGroup`: the TP group over an initialised ``torch.distributed`` process group (gloo on CPU,
-NCCL on CUDA; DESIGN.md §6 "TP/PP groups span hosts through torch.distributed").
+NCCL on CUDA; docs/architecture.md §6).
 
 Rendezvous is the caller's: ``torch.distributed.init_process_group(backend, init_method=..., rank=...,
 world_size=...)`` first, then ``TorchDistGroup()``. Ring all-reduce (gloo, NCCL) reduces each element on one

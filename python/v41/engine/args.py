@@ -26,7 +26,7 @@ class EngineArgs:
     KV block (default: 64 rounded to every compression ratio). kv_cache_bytes: cache budget on CPU;
     gpu_memory_utilization: fraction of GPU memory for weights + cache on CUDA. dtype: compute dtype
     (``auto``: bfloat16 for the fast model on CUDA, else float32; the paged bridge takes float32 | float64).
-    num_kv_blocks: override the block count per kind (tests, tuning). numerics: exact | deployed (DESIGN.md §4).
+    num_kv_blocks: override the block count per kind (tests, tuning). numerics: exact | deployed (docs/numerics.md §4).
     model_impl: ``fast`` (the production model, ``models/fast``), ``paged`` (the reference modules over the
     paged caches, ``models/paged``) or ``auto`` (fast, except ``numerics="deployed"`` which only the paged bridge
     computes). quantization: ``auto`` keeps the checkpoint's FP8 / MXFP4 weights packed on the device (what its

@@ -1,4 +1,4 @@
-"""Persistent block tables on the device, updated by the scheduler's per-step diffs (DESIGN.md §3a).
+"""Persistent block tables on the device, updated by the scheduler's per-step diffs (docs/architecture.md §3a).
 
 The scheduler (``v41._native.Scheduler``, contract in ``crates/v41-sched/src/step.rs``) gives every running
 request a row ``0 .. max_num_seqs − 1`` and sends, per step and per kind, only the entries that changed:

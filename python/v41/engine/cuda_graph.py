@@ -1,4 +1,4 @@
-"""CUDA graphs for decode-only steps (DESIGN.md §3a; nano-vllm's ``capture_cudagraph`` and mini-sglang's graph
+"""CUDA graphs for decode-only steps (docs/architecture.md §3a; nano-vllm's ``capture_cudagraph`` and mini-sglang's graph
 runner are the models): one graph per padded batch size, captured at start-up largest first into one shared
 memory pool, replayed for every step whose requests each compute one token.
 

@@ -1,5 +1,5 @@
 """Where the model runs: in this process (:class:`LocalExecutor`, TP=1) or across tensor-parallel worker
-processes (:class:`TPExecutor`, rank 0 here; DESIGN.md §3).
+processes (:class:`TPExecutor`, rank 0 here; docs/architecture.md §3).
 
 Both hold rank 0's :class:`~.model_runner.ModelRunner`, size nothing themselves, allocate the cache when the
 engine core has chosen the block count, and run one :class:`~.host_step.HostStep` per ``execute`` call. The TP

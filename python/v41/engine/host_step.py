@@ -1,6 +1,6 @@
 """The plan of one step on the host (numpy arrays): what the scheduler decided plus the Engram rows hashed from
 committed ids. Rank 0 builds it; tensor-parallel ranks receive it as msgpack bytes and fill their own device
-buffers from it (:mod:`.input_buffers`), so no device tensor ever crosses processes (DESIGN.md §3a).
+buffers from it (:mod:`.input_buffers`), so no device tensor ever crosses processes (docs/architecture.md §3a).
 """
 
 from __future__ import annotations

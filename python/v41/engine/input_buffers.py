@@ -1,4 +1,4 @@
-"""Step inputs on the device: the only place that copies host → device in a step (DESIGN.md §3a).
+"""Step inputs on the device: the only place that copies host → device in a step (docs/architecture.md §3a).
 
 :class:`InputBuffers` owns one pinned host staging buffer and one device buffer of int64, sized at start-up for
 ``max_num_batched_tokens`` tokens and ``max_num_seqs`` requests. Each step it packs the :class:`HostStep` arrays

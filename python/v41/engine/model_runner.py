@@ -1,5 +1,5 @@
 """One rank's model runner: loads the step model (the fast model, or the paged parity bridge), owns its cache,
-the persistent input buffers and the decode CUDA graphs, and runs each :class:`~.host_step.HostStep` (DESIGN.md §2
+the persistent input buffers and the decode CUDA graphs, and runs each :class:`~.host_step.HostStep` (docs/architecture.md §2
 ``engine/model_runner``): a decode-only step that fits a captured size replays its graph, anything else runs eager.
 
 Rank 0 (:mod:`.executor`) and every tensor-parallel worker (:mod:`.tp_worker`) build the same runner from the same

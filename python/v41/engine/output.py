@@ -1,4 +1,4 @@
-"""Outputs as per-request deltas (DESIGN.md §3a): each step the engine core reports, for every request that changed,
+"""Outputs as per-request deltas (docs/architecture.md §3a): each step the engine core reports, for every request that changed,
 only what is new since its previous report — new text, token ids and logprobs of each completion, new prompt
 logprobs — so a step costs O(new tokens), never a copy of everything generated so far. Every consumer (the
 offline ``LLM``, ``AsyncEngine`` streams, the engine-core process) takes this one format; the ones that need

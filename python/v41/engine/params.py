@@ -9,7 +9,7 @@ and :attr:`stop_token_id_list`.
 :class:`RequestOutput` / :class:`CompletionOutput` / :class:`Logprob` mirror ``vllm.outputs`` and
 ``vllm.logprobs`` so code written against vLLM reads v41's results unchanged.
 
-Semantics (serving-api.md "Sampling"; vLLM ``SamplingParams``):
+Semantics (docs/serving-api.md "Sampling"; vLLM ``SamplingParams``):
 
 * ``temperature`` below ``SAMPLING_EPS`` (1e-5) is greedy: argmax, ``top_p``/``top_k``/``min_p`` and
   ``seed`` are ignored and no randomness is consumed.

@@ -18,7 +18,7 @@ Processing order, per row (a step is skipped for rows where it is off):
 10. Sample by exponential race: ``argmax(p / q)``, ``q = -log(u)``; this picks token ``t`` with probability
     ``p[t]``.
 
-Randomness (KF-14; speculative-decoding.md §3d): ``u`` [V] is a keyed draw, Philox(key = the request's 64-bit
+Randomness (KF-14; docs/speculative-decoding.md §3d): ``u`` [V] is a keyed draw, Philox(key = the request's 64-bit
 seed, counter = (vocab column, position of the row's last computed token, purpose "sample"))
 (:func:`v41.kernels.sampling.uniforms`), on the logits' device. Every request has a seed: the client's, else one
 the engine draws at admission. So a request's tokens depend only on its seed and its positions: not on the batch,

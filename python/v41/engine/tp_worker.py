@@ -1,5 +1,5 @@
 """A tensor-parallel worker process: joins the rendezvous, loads its shard, then runs every step rank 0
-broadcasts until told to stop (DESIGN.md §3). Each step arrives as the host plan (:class:`~.host_step.HostStep`
+broadcasts until told to stop (docs/architecture.md §3). Each step arrives as the host plan (:class:`~.host_step.HostStep`
 bytes); the worker fills its own input buffers from it.
 """
 

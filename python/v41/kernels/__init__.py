@@ -1,2 +1,2 @@
 """Hot ops of the engine, each with a PyTorch implementation that runs anywhere (CPU or CUDA) and is the
-reference for future CUDA kernels (DESIGN.md §2 ``kernels/``)."""
+reference for future CUDA kernels (docs/kernels.md §1)."""

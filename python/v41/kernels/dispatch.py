@@ -1,10 +1,10 @@
-"""Which implementation an op runs: the Triton kernel or its PyTorch reference (DESIGN.md §2 ``kernels/``).
+"""Which implementation an op runs: the Triton kernel or its PyTorch reference (docs/kernels.md §1).
 
 ``$V41_KERNELS`` chooses: ``auto`` (default) runs Triton for CUDA tensors when Triton imports, the reference
 otherwise (the CPU fast model always runs the references); ``torch`` always runs the references (a debugging
 aid and the GPU tests' comparison point); ``triton`` runs the Triton kernels also on CPU tensors, which only
 works under Triton's interpreter (``TRITON_INTERPRET=1``, set before v41 is imported: the CI tests of the
-kernels run that way in a subprocess, DESIGN.md §4a).
+kernels run that way in a subprocess, docs/numerics.md §4a).
 """
 
 from __future__ import annotations

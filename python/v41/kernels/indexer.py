@@ -1,4 +1,4 @@
-"""Lightning-indexer scores of a whole step in one pass (v41-architecture.md §3.7 steps 2–4, §4 "CSA indexer"):
+"""Lightning-indexer scores of a whole step in one pass (docs/model.md §3.7 steps 2–4, §4 "CSA indexer"):
 ``score[t, j] = Σ_h w[t, h] · ReLU(q[t, h] · k_j)`` for the entries ``j < n_visible[t]`` of token t's request,
 ``−inf`` for the others, every request of the step at once, keys read through the paged block table.
 

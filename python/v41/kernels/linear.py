@@ -1,5 +1,5 @@
 """Linear layer over a packed weight: ``y = x · Wᵀ`` with W dequantized inside the kernel (W8A16 for FP8
-block-scaled weights, plain for dense ones; v41-architecture.md §2, kernels.md §2 "Dense FP8 GEMMs").
+block-scaled weights, plain for dense ones; docs/model.md §2, docs/kernels.md §2 "Dense FP8 GEMMs").
 
 ``groups`` > 1 is the block-diagonal grouped projection of attention's ``wo_a`` (§3.5 step 7): W ``[G·N_g, K_g]``,
 x ``[M, G·K_g]``, output group g reads only input columns ``[g·K_g, (g+1)·K_g)``.

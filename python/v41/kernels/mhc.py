@@ -1,4 +1,4 @@
-"""mHC seams (v41-architecture.md §3.4, §3.2): the coefficients of a sub-layer, the collapse of the residual
+"""mHC seams (docs/model.md §3.4, §3.2): the coefficients of a sub-layer, the collapse of the residual
 copies into the sub-layer input and the expansion of its output back into the copies; float32 math.
 
 ``mixes = fn · rmsnorm(flatten(H))`` is a skinny GEMM; what follows (sigmoids, the 4×4 softmax and the spec's fixed

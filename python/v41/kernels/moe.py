@@ -1,4 +1,4 @@
-"""Grouped expert GEMMs for MoE without host synchronisation (DESIGN.md §3a; kernels.md §2 "MoE").
+"""Grouped expert GEMMs for MoE without host synchronisation (docs/architecture.md §3a; docs/kernels.md §2 "MoE").
 
 The T·k (token, slot) pairs are sorted by expert on the device (:func:`align_pairs`); expert e owns the sorted
 rows ``[offsets[e], offsets[e+1])``. :func:`grouped_linear` computes, for every sorted row i of expert e,

@@ -1,4 +1,4 @@
-"""RMSNorm over the last dim (v41-architecture.md §2): ``y = w ⊙ x / sqrt(mean(x²) + eps)`` computed in float32
+"""RMSNorm over the last dim (docs/model.md §2): ``y = w ⊙ x / sqrt(mean(x²) + eps)`` computed in float32
 (float64 stays float64), returned in x's dtype; ``w`` optional (V4's per-head q norm is unweighted). The Triton
 kernel normalizes one row per program in one pass."""
 

@@ -1,5 +1,5 @@
 """Weights as the checkpoint stores them, kept on the device and dequantized inside the kernels
-(DESIGN.md §3a; formats: v41-architecture.md §2 "Weight storage dtypes", :mod:`v41.quant`).
+(docs/architecture.md §3a; formats: docs/model.md §2 "Weight storage dtypes", :mod:`v41.quant`).
 
 A :class:`PackedWeight` is a ``[*lead, out, in]`` matrix (``lead`` = experts for grouped MoE weights) in one of
 three formats:

@@ -1,4 +1,4 @@
-"""Interleaved ("GPT-J") rotary embedding of the last ``rd`` channels (v41-architecture.md §2): channel pairs
+"""Interleaved ("GPT-J") rotary embedding of the last ``rd`` channels (docs/model.md §2): channel pairs
 ``(2i, 2i+1)`` of that slice rotate by the token's angle ``θ_i`` (``inverse``: by ``−θ_i``); the other channels pass
 through. cos/sin come precomputed per token [T, rd/2] (formed in float64, used in float32 or float64). The Triton
 kernel writes each output row in one pass (one program per token and head)."""

@@ -1,4 +1,4 @@
-"""MoE routing of a step in one kernel (v41-architecture.md §3.8, §4 "MoE"; DESIGN.md §4 "Router numerics").
+"""MoE routing of a step in one kernel (docs/model.md §3.8, §4 "MoE"; docs/numerics.md §4 "Router numerics").
 
 From the router logits ``l`` [T, E] (float32): ``log s = ½·log(softplus(l / temp))`` (``= ½·l/temp`` below −20,
 so nothing underflows); selection = the top-k of ``s + bias`` with exact ties to the lower expert id (or the

@@ -1,4 +1,4 @@
-"""Keyed uniform draws for sampling (speculative-decoding.md §3d): every draw is Philox4x32-10 with key = the
+"""Keyed uniform draws for sampling (docs/speculative-decoding.md §3d): every draw is Philox4x32-10 with key = the
 request's 64-bit seed and counter = (vocab column, position, purpose | slot << 8, 0), so a request's draws depend
 only on its seed and position, never on the batch, its slot, the TP rank or a process-global generator.
 

@@ -1,4 +1,4 @@
-"""Sparse MQA with a per-head sink over gathered key rows (v41-architecture.md §3.5 step 4–5; the FlashMLA
+"""Sparse MQA with a per-head sink over gathered key rows (docs/model.md §3.5 step 4–5; the FlashMLA
 sparse interface: every query lists the cache slots it reads, −1 = none).
 
 The Triton kernel (one program per query token and block of 16 heads) gathers each listed key row once per

@@ -1,4 +1,4 @@
-"""SwiGLU of the experts with the V4 clamps (v41-architecture.md §3.8): ``h13 = [g | u]`` [P, 2I] →
+"""SwiGLU of the experts with the V4 clamps (docs/model.md §3.8): ``h13 = [g | u]`` [P, 2I] →
 ``silu(min(g, L)) · clamp(u, ±L) · w`` [P, I] in h13's dtype (float32 math; the routing weight w multiplies before
 ``w2``, as the V4.1 reference). The Triton kernel does it in one pass."""
 

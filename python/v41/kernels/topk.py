@@ -1,5 +1,5 @@
 """Deterministic top-k on the device: the k largest entries with exact ties broken toward the lower index
-(DESIGN.md §4 "Indexer top-k ties", "Router numerics"), the same on every backend, batch shape and length.
+(docs/numerics.md §4 "Indexer top-k ties", "Router numerics"), the same on every backend, batch shape and length.
 
 Each float32 score and its index are packed into one int64 key that orders like (score descending, index
 ascending); keys are unique, so ``torch.topk`` over them has one answer. ``-0.0`` counts as ``+0.0`` (they

@@ -5,7 +5,7 @@ Imported only where Triton is available.
 Scales: where the scale block along K equals the tile (V4's 128×128 FP8) the kernels multiply the tile's partial
 dot by a ``[BN]`` scale vector; where it is finer (MXFP4 and V4.1's FP8: 32 inputs) the tile is scaled in
 registers, one power of two per 32 inputs. Both are exact: ``w = code · 2^(byte − 127)`` with E4M3 / E2M1 codes
-(v41-architecture.md §2).
+(docs/model.md §2).
 
 Format codes (``FMT``): 0 dense, 1 fp8 (E4M3 × E8M0 per ``B0 × B1`` tile), 2 mxfp4 (two E2M1 codes per byte, low
 nibble = even input, E8M0 per 32 inputs of a row). Formulas: :mod:`v41.quant` (e8m0_to_float, dequant_mxfp4).

@@ -1,4 +1,4 @@
-"""Engram n-gram hashing: token ids -> Engram table row ids (architecture spec §3.3).
+"""Engram n-gram hashing: token ids -> Engram table row ids (docs/model.md §3.3).
 
 This module covers only the integer part of Engram (spec §3.3 "Compressed token map", "Hash
 multipliers", "Prime buckets", "Hash ids per token"); the table lookup and the neural gate live

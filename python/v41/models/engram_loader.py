@@ -1,4 +1,4 @@
-"""The Engram row hasher of a checkpoint, built from its config and ``tokenizer.json`` (v41-architecture.md §3.3);
+"""The Engram row hasher of a checkpoint, built from its config and ``tokenizer.json`` (docs/model.md §3.3);
 shared by every model implementation and the engine (which hashes each step's rows on the host)."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""What the engine hands a model each step, and what a step model provides (DESIGN.md §2, §3a).
+"""What the engine hands a model each step, and what a step model provides (docs/architecture.md §2, §3a).
 
 A :class:`StepBatch` is one flattened, variable-length step: requests r = 0..R−1 contribute contiguous token
 runs (prefill chunks and decodes mixed), T tokens in all. Its tensors live on the model's device; the engine
 builds them once per step from the scheduler's plan (``v41.engine.input_buffers``), as views of persistent
-buffers. A model must not read anything back to the host while it runs a batch (DESIGN.md §3a): the host-side
+buffers. A model must not read anything back to the host while it runs a batch (docs/architecture.md §3a): the host-side
 fields below are fixed per batch shape, so a decode batch can be captured in a CUDA graph and replayed.
 """
 
@@ -27,7 +27,7 @@ class StepBatch:
     block_tables: kind → [R, B] int64 physical block of each logical block (−1 = none); slot_mapping: kind →
     [T] int64 slot written by each token (−1 = the token writes no row of that kind); state_rows [R] int64
     compressor-state row of each request; engram_rows: Engram layer id → [T, cols] int64 table rows of each
-    token (hashed on the host from committed ids, v41-architecture.md §3.3); logits_rows [N] int64 rows whose
+    token (hashed on the host from committed ids, docs/model.md §3.3); logits_rows [N] int64 rows whose
     logits the step returns; segments: compression ratio r → [S, L] int64 token rows of each (request, window of
     r positions) run in this step, in position order, −1 = padding (the compressors pool over them).
 

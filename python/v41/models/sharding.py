@@ -1,4 +1,4 @@
-"""Which slice of which tensor a tensor-parallel rank holds (v41-architecture.md §8 "TP"; DESIGN.md §3).
+"""Which slice of which tensor a tensor-parallel rank holds (docs/model.md §8 "TP"; docs/architecture.md §3).
 
 One pure description, used by the modules (their local sizes), by checkpoint loading (which slices to read)
 and by ``random_init_`` (which slice of the full random tensor to keep), so the three cannot disagree:

@@ -39,7 +39,7 @@ class ChatCompletions:
 
     @property
     def revision(self) -> str:
-        """The chat format revision (v41-architecture.md §7.1): given, else the model's default."""
+        """The chat format revision (docs/model.md §7.1): given, else the model's default."""
         if self._revision is None:
             self._revision = DEFAULT_REVISION_BY_MODEL_TYPE[self.server.cfg.arch]
         return self._revision

@@ -1,6 +1,6 @@
 """The interface the front ends program against (:class:`EngineProtocol`) and its out-of-process
 implementation (:class:`EngineClient`): the engine core in a process of its own, spoken to over ZMQ with the
-typed messages of :mod:`v41.serve.messages` (DESIGN.md §3).
+typed messages of :mod:`v41.serve.messages` (docs/architecture.md §3).
 
 :class:`~v41.engine.async_engine.AsyncEngine` (the engine on a thread of this process) satisfies the same
 protocol; front ends and their tests may use either.

@@ -1,7 +1,7 @@
 """The one mapping of front-end and engine errors to HTTP status / OpenAI error JSON / gRPC status codes.
 
 Both front ends (HTTP: ``openai_server.py``; ``grpc_server.py``) call :func:`error_status` and never map
-errors themselves (STYLE.md §3.8). gRPC codes are given as ``grpc.StatusCode`` member names (``"INVALID_ARGUMENT"``)
+errors themselves (docs/style.md §8). gRPC codes are given as ``grpc.StatusCode`` member names (``"INVALID_ARGUMENT"``)
 so this module does not import grpc; the gRPC server does ``grpc.StatusCode[status.grpc_code]``.
 
 =============================== ====== ================== ========================================

@@ -1,5 +1,5 @@
 """Messages between the front end (:class:`~v41.serve.engine_client.EngineClient`) and the engine-core
-process (:mod:`v41.serve.engine_proc`), and their one msgpack codec (STYLE.md §3.7).
+process (:mod:`v41.serve.engine_proc`), and their one msgpack codec (docs/style.md §7).
 
 Wire format: ``msgpack([tag, field1, field2, ...])`` with the fields in dataclass order; ``tag`` is the
 message type's index in :data:`MESSAGE_TYPES` (both ends run the same package, so no versioning).

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP front end: ``build_app(engine, served_model_name)`` → a FastAPI app.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``POST /tokenize``,
-``POST /detokenize``, ``GET /health``, ``GET /metrics`` (serving-api.md "OpenAI HTTP", issue 6 item 3).
+``POST /detokenize``, ``GET /health``, ``GET /metrics`` (docs/serving-api.md "OpenAI HTTP", issue 6 item 3).
 
 The engine is any ``v41.serve.EngineProtocol`` (``EngineClient``, ``v41.AsyncEngine``): ``generate(prompt,
 params, request_id, *, priority, cache_salt)`` (an async iterator of *delta* ``RequestOutput``s, the last one

@@ -1,7 +1,7 @@
 """Build the tiny byte-level BPE tokenizer shipped in ``v41/testing/data``.
 
 The tokenizer stands in for the real DeepSeek-V4.1 ``tokenizer.json`` in tests: same kind of model
-(byte-level BPE), same special-token strings (architecture doc §7.2), same ids for BOS/EOS/pad, but a
+(byte-level BPE), same special-token strings (docs/model.md §7.2), same ids for BOS/EOS/pad, but a
 vocabulary of only 1024 entries so tiny checkpoints stay tiny.
 
 Vocabulary layout (``VOCAB_SIZE`` = 1024 ids, no holes):
@@ -59,7 +59,7 @@ SPECIAL_TOKENS = HEAD_SPECIAL_TOKENS + TAIL_SPECIAL_TOKENS
 
 BPE_VOCAB_SIZE = VOCAB_SIZE - len(TAIL_SPECIAL_TOKENS)  # head specials + bytes + merges
 MIN_FREQUENCY = 2
-MODEL_MAX_LENGTH = 1048576  # the real model's max_position_embeddings (doc §1)
+MODEL_MAX_LENGTH = 1048576  # the real model's max_position_embeddings (docs/model.md §1)
 
 
 def _special(content: str) -> AddedToken:

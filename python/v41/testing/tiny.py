@@ -1,4 +1,4 @@
-"""Tiny checkpoints with the real tensor names, dtypes, quantization layouts and sharding (DESIGN.md §1).
+"""Tiny checkpoints with the real tensor names, dtypes, quantization layouts and sharding (docs/architecture.md §1).
 
 ``make_tiny(path, arch, seed=0, **overrides)`` writes ``config.json``, ``generation_config.json``, the tiny
 tokenizer and ≥ 2 safetensors shards + ``model.safetensors.index.json``. Same seed and overrides, same
@@ -30,7 +30,7 @@ from .tokenizer_files import TOKENIZER_DIR, load_tiny_tokenizer
 GENERATOR_VERSION = 2
 ARCHES = ("deepseek_v41", "deepseek_v4")
 
-# Layer roles of the default V4.1 config (v41-architecture.md §1.4, scaled down):
+# Layer roles of the default V4.1 config (docs/model.md §1.4, scaled down):
 V41_LAYER_ROLES = {
     0: "SWA only", 1: "SWA only, Engram", 2: "ratio-2 kv + index source", 3: "consumer of 2",
     4: "ratio-2 kv + index source and Engram (like real layer 14)", 5: "consumer of 4",

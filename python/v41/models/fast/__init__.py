@@ -1,5 +1,5 @@
 """The fast model: bf16 activations, FP8 / MXFP4 weights dequantized in the kernels, no host synchronisation in a
-forward (DESIGN.md §2 ``models/fast``, §3a). ``load_fast(path, ...)`` builds it from a checkpoint."""
+forward (docs/architecture.md §2 ``models/fast``, §3a). ``load_fast(path, ...)`` builds it from a checkpoint."""
 
 from .loader import load_fast
 from .model import FastModel

@@ -1,4 +1,4 @@
-"""Attention of the fast model, shared by V4.1 and V4 (v41-architecture.md §3.5, §4 "Attention"): low-rank q,
+"""Attention of the fast model, shared by V4.1 and V4 (docs/model.md §3.5, §4 "Attention"): low-rank q,
 one K = V latent per token in a paged sliding window, sink softmax over the window plus selected compressed
 entries in one sparse kernel, inverse RoPE, grouped output projection.
 

@@ -1,4 +1,4 @@
-"""V4 compressed attention in the fast model (v41-architecture.md §4): HCA (ratio 128, non-overlapping windows,
+"""V4 compressed attention in the fast model (docs/model.md §4): HCA (ratio 128, non-overlapping windows,
 attend every visible entry) and CSA (ratio 4, overlapping windows: entry w pools the A half of window w−1 and
 the B half of window w; lightning indexer with its own overlapping compressor at ``index_head_dim``).
 

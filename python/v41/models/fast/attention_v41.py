@@ -1,4 +1,4 @@
-"""V4.1 "CSA2" attention in the fast model (v41-architecture.md §3.5–§3.7): KV sources compress (ratio 2: gated
+"""V4.1 "CSA2" attention in the fast model (docs/model.md §3.5–§3.7): KV sources compress (ratio 2: gated
 pairs carried across steps; ratio 1: one latent per token) and write the shared compressed KV and index keys;
 index sources score every cached entry of every request in one pass, the candidate source publishes its block
 mask, later index sources filter by it; consumers reuse their sources' cache and top-k list.

@@ -1,4 +1,4 @@
-"""The fast model's paged cache: kinds and row shapes (DESIGN.md §3 names), tensors with one reserved padding block
+"""The fast model's paged cache: kinds and row shapes (docs/cache.md names), tensors with one reserved padding block
 per kind and one padding state row (targets of CUDA-graph padding rows and of writes a token does not make).
 
 Kinds are those of :func:`v41.cache.layout.build_layout` (the scheduler sees the same pools); the fast model keeps

@@ -1,4 +1,4 @@
-"""Compressor pooling over a flattened step, batched and without host synchronisation (v41-architecture.md §3.6
+"""Compressor pooling over a flattened step, batched and without host synchronisation (docs/model.md §3.6
 V4.1 ratio 2, §4 V4 HCA / CSA).
 
 An entry pools the tokens of one window of ``r`` positions with a per-channel softmax over their gates,

@@ -1,4 +1,4 @@
-"""Engram in the fast model (v41-architecture.md §3.3): the step's table rows arrive in the batch (hashed on the
+"""Engram in the fast model (docs/model.md §3.3): the step's table rows arrive in the batch (hashed on the
 host from committed token ids); rows are gathered from the FP8 table and dequantized, projected by ``wkv`` and
 gated into every residual copy in float32.
 

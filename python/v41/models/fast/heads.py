@@ -1,4 +1,4 @@
-"""Vocab-parallel embedding and LM head of the fast model (v41-architecture.md §3.1, §3.2 "Final"): rank r of W
+"""Vocab-parallel embedding and LM head of the fast model (docs/model.md §3.1, §3.2 "Final"): rank r of W
 holds vocabulary rows ``split_range(V, W, r)``; the head computes float32 logits (the reference upcasts) and
 all-gathers them, dropping the padding of uneven splits."""
 

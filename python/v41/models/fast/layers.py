@@ -1,4 +1,4 @@
-"""Building blocks of the fast model: linear layers over packed weights, RMSNorm, RoPE (v41-architecture.md §2).
+"""Building blocks of the fast model: linear layers over packed weights, RMSNorm, RoPE (docs/model.md §2).
 
 Activations run in the model's compute dtype (bfloat16 by default on CUDA); norms and rotations compute in float32
 and cast back, as the spec's numerical conventions say. Weights are :class:`~v41.kernels.packed.PackedWeight` s

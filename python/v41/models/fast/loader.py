@@ -1,5 +1,5 @@
 """``load_fast(path)``: the fast model of a checkpoint, weights in their storage formats on the device
-(DESIGN.md §3a; tensor names v41-architecture.md §5).
+(docs/architecture.md §3a; tensor names docs/model.md §5).
 
 The model is built on the meta device and every tensor is then set from the checkpoint (or random, with
 ``load_format="dummy"``), already sharded for this rank (:func:`v41.models.sharding.shard_plan`). Routed experts

@@ -1,4 +1,4 @@
-"""mHC seams of the fast model (v41-architecture.md §3.4, §3.2; V4's own pre-mix and ``hc_head``, §4). The
+"""mHC seams of the fast model (docs/model.md §3.4, §3.2; V4's own pre-mix and ``hc_head``, §4). The
 coefficients are float32 (:func:`v41.kernels.mhc.hc_mixes`); collapse and expand compute in float32 and return
 the residual stream's dtype."""
 

@@ -1,9 +1,9 @@
-"""The fast model of DeepSeek-V4.1 / V4 (DESIGN.md §2 ``models/fast``, §3a): one flattened step in, logits out,
+"""The fast model of DeepSeek-V4.1 / V4 (docs/architecture.md §2 ``models/fast``, §3a): one flattened step in, logits out,
 no host synchronisation inside :meth:`FastModel.forward` (so a decode step can be captured in a CUDA graph).
 
 Per step, :meth:`FastModel.prepare` builds the :class:`~.attention.StepContext` once (RoPE angles, window slots,
 compressor segments, visible-entry counts); the layers then only compute. The decoder layer order is the spec's
-(v41-architecture.md §3.2 for V4.1's delayed pre-mix, §4 for V4's own pre-mix).
+(docs/model.md §3.2 for V4.1's delayed pre-mix, §4 for V4's own pre-mix).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Mixture of experts in the fast model, routed on the device (v41-architecture.md §3.8, §4 "MoE"): sqrtsoftplus
+"""Mixture of experts in the fast model, routed on the device (docs/model.md §3.8, §4 "MoE"): sqrtsoftplus
 router in float32 (:mod:`v41.kernels.router`: log-domain weights, deterministic top-k with exact ties to the lower
 expert id, or V4 hash routing), the (token, slot)
 pairs sorted by expert, one grouped GEMM for every expert's fused ``w1|w3`` and one for ``w2``

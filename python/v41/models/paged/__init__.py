@@ -1,4 +1,4 @@
-"""The paged parity bridge: reference modules over the paged caches (eager, CPU-capable; DESIGN.md §2)."""
+"""The paged parity bridge: reference modules over the paged caches (eager, CPU-capable; docs/architecture.md §2)."""
 
 from .runner import PagedModel
 

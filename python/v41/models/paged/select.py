@@ -1,4 +1,4 @@
-"""Request-by-request indexer helpers of the paged bridge (v41-architecture.md §3.7; the seed's bounded DSA
+"""Request-by-request indexer helpers of the paged bridge (docs/model.md §3.7; the seed's bounded DSA
 indexing): one request's index keys through its block table, and scoring in query chunks so a chunk's
 [c, N, heads] scratch stays under ``scratch_bytes`` whatever the context length N."""
 

@@ -1,5 +1,5 @@
 """V4 attention over the paged caches: sliding window, HCA (every visible compressed entry) and CSA
-(overlapping compressor + lightning indexer with its own compressor) (v41-architecture.md §4, §6.2).
+(overlapping compressor + lightning indexer with its own compressor) (docs/model.md §4, §6.2).
 
 Open windows carry across steps in the request's ``cstate`` row; the A half of every closed CSA window is
 kept in ``cov{r}`` so the next window (also after a prefix-cache hit) can pool over it.

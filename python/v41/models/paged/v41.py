@@ -1,5 +1,5 @@
 """V4.1 attention over the paged caches: window rows, shared compressed KV with carried ratio-2 state,
-bounded two-level indexer over paged index keys (v41-architecture.md §3.5–§3.7, §6.1).
+bounded two-level indexer over paged index keys (docs/model.md §3.5–§3.7, §6.1).
 
 The token-wise math (projections, RoPE, norms, entry encoding, selection rules) is the reference model's
 own modules, so only the data movement differs from the oracle.

@@ -1,4 +1,4 @@
-"""The reference (oracle) forward of DeepSeek-V4 / V4.1: dense, unbatched, obvious (DESIGN.md §4).
+"""The reference (oracle) forward of DeepSeek-V4 / V4.1: dense, unbatched, obvious (docs/numerics.md §4).
 
 ``load(path, dtype=torch.float32, device="cpu", numerics="exact")`` returns a :class:`Transformer` whose call
 on input ids [B, T] gives logits [B, T, vocab]; :meth:`Transformer.forward_chunk` is the incremental path

@@ -1,9 +1,9 @@
 """Attention shared by V4 and V4.1: low-rank q, shared K=V latent in a sliding window, sink softmax, inverse
-RoPE on the output, grouped output projection (v41-architecture.md §3.5, §4 "Attention").
+RoPE on the output, grouped output projection (docs/model.md §3.5, §4 "Attention").
 
 Subclasses add the compressed branch: :mod:`.csa2` (V4.1) and :mod:`.compress_v4` (V4 CSA/HCA).
 
-Tensor parallelism (v41-architecture.md §3.5 "TP shards heads (and o_groups caps clean TP at 8)", §8): a rank
+Tensor parallelism (docs/model.md §3.5 "TP shards heads (and o_groups caps clean TP at 8)", §8): a rank
 holds its heads' rows of ``wq_b`` and ``attn_sink`` and its output groups' rows of ``wo_a`` / columns of
 ``wo_b``; its ``wo_b`` output is a partial sum, all-reduced in :meth:`Attention.output`. The low-rank q input,
 the K=V latent (``wkv``, ``kv_norm``), compressors and indexers are replicated, so every rank writes the same

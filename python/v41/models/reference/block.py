@@ -1,4 +1,4 @@
-"""A decoder block: attention and MoE sub-layers joined by mHC (v41-architecture.md §3.2 for V4.1's delayed
+"""A decoder block: attention and MoE sub-layers joined by mHC (docs/model.md §3.2 for V4.1's delayed
 pre-mix, §4 for V4's own pre-mix)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """V4 compressed attention: HCA (non-overlapping windows, attend every visible entry) and CSA (overlapping
-windows, lightning indexer with its own compressor) (v41-architecture.md §4; transformers
+windows, lightning indexer with its own compressor) (docs/model.md §4; transformers
 ``DeepseekV4HCACompressor`` / ``DeepseekV4CSACompressor`` / ``DeepseekV4Indexer``).
 """
 

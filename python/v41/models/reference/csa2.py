@@ -1,5 +1,5 @@
 """V4.1 "CSA2" attention: compressed KV shared from kv-source layers, gated ratio-2 or plain ratio-1
-compressor, index keys from latents, two-level (candidate-block) indexer (v41-architecture.md §3.6, §3.7).
+compressor, index keys from latents, two-level (candidate-block) indexer (docs/model.md §3.6, §3.7).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """DSpark drafter of V4.1 (``mtp.0..S-1``): context KV from the target's aux streams, anchor + noise
 block with non-causal in-block attention, Markov-corrected heads and a confidence logit
-(v41-architecture.md §3.9)."""
+(docs/model.md §3.9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Engram: hashed 2..n-gram lookup gated into every residual copy (v41-architecture.md §3.3).
+"""Engram: hashed 2..n-gram lookup gated into every residual copy (docs/model.md §3.3).
 
 Row ids come from :class:`v41.models.engram_hash.EngramHasher` (token ids only); this module owns the
 table lookup, the ``wkv`` projection and the per-copy gate.

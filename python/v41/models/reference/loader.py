@@ -36,7 +36,7 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str | tor
     """Load a V4 or V4.1 checkpoint directory into the reference model.
 
     dtype: compute dtype, float32 or float64 (weights are dequantized into it once). numerics: ``exact`` or
-    ``deployed`` (DESIGN.md §4). load_format: ``auto`` reads the safetensors shards; ``dummy`` only needs
+    ``deployed`` (docs/numerics.md §4). load_format: ``auto`` reads the safetensors shards; ``dummy`` only needs
     ``config.json`` (+ ``tokenizer.json``) and fills random weights on ``device`` with ``seed`` (benchmarks).
     tp: the tensor-parallel group (None = one rank): the model holds this rank's shard; the checkpoint reader
     reads only those slices of sharded tensors (quantization-block-aligned, then cut), and dummy weights are

@@ -1,5 +1,5 @@
 """The reference model: a dense, readable forward of DeepSeek-V4 and DeepSeek-V4.1, the test oracle
-(DESIGN.md §4; v41-architecture.md §3, §4).
+(docs/numerics.md §4; docs/model.md §3, §4).
 
 One code path serves the whole-sequence call and the incremental path: :meth:`Transformer.forward_chunk`
 processes a chunk of new tokens of one request against its :class:`RequestCache`; a whole sequence is one

@@ -1,5 +1,5 @@
 """Mixture of experts: sqrtsoftplus router with the noaux selection bias, V4 hash routing, SwiGLU experts
-with clamps (v41-architecture.md §3.8, §4 "MoE").
+with clamps (docs/model.md §3.8, §4 "MoE").
 
 Tensor parallelism (``tp``, :mod:`.sharding`): every routed expert and the shared expert hold the rows
 ``split_range(moe_intermediate_size, W, r)`` of ``w1``/``w3`` and the same columns of ``w2``; SwiGLU and its
@@ -67,7 +67,7 @@ class Gate(nn.Module):
 
 def log_sqrt_softplus(logits: torch.Tensor) -> torch.Tensor:
     """``log(sqrt(softplus(x)))`` accurate over the whole float range: below x = −20, ``log(softplus(x)) = x``
-    to within e^x/2 (< 1e-9), so the scores' logarithm never underflows (DESIGN.md §4 "Router numerics")."""
+    to within e^x/2 (< 1e-9), so the scores' logarithm never underflows (docs/numerics.md §4 "Router numerics")."""
     safe = torch.where(logits < -20, torch.zeros_like(logits), logits)
     return 0.5 * torch.where(logits < -20, logits, torch.log(F.softplus(safe)))
 

@@ -1,6 +1,6 @@
 """Dense building blocks of the reference forward: parameter holders, RMSNorm, RoPE, mHC, stable top-k,
 sink attention. Everything runs in the module's compute dtype (float32 or float64); math source:
-v41-architecture.md §2 (numerics), §3.4 (mHC), §3.5 (attention).
+docs/model.md §2 (numerics), §3.4 (mHC), §3.5 (attention).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def hc_expand(h: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.
 
 def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the k largest entries along the last dim, in descending score order; exact ties go to
-    the lower index (DESIGN §4), so the choice never depends on tensor length or batch shape."""
+    the lower index (docs/numerics.md §4), so the choice never depends on tensor length or batch shape."""
     return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
 
 

@@ -1,4 +1,4 @@
-"""Vocab-parallel embedding and LM head (v41-architecture.md §3.1, §3.2 "Final"; sharding in :mod:`.sharding`).
+"""Vocab-parallel embedding and LM head (docs/model.md §3.1, §3.2 "Final"; sharding in :mod:`.sharding`).
 
 Rank r of W holds vocabulary rows ``split_range(V, W, r)`` of ``embed.weight`` and ``head.weight``. At
 ``world_size`` 1 both are exactly ``F.embedding`` / ``F.linear`` over the full weight (no collective).

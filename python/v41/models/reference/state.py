@@ -1,4 +1,4 @@
-"""Per-request state of the reference model's incremental path (v41-architecture.md §6).
+"""Per-request state of the reference model's incremental path (docs/model.md §6).
 
 The reference keeps every cached row in plain tensors (no paging). Costs per new token are O(context):
 window attention reads the last ``sliding_window`` rows, indexers score every cached compressed entry.
