@@ -3,7 +3,7 @@
 #   (cd /work/main && .venv/bin/maturin build --release -o .whl)   # .whl/ is git-ignored locally
 #   run: bash benches/gpu/engine_bench.sh    carry: [".whl"]
 # 1) correctness: the tiny V4.1 model on CUDA gives the CPU engine's greedy tokens;
-# 2) throughput: nano-vllm-style offline workload on the v41-mid config (DESIGN.md §5), dummy weights.
+# 2) throughput: nano-vllm-style offline workload on the v41-mid config (docs/benchmarking.md "Workloads"), dummy weights.
 set -euo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

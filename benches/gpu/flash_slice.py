@@ -1,10 +1,10 @@
-"""flash-slice benchmark (DESIGN.md §5, issue 12): real V4-Flash / V4.1-Flash layer shapes, random weights made on
+"""flash-slice benchmark (docs/benchmarking.md, issue 12): real V4-Flash / V4.1-Flash layer shapes, random weights made on
 the GPU, v41's engine (checkpoint formats: FP8 dense + MXFP4 experts, CUDA graphs) and, for V4, transformers
 (bf16, eager, the same dequantized weights) side by side in one call.
 
     python3 benches/gpu/flash_slice.py --slice v4 [--transformers] [--cells 1x2048,8x2048] [--prefill 2048,8192]
 
-Figures as DESIGN.md §5 "How a figure is taken": decode = median of 50 engine steps (scheduler + forward +
+Figures as docs/benchmarking.md "How a figure is taken": decode = median of 50 engine steps (scheduler + forward +
 sampling) after 10 warm-ups, every request prefilled to context C first; prefill = one request of L tokens in one
 chunk, cold, median of 3 after a warm-up; floors = bytes the step must read (weights in the format used — dense
 parts plus the experts uniform routing touches in expectation — and the KV read) over the device-to-device copy

@@ -1,5 +1,5 @@
 """Write the GPU scripts' checkpoints: ``tiny41`` (the tiny V4.1 checkpoint, real weights) and ``mid41``
-(v41-mid, DESIGN.md §5: 12 layers covering every role, hidden 2048, 64 heads × 512, o_groups 8, window 128,
+(v41-mid, docs/benchmarking.md "Workloads": 12 layers covering every role, hidden 2048, 64 heads × 512, o_groups 8, window 128,
 64 experts × 1024 top-6 + shared, index 32 × 128 top-512; config only, for ``--load-format dummy``).
 
 Usage: ``python3 benches/gpu/make_models.py [DIR]`` (default /tmp) → DIR/tiny41, DIR/mid41.

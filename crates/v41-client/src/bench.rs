@@ -1,5 +1,5 @@
 //! `v41-client bench`: a load generator after the seed document's method
-//! (/work/shared/seed/aphrodite-pr1788-dsv41-sm120.txt, "Performance").
+//! (aphrodite-engine PR #1788, "Performance"; docs/benchmarking.md).
 //!
 //! Every batch sends `num_requests` requests at `concurrency` in two phases over the same fresh random
 //! prompts of `input_len` tokens:

@@ -4,7 +4,7 @@
 //! - every token-indexed kind has `tokens_per_entry >= 1` dividing `tokens_per_block`, and all of them
 //!   share one `tokens_per_block`, the page size of the prefix cache ([`Layout::page_tokens`]); hence a
 //!   page boundary is also a boundary of every compression ratio;
-//! - names are canonical (DESIGN.md §3): `swa` (ratio 1, with a window), `ckv{r}` and `idx{r}` (ratio r,
+//! - names are canonical (docs/cache.md): `swa` (ratio 1, with a window), `ckv{r}` and `idx{r}` (ratio r,
 //!   unbounded), `cov{r}` (V4 CSA overlap halves, ratio r, unbounded), at most one of each, and `cstate`
 //!   for the per-request state rows;
 //! - pool sizes are positive and every slot index fits in an `i32` (block tables and slot mappings are

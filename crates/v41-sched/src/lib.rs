@@ -8,7 +8,7 @@
 //! - [`scheduler`], [`step`], [`update`]: the step rule — computed tokens catch up with known tokens,
 //!   under one token budget, with chunked prefill, speculative drafts and preemption.
 //!
-//! See `docs/DESIGN.md` §3 and `v41-architecture.md` §6 for the cache kinds. The Python bindings live
+//! See `docs/cache.md` and `docs/model.md` §6 for the cache kinds. The Python bindings live
 //! in `crates/v41-py/src/sched.rs`.
 
 #![warn(missing_docs)]
