@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Engine benchmark on the GPU machine (device tool). Carry the abi3 wheel built here:
-#   (cd /work/main && .venv/bin/maturin build --release -o .whl)   # .whl/ is git-ignored locally
+#   (.venv/bin/maturin build --release -o .whl, from the repository root)   # .whl/ is git-ignored locally
 #   run: bash benches/gpu/engine_bench.sh    carry: [".whl"]
 # 1) correctness: the tiny V4.1 model on CUDA gives the CPU engine's greedy tokens;
 # 2) throughput: nano-vllm-style offline workload on the v41-mid config (docs/benchmarking.md "Workloads"), dummy weights.
