@@ -245,12 +245,13 @@ def test_cache_salt_scopes_prefix_hits_and_priority_reaches_the_scheduler(server
     (dict(tokens=pb2.TokenIds(ids=[0, 5]), sampling_params=pb2.SamplingParams(temperature=-1)), "temperature"),
     (dict(tokens=pb2.TokenIds(ids=[0, 5]), sampling_params=pb2.SamplingParams(top_p=0)), "top_p"),
     (dict(tokens=pb2.TokenIds(ids=[0, 5]), sampling_params=pb2.SamplingParams(n=0)), "n must be"),
+    (dict(tokens=pb2.TokenIds(ids=[0, 5]), sampling_params=pb2.SamplingParams(n=100000)), "n must be at most 128"),
     (dict(chat=pb2.ChatInput(messages_json="[{")), "not valid JSON"),
     (dict(chat=pb2.ChatInput(messages_json="[]")), "empty"),  # KF-16
     (dict(chat=pb2.ChatInput(messages_json='[{"role": "user", "content": "hi"}]', tools_json='{"a": 1}')),
      "tools_json"),
 ], ids=["empty-tokens", "empty-text", "no-input", "id-outside-vocab", "too-long", "max-tokens-0",
-        "temperature-negative", "top-p-0", "n-0", "malformed-chat", "no-messages", "tools-not-a-list"])
+        "temperature-negative", "top-p-0", "n-0", "n-above-max-n", "malformed-chat", "no-messages", "tools-not-a-list"])
 def test_bad_input_is_invalid_argument_and_the_engine_lives_on(server, req, message):
     with pytest.raises(grpc.RpcError) as e:
         _generate(server.stub, **req)

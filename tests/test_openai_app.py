@@ -361,6 +361,40 @@ def test_kf18_health_is_200_while_busy_and_503_once_the_engine_is_dead(client, s
     assert_error(stream, 503)
 
 
+HEALTH_BOUND_S = 2.0  # /health must answer within this while the largest allowed n runs (issue 13 item 1)
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": "many completions at once", "max_tokens": 16}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "many"}], "max_tokens": 16, "stream": True,
+                              "chat_template_kwargs": {"thinking": False}}),
+])
+def test_health_answers_in_bounded_time_while_the_largest_allowed_n_runs(server, engine, path, body):
+    """n = 1000000 froze the server (issue 13 item 1); n is now bounded by the engine's max_n, and a request at
+    that bound keeps the event loop free: every /health poll during it answers 200 within HEALTH_BOUND_S."""
+    assert engine.max_n == 128  # EngineArgs' default
+
+    async def run():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as c:
+            task = asyncio.create_task(c.post(path, json={**body, "n": engine.max_n, **GREEDY}))
+            while not engine.core.has_unfinished() and not task.done():
+                await asyncio.sleep(0.01)
+            polls = []
+            while not task.done():
+                t0 = time.monotonic()
+                r = await c.get("/health", timeout=HEALTH_BOUND_S)  # raises ReadTimeout past the bound
+                polls.append((r.status_code, time.monotonic() - t0))
+                await asyncio.sleep(0.05)
+            return await task, polls
+
+    r, polls = asyncio.run(run())
+    assert r.status_code == 200, r.text
+    indices = {c["index"] for c in r.json()["choices"]} if not body.get("stream") else \
+        {e["choices"][0]["index"] for e in sse(r.text)[:-1] if e["choices"]}
+    assert indices == set(range(engine.max_n))
+    assert polls and all(code == 200 and s < HEALTH_BOUND_S for code, s in polls), polls
+
+
 def test_health_follows_the_heartbeat(engine):
     @dataclass
     class Beating:
@@ -384,6 +418,8 @@ def test_health_follows_the_heartbeat(engine):
     ({"top_p": 0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
     ({"n": 0}, "n"),
+    ({"n": 129}, "n"),  # above the engine's max_n (128)
+    ({"n": 1000000, "max_tokens": 2}, "n"),  # froze the server (issue 13 item 1)
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": -3}, "max_tokens"),
     ({"prompt": list(range(3, 1003)) * 5}, "prompt"),  # 5000 tokens > max_model_len 4096
@@ -424,6 +460,7 @@ def test_a_cache_salt_with_a_lone_surrogate_is_a_400_naming_it(client, engine):
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
     ({"model": "no-such-model"}, "model"),
     ({"temperature": -1}, "temperature"),
+    ({"n": 1000000, "max_tokens": 2}, "n"),
 ])
 def test_bad_chat_inputs_are_400(client, body, param):
     base = {"messages": [{"role": "user", "content": "hi"}],

@@ -42,6 +42,7 @@ from ..chat.formats import DEFAULT_REVISION_BY_MODEL_TYPE
 from ..engine.params import CompletionOutput, RequestOutput, SamplingParams
 from .errors import INTERNAL, error_message, error_status
 from .grpc_gen import load as _load_stubs
+from .validation import engine_max_n
 
 pb2, pb2_grpc = _load_stubs()
 log = logging.getLogger("v41.serve.grpc")
@@ -166,7 +167,7 @@ class EngineServicer(pb2_grpc.EngineServicer):
         try:
             prompt, chat = self._prompt(request)
             params = sampling_params_from_proto(request.sampling_params)
-            params.validate(self.engine.cfg.vocab_size)
+            params.validate(self.engine.cfg.vocab_size, engine_max_n(self.engine))
             if rid in self._active:
                 await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request id {rid!r} is already in flight")
         except ValueError as e:
