@@ -440,6 +440,45 @@ def test_bad_completion_inputs_are_400(client, engine, body, param):
     assert engine.is_running
 
 
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"max_tokens": "5"}, "max_tokens"),  # the three of issue 13 item 9
+    ("/v1/completions", {"n": "3"}, "n"),
+    ("/v1/completions", {"stream": "yes"}, "stream"),
+    ("/v1/completions", {"n": 2.0}, "n"),
+    ("/v1/completions", {"temperature": True}, "temperature"),
+    ("/v1/completions", {"top_p": "0.5"}, "top_p"),
+    ("/v1/completions", {"top_k": "5"}, "top_k"),
+    ("/v1/completions", {"seed": "7"}, "seed"),
+    ("/v1/completions", {"min_tokens": "1"}, "min_tokens"),
+    ("/v1/completions", {"stop_token_ids": ["5"]}, "stop_token_ids.0"),
+    ("/v1/completions", {"logit_bias": {"5": "1"}}, "logit_bias.5"),
+    ("/v1/completions", {"ignore_eos": 1}, "ignore_eos"),
+    ("/v1/completions", {"echo": "true"}, "echo"),
+    ("/v1/completions", {"logprobs": "1"}, "logprobs"),
+    ("/v1/completions", {"skip_special_tokens": "false"}, "skip_special_tokens"),
+    ("/v1/completions", {"include_stop_str_in_output": 0}, "include_stop_str_in_output"),
+    ("/v1/completions", {"stream": True, "stream_options": {"include_usage": "yes"}},
+     "stream_options.include_usage"),
+    ("/v1/completions", {"prompt": [0, "5"]}, "prompt"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": "5"}, "max_completion_tokens"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": "true"}, "logprobs"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": "2"}, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ("/v1/chat/completions", {**CHAT, "presence_penalty": "0.5"}, "presence_penalty"),
+    ("/tokenize", {"add_special_tokens": "no"}, "add_special_tokens"),
+    ("/detokenize", {"tokens": ["5"]}, "tokens.0"),
+    ("/detokenize", {"tokens": [5], "skip_special_tokens": 1}, "skip_special_tokens"),
+])
+def test_numbers_and_booleans_of_the_wrong_json_type_are_400_not_coerced(client, engine, path, body, param):
+    base = {"prompt": "x", "max_tokens": 2} if path in ("/v1/completions", "/tokenize") else {}
+    err = assert_error(client.post(path, json={**base, **body}), 400)
+    assert (err["param"] or "").startswith(param), err
+    assert engine.is_running
+
+
 def test_a_cache_salt_with_a_lone_surrogate_is_a_400_naming_it(client, engine):
     body = b'{"prompt": "x", "max_tokens": 2, "cache_salt": "tenant-\\ud800"}'  # JSON may escape one; UTF-8 not
     r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
