@@ -250,8 +250,11 @@ def test_cache_salt_scopes_prefix_hits_and_priority_reaches_the_scheduler(server
     (dict(chat=pb2.ChatInput(messages_json="[]")), "empty"),  # KF-16
     (dict(chat=pb2.ChatInput(messages_json='[{"role": "user", "content": "hi"}]', tools_json='{"a": 1}')),
      "tools_json"),
+    (dict(chat=pb2.ChatInput(messages_json=r'[{"role": "user", "content": "a\udfffb"}]')),
+     "chat.messages_json[0].content must be valid UTF-8 text: a lone surrogate (U+DFFF) at character 1"),
 ], ids=["empty-tokens", "empty-text", "no-input", "id-outside-vocab", "too-long", "max-tokens-0",
-        "temperature-negative", "top-p-0", "n-0", "n-above-max-n", "malformed-chat", "no-messages", "tools-not-a-list"])
+        "temperature-negative", "top-p-0", "n-0", "n-above-max-n", "malformed-chat", "no-messages", "tools-not-a-list",
+        "lone-surrogate"])
 def test_bad_input_is_invalid_argument_and_the_engine_lives_on(server, req, message):
     with pytest.raises(grpc.RpcError) as e:
         _generate(server.stub, **req)

@@ -486,6 +486,26 @@ def test_a_cache_salt_with_a_lone_surrogate_is_a_400_naming_it(client, engine):
     assert err["param"] == "cache_salt" and engine.is_running
 
 
+@pytest.mark.parametrize("path,body,param", [  # raw JSON text: JSON may escape a lone surrogate, UTF-8 cannot
+    ("/v1/completions", r'{"prompt": "a\udfffb", "max_tokens": 2}', "prompt"),
+    ("/v1/completions", r'{"prompt": ["ok", "a\udfffb"], "max_tokens": 2}', "prompt[1]"),
+    ("/v1/completions", r'{"prompt": "ok", "max_tokens": 2, "stop": ["\ud800"]}', "stop[0]"),
+    ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": "a\udfffb"}], "max_tokens": 2}',
+     "messages[0].content"),
+    ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}',
+     "messages[0].content[0].text"),
+    ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
+     r'"function": {"name": "f", "description": "\udfff"}}]}', "tools[0].function.description"),
+    ("/tokenize", r'{"prompt": "a\udfffb"}', "prompt"),
+    ("/tokenize", r'{"messages": [{"role": "user", "content": "a\udfffb"}]}', "messages[0].content"),
+    ("/detokenize", r'{"tokens": [5], "model": "\udfff"}', "model"),
+])
+def test_a_lone_surrogate_anywhere_is_a_400_naming_the_field_on_every_route(client, engine, path, body, param):
+    r = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
+    err = assert_error(r, 400, f"{param} must be valid UTF-8 text", "lone surrogate")
+    assert err["param"] == param and engine.is_running
+
+
 @pytest.mark.parametrize("body,param", [
     ({"tools": "not a list"}, "tools"),
     ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools.0.function.name"),

@@ -42,7 +42,7 @@ from ..chat.formats import DEFAULT_REVISION_BY_MODEL_TYPE
 from ..engine.params import CompletionOutput, RequestOutput, SamplingParams
 from .errors import INTERNAL, error_message, error_status
 from .grpc_gen import load as _load_stubs
-from .validation import engine_max_n
+from .validation import check_text, engine_max_n
 
 pb2, pb2_grpc = _load_stubs()
 log = logging.getLogger("v41.serve.grpc")
@@ -225,7 +225,9 @@ class EngineServicer(pb2_grpc.EngineServicer):
         messages = _json_list(c.messages_json, "messages_json")
         if not messages:
             raise ValueError("the prompt is empty: chat.messages_json has no messages")
+        check_text(messages, "chat.messages_json")  # JSON escapes may hold lone surrogates; proto strings cannot
         tools = _json_list(c.tools_json, "tools_json") or None
+        check_text(tools, "chat.tools_json")
         effort = c.reasoning_effort if c.HasField("reasoning_effort") else None
         if effort is not None and effort.isdigit():
             effort = int(effort)
