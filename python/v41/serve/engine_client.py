@@ -75,8 +75,8 @@ class EngineProtocol(Protocol):
     Errors: ``ValueError`` for bad input (empty or too long prompt, prompt + max_tokens over max_model_len,
     invalid sampling values, ``n`` above ``max_n``, a priority outside int32, an empty or non-UTF-8
     cache_salt, a request id already in flight), raised before any output; ``EngineDeadError`` when the
-    engine is dead or dies during the request; ``QueueFullError`` (EngineClient with a queue limit). Closing or cancelling the iterator
-    before the end aborts the request (its blocks are freed within about one step).
+    engine is dead or dies during the request; ``QueueFullError`` (EngineClient with a queue limit). Closing
+    or cancelling the iterator before the end aborts the request (its blocks are freed within about one step).
 
     ``max_n``: the most completions (``SamplingParams.n``) one request may ask for (``EngineArgs.max_n``); the
     front ends refuse a larger ``n`` before tokenizing (``serve/validation.py``).
