@@ -235,6 +235,9 @@ def test_cache_salt_scopes_prefix_hits_and_priority_reaches_the_scheduler(server
 
 
 # ------------------------------------------------------------------------------------------ bad input
+HI = '[{"role": "user", "content": "hi"}]'
+
+
 @pytest.mark.parametrize("req, message", [
     (dict(tokens=pb2.TokenIds(ids=[])), "empty"),  # KF-16
     (dict(text=""), "empty"),  # KF-16
@@ -252,9 +255,28 @@ def test_cache_salt_scopes_prefix_hits_and_priority_reaches_the_scheduler(server
      "tools_json"),
     (dict(chat=pb2.ChatInput(messages_json=r'[{"role": "user", "content": "a\udfffb"}]')),
      "chat.messages_json[0].content must be valid UTF-8 text: a lone surrogate (U+DFFF) at character 1"),
+    # issue 13 item 10: the checks of the HTTP chat route (serve/validation.py), which gRPC skipped
+    (dict(chat=pb2.ChatInput(messages_json=HI, tools_json='[{"type": "function", "function": {"parameters": {}}}]')),
+     "chat.tools_json[0].function.name must be a non-empty string"),
+    (dict(chat=pb2.ChatInput(messages_json=HI, tools_json='[{"type": "function", "function": {"name": "f", '
+                                                        '"parameters": "x"}}]')),
+     "chat.tools_json[0].function.parameters must be a JSON Schema object"),
+    (dict(chat=pb2.ChatInput(messages_json='[{"role": "user", "content": ""}]')),
+     "chat.messages_json[0].content is empty"),
+    (dict(chat=pb2.ChatInput(messages_json='[{"role": "assistant", "content": "", "tool_calls": [{"type": "function", '
+                                           '"function": {"name": "f", "arguments": "{oops"}}]}, ' + HI[1:])),
+     "chat.messages_json[0].tool_calls[0].function.arguments must be a JSON object"),
+    # issue 13 item 11: no vision input, no unknown part types
+    (dict(chat=pb2.ChatInput(messages_json='[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": '
+                                           '"data:image/png;base64,AAAA"}}, {"type": "text", "text": "hi"}]}]')),
+     "chat.messages_json[0].content[0] is an image part ('image_url'), but the served model takes no image input"),
+    (dict(chat=pb2.ChatInput(messages_json='[{"role": "user", "content": [{"type": "text", "text": "hi"}, '
+                                           '{"type": "bogus"}]}]')),
+     "chat.messages_json[0].content[1] has the unsupported content part type 'bogus'"),
 ], ids=["empty-tokens", "empty-text", "no-input", "id-outside-vocab", "too-long", "max-tokens-0",
         "temperature-negative", "top-p-0", "n-0", "n-above-max-n", "malformed-chat", "no-messages", "tools-not-a-list",
-        "lone-surrogate"])
+        "lone-surrogate", "tool-without-name", "tool-parameters-not-an-object", "empty-user-message",
+        "tool-call-arguments-not-json", "image-part", "unknown-part"])
 def test_bad_input_is_invalid_argument_and_the_engine_lives_on(server, req, message):
     with pytest.raises(grpc.RpcError) as e:
         _generate(server.stub, **req)

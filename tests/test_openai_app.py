@@ -528,6 +528,30 @@ def test_bad_chat_inputs_are_400(client, body, param):
     assert err["param"] == param or (err["param"] or "").startswith(param), err
 
 
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+TEXT = {"type": "text", "text": "describe it"}
+
+
+@pytest.mark.parametrize("path,parts,words", [
+    ("/v1/chat/completions", [IMAGE, TEXT], ["messages[0].content[0] is an image part ('image_url')",
+                                             "takes no image input"]),
+    ("/v1/chat/completions", [TEXT, {"type": "image", "image": "AAAA"}], ["messages[0].content[1] is an image part"]),
+    ("/v1/chat/completions", [TEXT, {"type": "bogus"}], ["messages[0].content[1]",
+                                                         "unsupported content part type 'bogus'"]),
+    ("/v1/chat/completions", [{"type": "refusal", "refusal": "no"}], ["unsupported content part type 'refusal'"]),
+    ("/tokenize", [IMAGE, TEXT], ["messages[0].content[0] is an image part"]),
+    ("/tokenize", [{"type": "bogus"}], ["messages[0].content[0] has the unsupported content part type"]),
+])
+def test_image_and_unknown_content_parts_are_400_naming_the_part(client, path, parts, words):
+    """Issue 13 item 11: an image part (this build has no vision input) rendered as a bare image token, an unknown
+    part as the literal text "[Unsupported bogus]"; both are refused, over gRPC too (serve/validation.py)."""
+    body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 2}
+    err = assert_error(client.post(path, json=body), 400, *words)
+    assert err["param"].startswith("messages[0].content["), err
+    ok = client.post(path, json={**body, "messages": [{"role": "user", "content": [TEXT, TEXT]}]})
+    assert ok.status_code == 200, ok.text  # text parts are fine
+
+
 def test_malformed_json_body_is_400(client):
     r = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert_error(r, 400)

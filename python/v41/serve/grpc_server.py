@@ -42,7 +42,7 @@ from ..chat.formats import DEFAULT_REVISION_BY_MODEL_TYPE
 from ..engine.params import CompletionOutput, RequestOutput, SamplingParams
 from .errors import INTERNAL, error_message, error_status
 from .grpc_gen import load as _load_stubs
-from .validation import check_text, engine_max_n
+from .validation import SUPPORTS_VISION, check_text, engine_max_n, validate_messages, validate_tools
 
 pb2, pb2_grpc = _load_stubs()
 log = logging.getLogger("v41.serve.grpc")
@@ -223,11 +223,11 @@ class EngineServicer(pb2_grpc.EngineServicer):
 
     def _encode_chat(self, c) -> _Chat:
         messages = _json_list(c.messages_json, "messages_json")
-        if not messages:
-            raise ValueError("the prompt is empty: chat.messages_json has no messages")
         check_text(messages, "chat.messages_json")  # JSON escapes may hold lone surrogates; proto strings cannot
+        validate_messages(messages, "chat.messages_json")  # the checks of the HTTP chat route
         tools = _json_list(c.tools_json, "tools_json") or None
         check_text(tools, "chat.tools_json")
+        validate_tools(tools, "chat.tools_json")
         effort = c.reasoning_effort if c.HasField("reasoning_effort") else None
         if effort is not None and effort.isdigit():
             effort = int(effort)
@@ -350,7 +350,7 @@ class EngineServicer(pb2_grpc.EngineServicer):
             tokenizer_sha256=_tokenizer_sha256(e), kv_block_size=info.get("block_tokens", 0),
             capabilities=pb2.Capabilities(
                 prefix_caching=bool(info.get("enable_prefix_caching")), chunked_prefill=True,
-                reasoning_parser=cfg.arch, tool_parser="dsml", chat=True, cache_kinds=kinds),
+                reasoning_parser=cfg.arch, tool_parser="dsml", chat=True, vision=SUPPORTS_VISION, cache_kinds=kinds),
             default_sampling_params_json=json.dumps(dataclasses.asdict(SamplingParams())))
 
     @_guarded
