@@ -287,6 +287,20 @@ def test_bad_input_is_invalid_argument_and_the_engine_lives_on(server, req, mess
     assert msgs[-1].complete.usage.completion_tokens == 2
 
 
+@pytest.mark.parametrize("method, streaming", [("Generate", True), ("Tokenize", False)])
+@pytest.mark.parametrize("data", [b"\xff\xff\xff", b"\x0a\x02\xff\xfe"], ids=["bad-wire-format", "bad-utf8"])
+def test_corrupt_request_bytes_are_invalid_argument(server, method, streaming, data):
+    """Issue 13 item 12: bytes that are no valid request message gave UNKNOWN (field 1 is a string in both
+    request types, so b"\\x0a\\x02\\xff\\xfe" is bad UTF-8 there)."""
+    path = f"/v41.v1.Engine/{method}"
+    call = server.channel.unary_stream(path) if streaming else server.channel.unary_unary(path)
+    with pytest.raises(grpc.RpcError) as e:  # no serializer: the bytes go out as they are
+        list(call(data, timeout=TIMEOUT_S)) if streaming else call(data, timeout=TIMEOUT_S)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+    assert f"not a valid v41.v1.{method}Request message" in e.value.details()
+    assert _generate(server.stub, tokens=pb2.TokenIds(ids=[0, 5]), sampling_params=_greedy(2))[-1].complete
+
+
 # ------------------------------------------------------------------------------------------ cancel / abort
 LONG = dict(tokens=pb2.TokenIds(ids=PROMPT_IDS), sampling_params=_greedy(2000))
 
