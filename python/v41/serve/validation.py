@@ -55,8 +55,12 @@ def check_text(value: Any, where: str) -> None:
                     raise RequestError(f"{path or 'the request'} has a key that is not valid UTF-8 text (a lone "
                                        "surrogate)", path or None)
             stack.extend((f"{path}.{k}" if path else str(k), x) for k, x in reversed(items))
-        elif isinstance(v, (list, tuple)):
-            stack.extend((f"{path}[{i}]", v[i]) for i in range(len(v) - 1, -1, -1))
+        elif isinstance(v, (list, tuple)) and not _SCALARS.issuperset(map(type, v)):  # token ids: no visit
+            stack.extend((f"{path}[{i}]", v[i]) for i in range(len(v) - 1, -1, -1)
+                         if isinstance(v[i], (str, Mapping, list, tuple)))
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 def _lone_surrogate(s: str) -> int | None:
