@@ -109,6 +109,16 @@ def test_bad_options_are_refused_and_queue_nothing(ckpt, options, message):
     assert run(llm)[1] == 0  # the engine still serves
 
 
+def test_n_is_bounded_by_the_engines_max_n(ckpt):
+    llm = engine(ckpt, max_n=3)
+    assert len(llm.generate([PROMPT], SamplingParams(n=3, max_tokens=1), use_tqdm=False)[0].outputs) == 3
+    with pytest.raises(ValueError, match=r"n must be at most 3 \(the engine's max_n"):
+        llm.generate([PROMPT], SamplingParams(n=4, max_tokens=1), use_tqdm=False)
+    assert not llm.engine.requests and llm.engine.stats()["waiting"] == 0
+    with pytest.raises(ValueError, match="max_n must be positive"):
+        engine(ckpt, max_n=0)
+
+
 def test_a_preempted_request_reports_only_its_first_admissions_prefix_hit(ckpt):
     """Re-admitted after preemption, a request hits its own pages: that is no prefix-cache hit to report."""
     g = torch.Generator().manual_seed(1)

@@ -235,6 +235,9 @@ def test_cache_salt_scopes_prefix_hits_and_priority_reaches_the_scheduler(server
 
 
 # ------------------------------------------------------------------------------------------ bad input
+HI = '[{"role": "user", "content": "hi"}]'
+
+
 @pytest.mark.parametrize("req, message", [
     (dict(tokens=pb2.TokenIds(ids=[])), "empty"),  # KF-16
     (dict(text=""), "empty"),  # KF-16
@@ -245,12 +248,35 @@ def test_cache_salt_scopes_prefix_hits_and_priority_reaches_the_scheduler(server
     (dict(tokens=pb2.TokenIds(ids=[0, 5]), sampling_params=pb2.SamplingParams(temperature=-1)), "temperature"),
     (dict(tokens=pb2.TokenIds(ids=[0, 5]), sampling_params=pb2.SamplingParams(top_p=0)), "top_p"),
     (dict(tokens=pb2.TokenIds(ids=[0, 5]), sampling_params=pb2.SamplingParams(n=0)), "n must be"),
+    (dict(tokens=pb2.TokenIds(ids=[0, 5]), sampling_params=pb2.SamplingParams(n=100000)), "n must be at most 128"),
     (dict(chat=pb2.ChatInput(messages_json="[{")), "not valid JSON"),
     (dict(chat=pb2.ChatInput(messages_json="[]")), "empty"),  # KF-16
     (dict(chat=pb2.ChatInput(messages_json='[{"role": "user", "content": "hi"}]', tools_json='{"a": 1}')),
      "tools_json"),
+    (dict(chat=pb2.ChatInput(messages_json=r'[{"role": "user", "content": "a\udfffb"}]')),
+     "chat.messages_json[0].content must be valid UTF-8 text: a lone surrogate (U+DFFF) at character 1"),
+    # issue 13 item 10: the checks of the HTTP chat route (serve/validation.py), which gRPC skipped
+    (dict(chat=pb2.ChatInput(messages_json=HI, tools_json='[{"type": "function", "function": {"parameters": {}}}]')),
+     "chat.tools_json[0].function.name must be a non-empty string"),
+    (dict(chat=pb2.ChatInput(messages_json=HI, tools_json='[{"type": "function", "function": {"name": "f", '
+                                                        '"parameters": "x"}}]')),
+     "chat.tools_json[0].function.parameters must be a JSON Schema object"),
+    (dict(chat=pb2.ChatInput(messages_json='[{"role": "user", "content": ""}]')),
+     "chat.messages_json[0].content is empty"),
+    (dict(chat=pb2.ChatInput(messages_json='[{"role": "assistant", "content": "", "tool_calls": [{"type": "function", '
+                                           '"function": {"name": "f", "arguments": "{oops"}}]}, ' + HI[1:])),
+     "chat.messages_json[0].tool_calls[0].function.arguments must be a JSON object"),
+    # issue 13 item 11: no vision input, no unknown part types
+    (dict(chat=pb2.ChatInput(messages_json='[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": '
+                                           '"data:image/png;base64,AAAA"}}, {"type": "text", "text": "hi"}]}]')),
+     "chat.messages_json[0].content[0] is an image part ('image_url'), but the served model takes no image input"),
+    (dict(chat=pb2.ChatInput(messages_json='[{"role": "user", "content": [{"type": "text", "text": "hi"}, '
+                                           '{"type": "bogus"}]}]')),
+     "chat.messages_json[0].content[1] has the unsupported content part type 'bogus'"),
 ], ids=["empty-tokens", "empty-text", "no-input", "id-outside-vocab", "too-long", "max-tokens-0",
-        "temperature-negative", "top-p-0", "n-0", "malformed-chat", "no-messages", "tools-not-a-list"])
+        "temperature-negative", "top-p-0", "n-0", "n-above-max-n", "malformed-chat", "no-messages", "tools-not-a-list",
+        "lone-surrogate", "tool-without-name", "tool-parameters-not-an-object", "empty-user-message",
+        "tool-call-arguments-not-json", "image-part", "unknown-part"])
 def test_bad_input_is_invalid_argument_and_the_engine_lives_on(server, req, message):
     with pytest.raises(grpc.RpcError) as e:
         _generate(server.stub, **req)
@@ -259,6 +285,20 @@ def test_bad_input_is_invalid_argument_and_the_engine_lives_on(server, req, mess
     assert server.engine.is_running
     msgs = _generate(server.stub, tokens=pb2.TokenIds(ids=[0, 5]), sampling_params=_greedy(2))
     assert msgs[-1].complete.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("method, streaming", [("Generate", True), ("Tokenize", False)])
+@pytest.mark.parametrize("data", [b"\xff\xff\xff", b"\x0a\x02\xff\xfe"], ids=["bad-wire-format", "bad-utf8"])
+def test_corrupt_request_bytes_are_invalid_argument(server, method, streaming, data):
+    """Issue 13 item 12: bytes that are no valid request message gave UNKNOWN (field 1 is a string in both
+    request types, so b"\\x0a\\x02\\xff\\xfe" is bad UTF-8 there)."""
+    path = f"/v41.v1.Engine/{method}"
+    call = server.channel.unary_stream(path) if streaming else server.channel.unary_unary(path)
+    with pytest.raises(grpc.RpcError) as e:  # no serializer: the bytes go out as they are
+        list(call(data, timeout=TIMEOUT_S)) if streaming else call(data, timeout=TIMEOUT_S)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+    assert f"not a valid v41.v1.{method}Request message" in e.value.details()
+    assert _generate(server.stub, tokens=pb2.TokenIds(ids=[0, 5]), sampling_params=_greedy(2))[-1].complete
 
 
 # ------------------------------------------------------------------------------------------ cancel / abort

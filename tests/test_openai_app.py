@@ -361,6 +361,40 @@ def test_kf18_health_is_200_while_busy_and_503_once_the_engine_is_dead(client, s
     assert_error(stream, 503)
 
 
+HEALTH_BOUND_S = 2.0  # /health must answer within this while the largest allowed n runs (issue 13 item 1)
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": "many completions at once", "max_tokens": 16}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "many"}], "max_tokens": 16, "stream": True,
+                              "chat_template_kwargs": {"thinking": False}}),
+])
+def test_health_answers_in_bounded_time_while_the_largest_allowed_n_runs(server, engine, path, body):
+    """n = 1000000 froze the server (issue 13 item 1); n is now bounded by the engine's max_n, and a request at
+    that bound keeps the event loop free: every /health poll during it answers 200 within HEALTH_BOUND_S."""
+    assert engine.max_n == 128  # EngineArgs' default
+
+    async def run():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as c:
+            task = asyncio.create_task(c.post(path, json={**body, "n": engine.max_n, **GREEDY}))
+            while not engine.core.has_unfinished() and not task.done():
+                await asyncio.sleep(0.01)
+            polls = []
+            while not task.done():
+                t0 = time.monotonic()
+                r = await c.get("/health", timeout=HEALTH_BOUND_S)  # raises ReadTimeout past the bound
+                polls.append((r.status_code, time.monotonic() - t0))
+                await asyncio.sleep(0.05)
+            return await task, polls
+
+    r, polls = asyncio.run(run())
+    assert r.status_code == 200, r.text
+    indices = {c["index"] for c in r.json()["choices"]} if not body.get("stream") else \
+        {e["choices"][0]["index"] for e in sse(r.text)[:-1] if e["choices"]}
+    assert indices == set(range(engine.max_n))
+    assert polls and all(code == 200 and s < HEALTH_BOUND_S for code, s in polls), polls
+
+
 def test_health_follows_the_heartbeat(engine):
     @dataclass
     class Beating:
@@ -384,6 +418,8 @@ def test_health_follows_the_heartbeat(engine):
     ({"top_p": 0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
     ({"n": 0}, "n"),
+    ({"n": 129}, "n"),  # above the engine's max_n (128)
+    ({"n": 1000000, "max_tokens": 2}, "n"),  # froze the server (issue 13 item 1)
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": -3}, "max_tokens"),
     ({"prompt": list(range(3, 1003)) * 5}, "prompt"),  # 5000 tokens > max_model_len 4096
@@ -404,11 +440,70 @@ def test_bad_completion_inputs_are_400(client, engine, body, param):
     assert engine.is_running
 
 
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"max_tokens": "5"}, "max_tokens"),  # the three of issue 13 item 9
+    ("/v1/completions", {"n": "3"}, "n"),
+    ("/v1/completions", {"stream": "yes"}, "stream"),
+    ("/v1/completions", {"n": 2.0}, "n"),
+    ("/v1/completions", {"temperature": True}, "temperature"),
+    ("/v1/completions", {"top_p": "0.5"}, "top_p"),
+    ("/v1/completions", {"top_k": "5"}, "top_k"),
+    ("/v1/completions", {"seed": "7"}, "seed"),
+    ("/v1/completions", {"min_tokens": "1"}, "min_tokens"),
+    ("/v1/completions", {"stop_token_ids": ["5"]}, "stop_token_ids.0"),
+    ("/v1/completions", {"logit_bias": {"5": "1"}}, "logit_bias.5"),
+    ("/v1/completions", {"ignore_eos": 1}, "ignore_eos"),
+    ("/v1/completions", {"echo": "true"}, "echo"),
+    ("/v1/completions", {"logprobs": "1"}, "logprobs"),
+    ("/v1/completions", {"skip_special_tokens": "false"}, "skip_special_tokens"),
+    ("/v1/completions", {"include_stop_str_in_output": 0}, "include_stop_str_in_output"),
+    ("/v1/completions", {"stream": True, "stream_options": {"include_usage": "yes"}},
+     "stream_options.include_usage"),
+    ("/v1/completions", {"prompt": [0, "5"]}, "prompt"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": "5"}, "max_completion_tokens"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": "true"}, "logprobs"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": "2"}, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ("/v1/chat/completions", {**CHAT, "presence_penalty": "0.5"}, "presence_penalty"),
+    ("/tokenize", {"add_special_tokens": "no"}, "add_special_tokens"),
+    ("/detokenize", {"tokens": ["5"]}, "tokens.0"),
+    ("/detokenize", {"tokens": [5], "skip_special_tokens": 1}, "skip_special_tokens"),
+])
+def test_numbers_and_booleans_of_the_wrong_json_type_are_400_not_coerced(client, engine, path, body, param):
+    base = {"prompt": "x", "max_tokens": 2} if path in ("/v1/completions", "/tokenize") else {}
+    err = assert_error(client.post(path, json={**base, **body}), 400)
+    assert (err["param"] or "").startswith(param), err
+    assert engine.is_running
+
+
 def test_a_cache_salt_with_a_lone_surrogate_is_a_400_naming_it(client, engine):
     body = b'{"prompt": "x", "max_tokens": 2, "cache_salt": "tenant-\\ud800"}'  # JSON may escape one; UTF-8 not
     r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
     err = assert_error(r, 400, "valid UTF-8")
     assert err["param"] == "cache_salt" and engine.is_running
+
+
+@pytest.mark.parametrize("path,body,param", [  # raw JSON text: JSON may escape a lone surrogate, UTF-8 cannot
+    ("/v1/completions", r'{"prompt": "a\udfffb", "max_tokens": 2}', "prompt"),
+    ("/v1/completions", r'{"prompt": ["ok", "a\udfffb"], "max_tokens": 2}', "prompt[1]"),
+    ("/v1/completions", r'{"prompt": "ok", "max_tokens": 2, "stop": ["\ud800"]}', "stop[0]"),
+    ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": "a\udfffb"}], "max_tokens": 2}',
+     "messages[0].content"),
+    ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}',
+     "messages[0].content[0].text"),
+    ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
+     r'"function": {"name": "f", "description": "\udfff"}}]}', "tools[0].function.description"),
+    ("/tokenize", r'{"prompt": "a\udfffb"}', "prompt"),
+    ("/tokenize", r'{"messages": [{"role": "user", "content": "a\udfffb"}]}', "messages[0].content"),
+    ("/detokenize", r'{"tokens": [5], "model": "\udfff"}', "model"),
+])
+def test_a_lone_surrogate_anywhere_is_a_400_naming_the_field_on_every_route(client, engine, path, body, param):
+    r = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
+    err = assert_error(r, 400, f"{param} must be valid UTF-8 text", "lone surrogate")
+    assert err["param"] == param and engine.is_running
 
 
 @pytest.mark.parametrize("body,param", [
@@ -424,12 +519,37 @@ def test_a_cache_salt_with_a_lone_surrogate_is_a_400_naming_it(client, engine):
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
     ({"model": "no-such-model"}, "model"),
     ({"temperature": -1}, "temperature"),
+    ({"n": 1000000, "max_tokens": 2}, "n"),
 ])
 def test_bad_chat_inputs_are_400(client, body, param):
     base = {"messages": [{"role": "user", "content": "hi"}],
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}
     err = assert_error(client.post("/v1/chat/completions", json={**base, **body}), 400)
     assert err["param"] == param or (err["param"] or "").startswith(param), err
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+TEXT = {"type": "text", "text": "describe it"}
+
+
+@pytest.mark.parametrize("path,parts,words", [
+    ("/v1/chat/completions", [IMAGE, TEXT], ["messages[0].content[0] is an image part ('image_url')",
+                                             "takes no image input"]),
+    ("/v1/chat/completions", [TEXT, {"type": "image", "image": "AAAA"}], ["messages[0].content[1] is an image part"]),
+    ("/v1/chat/completions", [TEXT, {"type": "bogus"}], ["messages[0].content[1]",
+                                                         "unsupported content part type 'bogus'"]),
+    ("/v1/chat/completions", [{"type": "refusal", "refusal": "no"}], ["unsupported content part type 'refusal'"]),
+    ("/tokenize", [IMAGE, TEXT], ["messages[0].content[0] is an image part"]),
+    ("/tokenize", [{"type": "bogus"}], ["messages[0].content[0] has the unsupported content part type"]),
+])
+def test_image_and_unknown_content_parts_are_400_naming_the_part(client, path, parts, words):
+    """Issue 13 item 11: an image part (this build has no vision input) rendered as a bare image token, an unknown
+    part as the literal text "[Unsupported bogus]"; both are refused, over gRPC too (serve/validation.py)."""
+    body = {"messages": [{"role": "user", "content": parts}], "max_tokens": 2}
+    err = assert_error(client.post(path, json=body), 400, *words)
+    assert err["param"].startswith("messages[0].content["), err
+    ok = client.post(path, json={**body, "messages": [{"role": "user", "content": [TEXT, TEXT]}]})
+    assert ok.status_code == 200, ok.text  # text parts are fine
 
 
 def test_malformed_json_body_is_400(client):

@@ -374,6 +374,8 @@ def test_cli_rejects_unsupported_options(capsys):
     assert "node_rank > 0" in capsys.readouterr().err
     assert main(["--model", "/nonexistent/dir"]) == 2
     assert "not found" in capsys.readouterr().err
+    assert main(["--max-n", "0"]) == 2
+    assert "max_n must be positive" in capsys.readouterr().err
 
 
 def test_sigterm_lets_the_in_flight_request_finish_and_exits_zero(ckpt, tmp_path):

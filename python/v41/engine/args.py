@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..distributed.runtime import check_backend
+from .params import DEFAULT_MAX_N
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
            "float64": torch.float64}
@@ -34,7 +35,8 @@ class EngineArgs:
     cap on an indexer's score scratch. enforce_eager: no CUDA graphs. max_cudagraph_capture_size: the largest
     decode batch replayed from a CUDA graph (default min(max_num_seqs, 512); graphs are captured for the padded
     sizes 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, ... up to it). seed: seed of the generator that draws the sampling
-    seed of requests that bring none.
+    seed of requests that bring none. max_n: the most completions (``SamplingParams.n``) one request may ask
+    for; a larger ``n`` is refused with ValueError (HTTP 400 / gRPC INVALID_ARGUMENT) before anything is queued.
     load_format: ``auto`` (safetensors) or ``dummy`` (random weights made on the device; benchmarks).
 
     Tensor parallelism (one worker process per rank; rank 0 is this process): tensor_parallel_size: ranks
@@ -72,6 +74,7 @@ class EngineArgs:
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     threads: int = 1
+    max_n: int = DEFAULT_MAX_N
 
     def resolved_model_impl(self) -> str:
         """``fast`` or ``paged`` (``auto`` resolved as the class docstring says)."""
@@ -91,7 +94,7 @@ class EngineArgs:
     def validate(self) -> None:
         """Raises ValueError naming the first bad option."""
         self.torch_dtype()
-        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_bytes", "index_scratch_bytes"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_bytes", "index_scratch_bytes", "max_n"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -77,6 +77,11 @@ class AsyncEngine:
         return str(self.core.args.model)
 
     @property
+    def max_n(self) -> int:
+        """The most completions one request may ask for (``EngineArgs.max_n``)."""
+        return self.core.args.max_n
+
+    @property
     def last_heartbeat_s(self) -> float:
         """``time.monotonic()`` of the loop's last sign of life: now while it runs and is not wedged."""
         now = time.monotonic()

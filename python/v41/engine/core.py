@@ -100,7 +100,7 @@ class EngineCore:
         Ignored with prompt_logprobs (every position is computed) and without prefix caching.
         Raises ValueError for an empty or too long prompt, ids outside the vocabulary, a duplicate id, a
         priority outside int32, a salt that is empty, no string or not UTF-8, or invalid sampling
-        parameters."""
+        parameters (``n`` above ``args.max_n`` included)."""
         check_request_options(priority, cache_salt)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -109,7 +109,7 @@ class EngineCore:
             raise ValueError("the prompt is empty: give at least one token")
         if min(ids) < 0 or max(ids) >= self.cfg.vocab_size:
             raise ValueError(f"prompt token ids must lie in [0, {self.cfg.vocab_size})")
-        params.validate(self.cfg.vocab_size)
+        params.validate(self.cfg.vocab_size, self.args.max_n)
         if len(ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}")
         room = self.max_model_len - len(ids)

@@ -31,6 +31,7 @@ from typing import Literal
 SAMPLING_EPS = 1e-5  # temperature below this is greedy (vLLM's _SAMPLING_EPS)
 MAX_LOGPROBS = 20  # most alternatives one token may ask for (vLLM's default max_logprobs, OpenAI's cap)
 MAX_ABS_PENALTY = 2.0  # presence/frequency penalties live in [-2, 2] (OpenAI, vLLM)
+DEFAULT_MAX_N = 128  # most completions one request may ask for (EngineArgs.max_n, v41-serve --max-n)
 _SEED_MIN = -(2**63)  # torch.Generator.manual_seed accepts [-2**63, 2**64 - 1]
 _SEED_MAX = 2**64 - 1
 
@@ -137,14 +138,18 @@ class SamplingParams:
 
     # ----------------------------------------------------------------- validation
 
-    def validate(self, vocab_size: int | None = None) -> None:
+    def validate(self, vocab_size: int | None = None, max_n: int | None = None) -> None:
         """Check every field; raise ``ValueError`` naming the first bad one.
 
         ``vocab_size``: the model's vocabulary size (ids must be in ``[0, vocab_size)``); None skips the
-        range checks of ``stop_token_ids`` and ``logit_bias`` ids.
+        range checks of ``stop_token_ids`` and ``logit_bias`` ids. ``max_n``: the most completions the engine
+        takes per request (``EngineArgs.max_n``; the engine does work proportional to ``n`` on every step, so
+        an unbounded ``n`` starves every other request); None skips that bound.
         """
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if max_n is not None and self.n > max_n:
+            raise ValueError(f"n must be at most {max_n} (the engine's max_n; v41-serve --max-n), got {self.n}")
         if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:

@@ -10,7 +10,6 @@ content and tool calls, answered as one JSON body or an SSE stream.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,6 +25,7 @@ from . import http_schema as hs
 from .errors import RequestError
 from .generation import EventStream, Generation, prime_stream
 from .openai_server import OpenAIServer
+from .validation import validate_messages, validate_tools
 
 _EFFORT_ALIASES = {"minimal": "low", "medium": "high"}  # OpenAI names the V4.1 encoder does not know
 
@@ -49,26 +49,15 @@ class ChatCompletions:
                     thinking_field: bool | dict | None,
                     response_format: dict | None = None) -> tuple[list[int], bool, list[dict] | None]:
         """Prompt ids, effective thinking flag and the tools to render/parse (None: no tools). Raises
-        RequestError (KF-16: no messages, an empty user message; malformed tool calls; bad tool_choice)
-        and the encoder's ValueError. ``response_format`` is rendered into the prompt (no constrained
-        decoding)."""
-        if not messages:
-            raise RequestError("messages is empty: give at least one message", "messages")
-        msgs = []
-        for i, m in enumerate(messages):
-            if m.role == "user" and _is_empty_content(m.content):
-                raise RequestError(f"messages[{i}].content is empty: a user message needs text",
-                                   f"messages[{i}].content")
-            for j, call in enumerate(m.tool_calls or []):
-                try:
-                    args = json.loads(call.function.arguments)
-                except json.JSONDecodeError:
-                    args = None
-                if not isinstance(args, dict):
-                    raise RequestError(f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON object",
-                                       f"messages[{i}].tool_calls")
-            msgs.append(m.model_dump(exclude_none=True))
-        tool_dicts = _select_tools([t.model_dump(exclude_none=True) for t in tools or []], tool_choice)
+        RequestError (:func:`~v41.serve.validation.validate_messages` and ``validate_tools``, the checks gRPC
+        runs too: KF-16 no messages or an empty user message, malformed tool calls or tools, image or unknown
+        content parts; and a bad tool_choice) and the encoder's ValueError. ``response_format`` is rendered
+        into the prompt (no constrained decoding)."""
+        msgs = [m.model_dump(exclude_none=True) for m in messages]
+        validate_messages(msgs, "messages")
+        tool_list = [t.model_dump(exclude_none=True) for t in tools or []]
+        validate_tools(tool_list, "tools")
+        tool_dicts = _select_tools(tool_list, tool_choice)
         thinking, effort = _resolve_thinking(template_kwargs, thinking_field, effort)
         if response_format is not None and response_format.get("type") == "text":
             response_format = None
@@ -202,20 +191,10 @@ class ChatChoice:
                                  reasoning_content=self.result.reasoning_content, tool_calls=calls)
 
 
-def _is_empty_content(content: Any) -> bool:
-    if content is None or content == "":
-        return True
-    if isinstance(content, list):
-        return all(p.get("type") == "text" and not p.get("text") for p in content)
-    return False
-
-
 def _select_tools(tools: list[dict], tool_choice: Any) -> list[dict] | None:
-    """The tools to render and parse for ``tool_choice`` (module docstring); RequestError when
-    it is inconsistent with ``tools``."""
+    """The tools to render and parse for ``tool_choice`` (module docstring) from validated ``tools``;
+    RequestError when it is inconsistent with ``tools``."""
     names = [t["function"]["name"] for t in tools]
-    if len(set(names)) != len(names):
-        raise RequestError("tools holds two functions with the same name", "tools")
     if isinstance(tool_choice, hs.NamedToolChoice):
         name = tool_choice.function.name
         if name not in names:

@@ -41,6 +41,7 @@ def _env_int(name: str) -> int | None:
 
 def _parser() -> argparse.ArgumentParser:
     from ..distributed.runtime import BACKENDS
+    from ..engine.params import DEFAULT_MAX_N
 
     p = argparse.ArgumentParser(prog=PROG, description="Serve a DeepSeek-V4.1 / V4 checkpoint over OpenAI-"
                                 "compatible HTTP (default) or gRPC (--grpc).")
@@ -88,6 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
     p.add_argument("--max-queue-len", type=int, default=None, metavar="N",
                    help="requests allowed beyond --max-num-seqs before 429 / RESOURCE_EXHAUSTED (default: no limit)")
+    p.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, metavar="N",
+                   help=f"most completions (n) one request may ask for; more is a 400 / INVALID_ARGUMENT "
+                        f"(default {DEFAULT_MAX_N})")
     p.add_argument("--numerics", choices=("exact", "deployed"), default="exact")
     p.add_argument("--load-format", choices=("auto", "dummy"), default="auto")
     p.add_argument("--kv-cache-bytes", type=int, default=None, metavar="N", help="KV cache budget on CPU")
@@ -157,7 +161,7 @@ def engine_args(opts: argparse.Namespace, model_dir: Path):
               load_format=opts.load_format, block_size=opts.block_size, seed=opts.seed,
               tensor_parallel_size=opts.tensor_parallel_size, all_reduce_backend=opts.all_reduce_backend,
               nnodes=opts.nnodes, node_rank=opts.node_rank, master_addr=opts.master_addr,
-              master_port=opts.master_port, threads=opts.threads)
+              master_port=opts.master_port, threads=opts.threads, max_n=opts.max_n)
     if opts.kv_cache_bytes is not None:
         kw["kv_cache_bytes"] = opts.kv_cache_bytes
     args = EngineArgs(**kw)

@@ -73,11 +73,13 @@ class EngineProtocol(Protocol):
     ``{"prompt": str}`` / ``{"prompt_token_ids": [...]}`` (a dict may add ``"cache_salt"``). ``priority``: lower
     runs first; ``cache_salt``: the prefix-cache namespace (both as in ``EngineCore.add_request``).
     Errors: ``ValueError`` for bad input (empty or too long prompt, prompt + max_tokens over max_model_len,
-    invalid sampling values, a priority outside int32, an empty or non-UTF-8 cache_salt, a request id
-    already in flight), raised before any output; ``EngineDeadError`` when the engine is dead or dies during
-    the request; ``QueueFullError`` (EngineClient with a queue limit). Closing or cancelling the iterator
-    before the end aborts the request (its blocks are freed within about one step).
+    invalid sampling values, ``n`` above ``max_n``, a priority outside int32, an empty or non-UTF-8
+    cache_salt, a request id already in flight), raised before any output; ``EngineDeadError`` when the
+    engine is dead or dies during the request; ``QueueFullError`` (EngineClient with a queue limit). Closing
+    or cancelling the iterator before the end aborts the request (its blocks are freed within about one step).
 
+    ``max_n``: the most completions (``SamplingParams.n``) one request may ask for (``EngineArgs.max_n``); the
+    front ends refuse a larger ``n`` before tokenizing (``serve/validation.py``).
     ``abort(request_id)``: end a request now; its stream ends with finish reason "abort" (no-op if unknown).
     ``stats()``: scheduler stats — ``running``, ``waiting``, ``blocks`` ({kind: {used, free, total}}),
     ``prefix_query_tokens``, ``prefix_hit_tokens``, ``prefix_hit_rate``, ``prefix_cached_pages``,
@@ -108,6 +110,9 @@ class EngineProtocol(Protocol):
 
     @property
     def max_model_len(self) -> int: ...
+
+    @property
+    def max_n(self) -> int: ...
 
     @property
     def model_dir(self) -> str: ...
@@ -255,6 +260,11 @@ class EngineClient:
         return self._ready.model_dir
 
     @property
+    def max_n(self) -> int:
+        """The most completions one request may ask for (``EngineArgs.max_n``)."""
+        return self.args.max_n
+
+    @property
     def pid(self) -> int:
         """The engine-core process id."""
         return self.proc.pid
@@ -283,7 +293,7 @@ class EngineClient:
 
         try:
             text, ids = encode_prompt(self, prompt)
-            params.validate(self._cfg.vocab_size)
+            params.validate(self._cfg.vocab_size, self.args.max_n)
             cache_salt = prompt_cache_salt(prompt, cache_salt)
             check_request_options(priority, cache_salt)
             msg = m.encode(m.AddRequest(rid, ids, m.params_to_dict(params), text, priority, cache_salt))

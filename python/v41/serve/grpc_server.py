@@ -11,6 +11,7 @@ are freed within about one engine step (KF-17); a request that finished normally
 SERVING while the engine runs and its heartbeat is fresh, also through a long prefill (KF-18), NOT_SERVING
 once it died or wedged — the rule of the HTTP ``/health`` (checked on every Check, every 0.5 s for Watch).
 
+Request bytes that do not decode as the method's message are INVALID_ARGUMENT (not grpc.aio's UNKNOWN).
 Errors are mapped by ``serve/errors.py`` (the one table for both front ends): ValueError → INVALID_ARGUMENT,
 QueueFullError → RESOURCE_EXHAUSTED, EngineDeadError → UNAVAILABLE, anything else → INTERNAL (logged).
 Chat input and ``parse_output`` use ``v41.chat`` like ``chat_completions.py`` does (same revision, thinking and
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -42,6 +44,7 @@ from ..chat.formats import DEFAULT_REVISION_BY_MODEL_TYPE
 from ..engine.params import CompletionOutput, RequestOutput, SamplingParams
 from .errors import INTERNAL, error_message, error_status
 from .grpc_gen import load as _load_stubs
+from .validation import SUPPORTS_VISION, check_text, engine_max_n, validate_messages, validate_tools
 
 pb2, pb2_grpc = _load_stubs()
 log = logging.getLogger("v41.serve.grpc")
@@ -65,10 +68,45 @@ async def _abort_with(context, exc: BaseException, what: str):
     await context.abort(grpc.StatusCode[status.grpc_code], error_message(exc))
 
 
+@dataclass(frozen=True)
+class _Undecodable:
+    """Request bytes that are no valid message of the method's request type. The deserializer hands this to
+    the method instead of raising, since grpc.aio answers a raising deserializer with UNKNOWN; the method
+    ends the call with INVALID_ARGUMENT (issue 13 item 12)."""
+
+    message: str
+
+
+def _lenient_parser(cls):
+    """``cls.FromString``, except that undecodable bytes (bad wire format, bad UTF-8 in a string field) give an
+    :class:`_Undecodable` naming the type instead of raising ``DecodeError``."""
+    def parse(data: bytes):
+        try:
+            return cls.FromString(data)
+        except DecodeError as e:
+            return _Undecodable(f"the request is not a valid {cls.DESCRIPTOR.full_name} message: {e}")
+    return parse
+
+
+def _add_engine_service(servicer, server: grpc.aio.Server) -> None:
+    """Register ``servicer`` as the Engine service, as ``pb2_grpc.add_EngineServicer_to_server`` does but with
+    :func:`_lenient_parser` as every method's request deserializer."""
+    handlers = {}
+    for method in pb2.DESCRIPTOR.services_by_name["Engine"].methods:
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(
+            getattr(servicer, method.name), request_deserializer=_lenient_parser(getattr(pb2, method.input_type.name)),
+            response_serializer=getattr(pb2, method.output_type.name).SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+
+
 def _guarded(method):
-    """A unary RPC whose exceptions become gRPC statuses (``context.abort`` passes through)."""
+    """A unary RPC whose exceptions become gRPC statuses (``context.abort`` passes through); undecodable
+    request bytes end it with INVALID_ARGUMENT."""
     @functools.wraps(method)
     async def wrapper(self, request, context):
+        if isinstance(request, _Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         try:
             return await method(self, request, context)
         except grpc.aio.AbortError:
@@ -162,11 +200,13 @@ class EngineServicer(pb2_grpc.EngineServicer):
 
     # -- Generate ----------------------------------------------------------------------------------------
     async def Generate(self, request, context):
+        if isinstance(request, _Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         rid = request.request_id or f"grpc-{uuid.uuid4().hex}"
         try:
             prompt, chat = self._prompt(request)
             params = sampling_params_from_proto(request.sampling_params)
-            params.validate(self.engine.cfg.vocab_size)
+            params.validate(self.engine.cfg.vocab_size, engine_max_n(self.engine))
             if rid in self._active:
                 await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request id {rid!r} is already in flight")
         except ValueError as e:
@@ -222,9 +262,11 @@ class EngineServicer(pb2_grpc.EngineServicer):
 
     def _encode_chat(self, c) -> _Chat:
         messages = _json_list(c.messages_json, "messages_json")
-        if not messages:
-            raise ValueError("the prompt is empty: chat.messages_json has no messages")
+        check_text(messages, "chat.messages_json")  # JSON escapes may hold lone surrogates; proto strings cannot
+        validate_messages(messages, "chat.messages_json")  # the checks of the HTTP chat route
         tools = _json_list(c.tools_json, "tools_json") or None
+        check_text(tools, "chat.tools_json")
+        validate_tools(tools, "chat.tools_json")
         effort = c.reasoning_effort if c.HasField("reasoning_effort") else None
         if effort is not None and effort.isdigit():
             effort = int(effort)
@@ -347,7 +389,7 @@ class EngineServicer(pb2_grpc.EngineServicer):
             tokenizer_sha256=_tokenizer_sha256(e), kv_block_size=info.get("block_tokens", 0),
             capabilities=pb2.Capabilities(
                 prefix_caching=bool(info.get("enable_prefix_caching")), chunked_prefill=True,
-                reasoning_parser=cfg.arch, tool_parser="dsml", chat=True, cache_kinds=kinds),
+                reasoning_parser=cfg.arch, tool_parser="dsml", chat=True, vision=SUPPORTS_VISION, cache_kinds=kinds),
             default_sampling_params_json=json.dumps(dataclasses.asdict(SamplingParams())))
 
     @_guarded
@@ -463,7 +505,7 @@ async def serve_grpc(engine, host: str, port: int, served_model_name: str) -> gr
     """
     server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-    pb2_grpc.add_EngineServicer_to_server(EngineServicer(engine, served_model_name), server)
+    _add_engine_service(EngineServicer(engine, served_model_name), server)
     health_servicer = _EngineHealth(engine)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -1,9 +1,12 @@
 """Pydantic models of the OpenAI-compatible HTTP API (requests and responses).
 
-Request models accept and ignore fields they do not know (OpenAI clients send many), check types and shapes
-only; value ranges (temperature >= 0, top_p in (0, 1], n >= 1, max_tokens >= 1, ...) are checked once, by
-:meth:`v41.engine.params.SamplingParams.validate`, so HTTP and gRPC report the same messages. Response models
-mirror OpenAI's JSON plus DeepSeek's ``reasoning_content`` and vLLM's ``prompt_tokens_details``.
+Request models accept and ignore fields they do not know (OpenAI clients send many) and check types and
+shapes only, strictly (pydantic strict mode, issue 13 item 9): ``"max_tokens": "5"``, ``"n": 3.0``,
+``"stream": "yes"`` or ``"temperature": true`` are 400s naming the field, never coerced (an integer is still
+a valid float). Value ranges (temperature >= 0, top_p in (0, 1], 1 <= n <= max_n, max_tokens >= 1, ...) are
+checked once, by :meth:`v41.engine.params.SamplingParams.validate`, so HTTP and gRPC report the same
+messages. Response models mirror OpenAI's JSON plus DeepSeek's ``reasoning_content`` and vLLM's
+``prompt_tokens_details``.
 """
 
 from __future__ import annotations
@@ -11,13 +14,13 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field
 
 # ------------------------------------------------------------------------------------------------ requests
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Request):
@@ -49,7 +52,7 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     response_format: dict[str, Any] | None = None
     user: str | None = None
-    priority: StrictInt = 0  # as the Python API: true, "1" and 1.0 are refused, not coerced
+    priority: int = 0  # strict, as the Python API: true, "1" and 1.0 are refused, not coerced
     cache_salt: str | None = None
 
 
@@ -88,7 +91,7 @@ class ToolCallIn(_Request):
 class ChatMessageIn(BaseModel):
     """One input message; unknown fields are kept and passed to the chat encoder."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None

@@ -16,6 +16,8 @@ engine requests of one HTTP request and their lifetime.
 
 Invariants:
 
+* Every string of a request body is valid text (no lone surrogate such as a JSON ``"\\udfff"`` escape), else
+  400 naming the field, before anything else (:func:`v41.serve.validation.check_text`).
 * Every accepted request gets exactly one terminal response: a JSON body, or an SSE stream that ends with a
   finish chunk or an ``{"error": ...}`` event, then ``data: [DONE]``. Errors map through
   :func:`v41.serve.errors.error_status` (bad input 400, full queue 429, dead engine 503).
@@ -39,6 +41,7 @@ from .chat_completions import ChatCompletions
 from .errors import RequestError
 from .openai_server import OpenAIServer
 from .text_completions import TextCompletions
+from .validation import check_text
 
 
 def build_app(engine: Any, served_model_name: str, *, heartbeat_timeout_s: float = 5.0,
@@ -67,10 +70,12 @@ def build_app(engine: Any, served_model_name: str, *, heartbeat_timeout_s: float
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: hs.ChatCompletionRequest, request: Request) -> Response:
+        check_text(body.model_dump(), "")
         return await server.guard(chat.create(body, request))
 
     @app.post("/v1/completions")
     async def completions(body: hs.CompletionRequest, request: Request) -> Response:
+        check_text(body.model_dump(), "")
         return await server.guard(text.create(body, request))
 
     @app.get("/v1/models")
@@ -80,10 +85,12 @@ def build_app(engine: Any, served_model_name: str, *, heartbeat_timeout_s: float
 
     @app.post("/tokenize")
     async def tokenize(body: hs.TokenizeRequest) -> Response:
+        check_text(body.model_dump(), "")
         return await server.guard(_tokenize(server, chat, body))
 
     @app.post("/detokenize")
     async def detokenize(body: hs.DetokenizeRequest) -> Response:
+        check_text(body.model_dump(), "")
         return await server.guard(_detokenize(server, body))
 
     @app.get("/health")

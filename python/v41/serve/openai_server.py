@@ -16,6 +16,7 @@ from . import http_schema as hs
 from .errors import ClientDisconnected, ModelNotFoundError, RequestError, error_status, openai_error_body
 from .generation import Generation
 from .metrics import ServerMetrics
+from .validation import engine_max_n
 
 log = logging.getLogger("v41.serve")
 
@@ -139,7 +140,8 @@ class OpenAIServer:
 
     def sampling_params(self, req: hs.SamplingFields, max_tokens: int | None, logprobs: int | None,
                         prompt_logprobs: int | None = None) -> SamplingParams:
-        """SamplingParams of a request, validated (ValueError naming the field → 400)."""
+        """SamplingParams of a request, validated (RequestError naming the field → 400; ``n`` is bounded by the
+        engine's ``max_n``)."""
         bias = None
         if req.logit_bias:
             try:
@@ -157,7 +159,7 @@ class OpenAIServer:
             max_tokens=max_tokens, min_tokens=req.min_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens, logit_bias=bias)
         try:
-            sp.validate(self.cfg.vocab_size)
+            sp.validate(self.cfg.vocab_size, engine_max_n(self.engine))
         except ValueError as e:
             field = str(e).split(" ", 1)[0]
             raise RequestError(str(e), field if field in _SAMPLING_FIELDS else None) from None

@@ -50,9 +50,9 @@ class TextCompletions:
             raise RequestError("suffix is not supported", "suffix")
         if req.response_format is not None and req.response_format.get("type", "text") != "text":
             raise RequestError("response_format is supported by /v1/chat/completions only", "response_format")
-        prompts = self.completion_prompts(req.prompt)
         echo_lp = req.logprobs if req.echo and req.logprobs is not None else None
-        sp = server.sampling_params(req, req.max_tokens, req.logprobs, prompt_logprobs=echo_lp)
+        sp = server.sampling_params(req, req.max_tokens, req.logprobs, prompt_logprobs=echo_lp)  # before tokenizing
+        prompts = self.completion_prompts(req.prompt)
         for i, (_, ids) in enumerate(prompts):
             server.check_prompt(ids, sp, "prompt" if len(prompts) == 1 else f"prompt[{i}]")
         rid = f"cmpl-{uuid.uuid4().hex}"
