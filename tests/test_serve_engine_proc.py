@@ -18,8 +18,10 @@ import threading
 import time
 import urllib.request
 
+import httpx
 import pytest
 
+from serve_helpers import serve
 from v41.engine.args import EngineArgs
 from v41.engine.llm import LLM
 from v41.engine.params import CompletionOutput, Logprob, RequestMetrics, RequestOutput, SamplingParams
@@ -401,3 +403,26 @@ def test_sigterm_lets_the_in_flight_request_finish_and_exits_zero(ckpt, tmp_path
                 os.killpg(engine_pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_served_context_limit_is_what_the_kv_cache_holds_and_rejections_count_tokens(ckpt, tmp_path):
+    """Issue 13 item 7: 8,000,000 cache bytes are 32 blocks of 64 tokens per kind, which hold one request of
+    at most 2,049 tokens (prompt + output; the last output token is never fed back). The server advertises
+    that, serves a 2,048-token prompt, refuses a 2,049-token one in tokens, and refuses to start when
+    --max-model-len asks for more, naming both numbers."""
+    with serve(ckpt, tmp_path / "serve.log", "--kv-cache-bytes", "8000000", "--served-model-name", "tiny") as srv:
+        assert "32 blocks of 64 tokens" in srv.log()
+        assert httpx.get(f"{srv.base}/v1/models").json()["data"][0]["max_model_len"] == 2049
+        assert httpx.post(f"{srv.base}/tokenize", json={"prompt": "hi"}).json()["max_model_len"] == 2049
+        body = {"model": "tiny", "max_tokens": 1, "ignore_eos": True}
+        ok = httpx.post(f"{srv.base}/v1/completions", json={**body, "prompt": [0] * 2048}, timeout=60)
+        assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length", ok.text
+        refused = httpx.post(f"{srv.base}/v1/completions", json={**body, "prompt": [0] * 2049}, timeout=60)
+        message = refused.json()["error"]["message"]
+        assert refused.status_code == 400 and "2049 tokens" in message and "max_model_len is 2049" in message
+        assert "block" not in message
+    cmd = [sys.executable, "-m", "v41.serve.cli", "--model", str(ckpt), "--device", "cpu", "--port",
+           str(_free_port()), "--kv-cache-bytes", "8000000", "--max-model-len", "4096"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert proc.returncode == 1
+    assert re.search(r"max_model_len 4096 tokens does not fit.*at most 2049 tokens", proc.stderr), proc.stderr
