@@ -278,7 +278,7 @@ async def _serve_grpc(engine, opts: argparse.Namespace, name: str) -> None:
 
 async def _serve(engine, opts: argparse.Namespace, name: str) -> None:
     scheme = "grpc" if opts.grpc else "http"
-    info = engine.model_info
+    info = engine.info
     log.info("serving %s (%s) as %r on %s://%s:%d; max_model_len %d; kinds %s, %s blocks of %d tokens each",
              engine.model_dir, info["arch"], name, scheme, opts.host, opts.port, engine.max_model_len,
              info["kinds"], info["num_blocks"].get("swa"), info["block_tokens"])

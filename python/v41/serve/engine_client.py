@@ -90,7 +90,8 @@ class EngineProtocol(Protocol):
     or wedged (one step running longer than ``$V41_STEP_TIMEOUT_S``, default 600 s). A health check is
     ``is_running and time.monotonic() - last_heartbeat_s < 5``.
     ``shutdown()``: stop the engine; in-flight streams end (aborted, or with EngineDeadError); idempotent,
-    blocking.
+    blocking. Optional: ``info``, the engine's resolved configuration (:func:`v41.engine.info.engine_info`),
+    which gRPC ``GetModelInfo`` / ``GetServerInfo`` report.
     """
 
     def generate(self, prompt: str | list[int] | dict, params: SamplingParams, request_id: str, *,
@@ -198,7 +199,6 @@ class EngineClient:
             self._close_sockets()
             raise
         self._ready = ready
-        self.model_info: dict = dict(ready.info)
         self._last_beat = time.monotonic()
         self._receiver = threading.Thread(target=self._receive_loop, name="v41-engine-client", daemon=True)
         self._receiver.start()
@@ -253,6 +253,13 @@ class EngineClient:
     @property
     def model_dir(self) -> str:
         return self._ready.model_dir
+
+    @property
+    def info(self) -> dict:
+        """The engine's resolved configuration as the engine process reported it at start-up
+        (:func:`v41.engine.info.engine_info`: block_tokens, kinds, num_blocks, enable_prefix_caching,
+        max_num_seqs, dtype, device, tensor_parallel_size, engine_args, ...); a copy."""
+        return dict(self._ready.info)
 
     @property
     def pid(self) -> int:

@@ -399,20 +399,10 @@ class EngineServicer(pb2_grpc.EngineServicer):
 
 # ---------------------------------------------------------------------------------------------- engine facts
 def _engine_info(engine) -> dict:
-    """Engine facts beyond EngineProtocol, keyed like ``messages.Ready.info`` (block_tokens, kinds,
-    enable_prefix_caching, max_num_seqs, ...): ``engine.info`` when the engine offers it, else what an
-    in-process AsyncEngine's core knows, else {}."""
+    """The engine's resolved configuration (``engine.info``: :func:`v41.engine.info.engine_info`, offered by
+    ``EngineClient`` and ``AsyncEngine``); {} for an engine without one."""
     info = getattr(engine, "info", None)
-    if isinstance(info, dict):
-        return info
-    core = getattr(engine, "core", None)
-    if core is None:
-        return {}
-    a = core.args
-    return {"block_tokens": core.layout.block_tokens, "enable_prefix_caching": a.enable_prefix_caching,
-            "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": a.max_num_batched_tokens, "dtype": a.dtype,
-            "device": str(a.device), "numerics": a.numerics, "tensor_parallel_size": a.tensor_parallel_size,
-            "all_reduce_backend": getattr(core.executor, "backend", None)}
+    return dict(info) if isinstance(info, dict) else {}
 
 
 def _tokenizer_sha256(engine) -> str:
