@@ -201,8 +201,25 @@ def test_model_info_server_info_and_loads(server, ckpt):
     assert json.loads(si.config_json)["tensor_parallel_size"] == 1
     loads = _wait_idle(server)
     assert {c.kind for c in loads.caches} == set(info.capabilities.cache_kinds)
-    assert all(c.used_blocks + c.free_blocks == c.total_blocks > 0 for c in loads.caches)
+    assert all(c.used_blocks + c.cached_blocks + c.free_blocks == c.total_blocks > 0 for c in loads.caches)
     assert 0.0 <= loads.prefix_hit_rate <= 1.0
+
+
+def test_loads_count_blocks_left_to_the_prefix_cache_as_cached_not_used(server):
+    """Issue 13: pages a finished request left to the prefix cache are ``cached_blocks`` (evictable), not
+    ``used_blocks``; a running request's blocks are used."""
+    _generate(server.stub, tokens=pb2.TokenIds(ids=list(range(100, 148))), sampling_params=_greedy(2))
+    idle = {c.kind: c for c in _wait_idle(server).caches}
+    assert all(c.used_blocks == 0 for c in idle.values()), idle
+    assert all(c.cached_blocks > 0 for k, c in idle.items() if k != "cstate"), idle
+    call = server.stub.Generate(pb2.GenerateRequest(stream=True, **LONG), timeout=TIMEOUT_S)
+    try:
+        assert next(call).chunk.token_ids
+        busy = {c.kind: c for c in server.stub.GetLoads(pb2.GetLoadsRequest(), timeout=TIMEOUT_S).caches}
+        assert busy["ckv1"].used_blocks > 0 and busy["cstate"].used_blocks == 1, busy
+        assert all(c.used_blocks + c.cached_blocks + c.free_blocks == c.total_blocks for c in busy.values())
+    finally:
+        call.cancel()
 
 
 def test_served_grpc_reports_the_engine_configuration(ckpt, tmp_path):

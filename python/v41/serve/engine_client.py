@@ -79,7 +79,8 @@ class EngineProtocol(Protocol):
     before the end aborts the request (its blocks are freed within about one step).
 
     ``abort(request_id)``: end a request now; its stream ends with finish reason "abort" (no-op if unknown).
-    ``stats()``: scheduler stats — ``running``, ``waiting``, ``blocks`` ({kind: {used, free, total}}),
+    ``stats()``: scheduler stats — ``running``, ``waiting``, ``blocks`` ({kind: {used, cached, free, total}}:
+    ``used`` counts every held block, ``cached`` those held only by the prefix cache; ``metrics.kv_blocks``),
     ``prefix_query_tokens``, ``prefix_hit_tokens``, ``prefix_hit_rate``, ``prefix_cached_pages``,
     ``num_preemptions`` — plus ``engine`` ({pid, model_dir, max_model_len, num_steps, num_requests, uptime_s,
     stale}). ``stale`` is True when a long step kept the engine from answering and the figures are those of

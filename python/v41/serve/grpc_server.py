@@ -42,6 +42,7 @@ from ..chat.formats import DEFAULT_REVISION_BY_MODEL_TYPE
 from ..engine.params import CompletionOutput, RequestOutput, SamplingParams
 from .errors import INTERNAL, error_message, error_status
 from .grpc_gen import load as _load_stubs
+from .metrics import kv_blocks
 
 pb2, pb2_grpc = _load_stubs()
 log = logging.getLogger("v41.serve.grpc")
@@ -364,8 +365,8 @@ class EngineServicer(pb2_grpc.EngineServicer):
         s = await self._stats()
         return pb2.Loads(
             running=s.get("running", 0), waiting=s.get("waiting", 0),
-            caches=[pb2.CacheUsage(kind=k, used_blocks=v.get("used", 0), free_blocks=v.get("free", 0),
-                                   total_blocks=v.get("total", 0)) for k, v in s.get("blocks", {}).items()],
+            caches=[pb2.CacheUsage(kind=k, used_blocks=v["used"], cached_blocks=v["cached"], free_blocks=v["free"],
+                                   total_blocks=v["total"]) for k, v in kv_blocks(s).items()],
             prefix_hit_rate=s.get("prefix_hit_rate", 0.0), num_preemptions=s.get("num_preemptions", 0))
 
     async def _stats(self) -> dict:
