@@ -10,8 +10,8 @@ then serve. SIGTERM / SIGINT: stop accepting connections and start draining the 
 requests may finish for up to ``--shutdown-timeout`` seconds (default 30), then the rest are aborted, so every
 open response still ends properly (an SSE stream with a finish_reason "abort" chunk and ``data: [DONE]``, a
 gRPC call with its ``Complete``) within ``ABORT_FLUSH_S`` more; then the engine process stops and the server
-exits 0. A second signal skips the wait (aborts at once). Exit status: 0 after a signal, 2 for bad arguments or an unusable model, 1 when the
-engine fails to start or the server fails.
+exits 0. A second signal skips the wait (aborts at once). Exit status: 0 after a signal, 2 for bad arguments
+or an unusable model, 1 when the engine fails to start or the server fails.
 """
 
 from __future__ import annotations
