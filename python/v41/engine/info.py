@@ -13,7 +13,7 @@ def engine_info(core) -> dict:
 
     Keys: ``arch``, ``vocab_size``, ``bos_token_id``, ``eos_token_ids``, ``pad_token_id`` (model);
     ``max_model_len`` (tokens, after the KV-cache cap), ``block_tokens`` (tokens per KV block = prefix-cache
-    page), ``kinds`` (cache kind names, DESIGN.md §3), ``num_blocks`` ({kind: blocks or rows}),
+    page), ``kinds`` (cache kind names, docs/cache.md), ``num_blocks`` ({kind: blocks or rows}),
     ``max_num_seqs``, ``max_num_batched_tokens``, ``enable_prefix_caching``, ``dtype`` (the compute dtype,
     resolved: ``float32``, ``bfloat16``, ...), ``device``, ``numerics``, ``model_impl`` (resolved),
     ``tensor_parallel_size``, ``all_reduce_backend`` (the backend in use, None at TP=1), ``engine_args``
