@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 import v41
 import v41.chat
+from serve_helpers import serve
 from v41.engine.async_engine import AsyncEngine, EngineDeadError
 from v41.serve.errors import QueueFullError
 from v41.serve.grpc_server import pb2, pb2_grpc, serve_grpc
@@ -200,8 +201,42 @@ def test_model_info_server_info_and_loads(server, ckpt):
     assert json.loads(si.config_json)["tensor_parallel_size"] == 1
     loads = _wait_idle(server)
     assert {c.kind for c in loads.caches} == set(info.capabilities.cache_kinds)
-    assert all(c.used_blocks + c.free_blocks == c.total_blocks > 0 for c in loads.caches)
+    assert all(c.used_blocks + c.cached_blocks + c.free_blocks == c.total_blocks > 0 for c in loads.caches)
     assert 0.0 <= loads.prefix_hit_rate <= 1.0
+
+
+def test_loads_count_blocks_left_to_the_prefix_cache_as_cached_not_used(server):
+    """Issue 13: pages a finished request left to the prefix cache are ``cached_blocks`` (evictable), not
+    ``used_blocks``; a running request's blocks are used."""
+    _generate(server.stub, tokens=pb2.TokenIds(ids=list(range(100, 148))), sampling_params=_greedy(2))
+    idle = {c.kind: c for c in _wait_idle(server).caches}
+    assert all(c.used_blocks == 0 for c in idle.values()), idle
+    assert all(c.cached_blocks > 0 for k, c in idle.items() if k != "cstate"), idle
+    call = server.stub.Generate(pb2.GenerateRequest(stream=True, **LONG), timeout=TIMEOUT_S)
+    try:
+        assert next(call).chunk.token_ids
+        busy = {c.kind: c for c in server.stub.GetLoads(pb2.GetLoadsRequest(), timeout=TIMEOUT_S).caches}
+        assert busy["ckv1"].used_blocks > 0 and busy["cstate"].used_blocks == 1, busy
+        assert all(c.used_blocks + c.cached_blocks + c.free_blocks == c.total_blocks for c in busy.values())
+    finally:
+        call.cancel()
+
+
+def test_served_grpc_reports_the_engine_configuration(ckpt, tmp_path):
+    """Issue 13 item 8: ``v41-serve --grpc`` (the engine in its own process, behind ``EngineClient``) reports
+    the engine's real block size, prefix caching and configuration, not zeros and defaults."""
+    flags = ("--grpc", "--block-size", "16", "--kv-cache-bytes", str(8 << 20), "--max-num-seqs", "4",
+             "--max-model-len", "512")
+    with serve(ckpt, tmp_path / "grpc.log", *flags) as srv, grpc.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
+        stub = pb2_grpc.EngineStub(ch)
+        info = stub.GetModelInfo(pb2.GetModelInfoRequest(), timeout=TIMEOUT_S)
+        assert info.kv_block_size == 16 and info.capabilities.prefix_caching and info.max_context_length == 512
+        assert "ckv1" in info.capabilities.cache_kinds
+        config = json.loads(stub.GetServerInfo(pb2.GetServerInfoRequest(), timeout=TIMEOUT_S).config_json)
+        assert config["block_tokens"] == 16 and config["enable_prefix_caching"] is True
+        assert config["max_num_seqs"] == 4 and config["num_blocks"]["cstate"] == 4 and config["num_blocks"]["swa"] > 0
+        assert config["dtype"] == "float32" and config["device"] == "cpu" and config["max_model_len"] == 512
+        assert config["engine_args"]["kv_cache_bytes"] == 8 << 20
 
 
 def test_health_is_serving_and_reflection_lists_the_services(server):

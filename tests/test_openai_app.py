@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -586,7 +587,7 @@ class ScriptedEngine:
         self.aborted.append(request_id)
 
     def stats(self):
-        return {"running": 0, "waiting": 0, "blocks": {"swa": {"used": 1, "free": 3, "total": 4}},
+        return {"running": 0, "waiting": 0, "blocks": {"swa": {"used": 1, "cached": 0, "free": 3, "total": 4}},
                 "prefix_hit_rate": 0.5}
 
 
@@ -654,6 +655,22 @@ def test_metrics_expose_every_name_per_app(client, engine):
     fresh = asyncio.run(scrape())
     assert 'v41_kv_cache_usage_ratio{kind="swa"} 0.25' in fresh
     assert 'v41_requests_total{finish_reason="length"}' not in fresh
+
+
+def test_kv_metrics_count_blocks_left_to_the_prefix_cache_as_cached_not_used(client, engine):
+    """Issue 13: after a request the prefix cache keeps its pages; an idle server shows them as cached blocks
+    (evictable), with 0 used and a usage ratio of 0 — not as used."""
+    prompt = list(range(100, 148))  # 48 tokens: three full pages of 16 stay cached
+    client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 2, **GREEDY})
+    wait_idle(engine)
+    text = client.get("/metrics").text
+
+    def gauge(name: str, kind: str) -> float:
+        return float(re.search(rf'^{name}{{kind="{kind}"}} (\S+)$', text, re.M).group(1))
+
+    for kind in ("swa", "ckv1", "ckv2"):
+        assert gauge("v41_kv_cache_used_blocks", kind) == 0 and gauge("v41_kv_cache_usage_ratio", kind) == 0
+        assert 0 < gauge("v41_kv_cache_cached_blocks", kind) < gauge("v41_kv_cache_total_blocks", kind)
 
 
 def test_models_tokenize_detokenize(client, engine):

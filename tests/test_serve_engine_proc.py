@@ -18,8 +18,10 @@ import threading
 import time
 import urllib.request
 
+import httpx
 import pytest
 
+from serve_helpers import serve
 from v41.engine.args import EngineArgs
 from v41.engine.llm import LLM
 from v41.engine.params import CompletionOutput, Logprob, RequestMetrics, RequestOutput, SamplingParams
@@ -428,3 +430,72 @@ def test_sigterm_lets_the_in_flight_request_finish_and_exits_zero(ckpt, tmp_path
                 os.killpg(engine_pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_served_context_limit_is_what_the_kv_cache_holds_and_rejections_count_tokens(ckpt, tmp_path):
+    """Issue 13 item 7: 8,000,000 cache bytes are 32 blocks of 64 tokens per kind, which hold one request of
+    at most 2,049 tokens (prompt + output; the last output token is never fed back). The server advertises
+    that, serves a 2,048-token prompt, refuses a 2,049-token one in tokens, and refuses to start when
+    --max-model-len asks for more, naming both numbers."""
+    with serve(ckpt, tmp_path / "serve.log", "--kv-cache-bytes", "8000000", "--served-model-name", "tiny") as srv:
+        assert "32 blocks of 64 tokens" in srv.log()
+        assert httpx.get(f"{srv.base}/v1/models").json()["data"][0]["max_model_len"] == 2049
+        assert httpx.post(f"{srv.base}/tokenize", json={"prompt": "hi"}).json()["max_model_len"] == 2049
+        body = {"model": "tiny", "max_tokens": 1, "ignore_eos": True}
+        ok = httpx.post(f"{srv.base}/v1/completions", json={**body, "prompt": [0] * 2048}, timeout=60)
+        assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length", ok.text
+        refused = httpx.post(f"{srv.base}/v1/completions", json={**body, "prompt": [0] * 2049}, timeout=60)
+        message = refused.json()["error"]["message"]
+        assert refused.status_code == 400 and "2049 tokens" in message and "max_model_len is 2049" in message
+        assert "block" not in message
+    cmd = [sys.executable, "-m", "v41.serve.cli", "--model", str(ckpt), "--device", "cpu", "--port",
+           str(_free_port()), "--kv-cache-bytes", "8000000", "--max-model-len", "4096"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert proc.returncode == 1
+    assert re.search(r"max_model_len 4096 tokens does not fit.*at most 2049 tokens", proc.stderr), proc.stderr
+
+
+def test_sigterm_ends_every_open_stream_with_abort_and_done_before_the_server_exits(ckpt, tmp_path):
+    """Issue 13 item 3: SIGTERM with four SSE streams open and --shutdown-timeout 2. The engine drains at once;
+    at the timeout every stream gets a finish_reason "abort" chunk (or an error event) and ``data: [DONE]``,
+    never a cut body; the server exits 0 soon after, with no cancelled-task tracebacks, and the engine is gone."""
+    from v41.serve.cli import ABORT_FLUSH_S
+
+    bodies = [("/v1/completions", {"prompt": "Hello there"}),
+              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})] * 2
+    events: list[list[str]] = [[] for _ in bodies]
+    started = [threading.Event() for _ in bodies]
+
+    def read(i: int, srv, path: str, body: dict) -> None:
+        body = {**body, "model": "tiny", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+        try:
+            with httpx.stream("POST", srv.base + path, json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events[i].append(line[len("data: "):])
+                        started[i].set()
+        except httpx.HTTPError as e:  # a body cut short: what the fix forbids
+            events[i].append(f"{type(e).__name__}: {e}")
+        finally:
+            started[i].set()
+
+    with serve(ckpt, tmp_path / "serve.log", "--served-model-name", "tiny", "--shutdown-timeout", "2") as srv:
+        readers = [threading.Thread(target=read, args=(i, srv, *b), daemon=True) for i, b in enumerate(bodies)]
+        for t in readers:
+            t.start()
+        assert all(e.wait(30) for e in started) and all(events), events
+        sigterm_s = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(timeout=30) == 0, srv.log()[-4000:]
+        exit_s = time.monotonic() - sigterm_s
+        for t in readers:
+            t.join(timeout=10)
+        for evs in events:
+            assert evs[-1] == "[DONE]", evs[-3:]
+            last = json.loads(evs[-2])
+            assert "error" in last or last["choices"][0]["finish_reason"] == "abort", last
+        assert 2.0 <= exit_s < 2.0 + ABORT_FLUSH_S, exit_s
+        log = srv.log()
+        assert "CancelledError" not in log and "Traceback" not in log, log[-4000:]
+        with pytest.raises(ProcessLookupError):  # the engine core is gone too
+            os.kill(srv.engine_pid, 0)

@@ -6,6 +6,7 @@ rank is an error naming it, never a hang; a custom backend that cannot run falls
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import subprocess
@@ -101,6 +102,24 @@ def test_a_killed_rank_is_an_error_naming_it(ckpt, prompts):
             llm.generate(prompts[:1], SP, use_tqdm=False)
     finally:
         llm.shutdown()
+
+
+def test_tp_engines_dropped_without_shutdown_release_their_workers_one_after_another(ckpt, prompts, tp1):
+    """Issue 13 item 4: ``del llm; gc.collect()`` stops the workers and leaves the process group, so TP
+    engines can be made one after another in one process; one made while another lives is refused clearly."""
+    if "v41" not in ckpt.name:
+        pytest.skip("one architecture is enough")
+    for i in range(2):
+        llm = LLM(str(ckpt), **_kw(tensor_parallel_size=2, all_reduce_backend="host"))
+        _assert_matches(llm.generate(prompts, SP, use_tqdm=False), tp1)
+        workers = list(llm.engine.executor.procs)
+        if i == 1:
+            with pytest.raises(RuntimeError, match="another tensor-parallel engine is alive"):
+                LLM(str(ckpt), **_kw(tensor_parallel_size=2))
+        del llm
+        gc.collect()
+        assert workers and not any(w.is_alive() for w in workers)
+        assert not torch.distributed.is_initialized()
 
 
 def test_pcie_pull_without_cuda_falls_back_and_says_why(ckpt, prompts, tp1, caplog):

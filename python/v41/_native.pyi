@@ -20,6 +20,9 @@ def build_info() -> dict[str, str]:
 
 class _PoolStats(TypedDict):
     used: int
+    """Blocks (rows) with at least one holder: requests and/or the prefix cache."""
+    cached: int
+    """Of ``used``, blocks held only by the prefix cache (evictable); ``used - cached`` are held by requests."""
     free: int
     total: int
 

@@ -310,6 +310,7 @@ impl PyScheduler {
         let pool = |p: v41_sched::PoolStats| -> PyResult<Bound<'py, PyDict>> {
             let d = PyDict::new(py);
             d.set_item("used", p.used)?;
+            d.set_item("cached", p.cached_only)?;
             d.set_item("free", p.free)?;
             d.set_item("total", p.total)?;
             Ok(d)

@@ -84,11 +84,15 @@ pub struct NewRequest {
     pub lookahead: u32,
 }
 
-/// Occupancy of one pool, in blocks (or rows).
+/// Occupancy of one pool, in blocks (or rows). `used - cached_only` blocks are held by requests
+/// (some of them shared with the prefix cache); `cached_only` are reclaimable by eviction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolStats {
     /// Blocks with at least one holder.
     pub used: u32,
+    /// Of those, blocks whose only holder is the prefix cache (evictable or trimmable; 0 for state
+    /// rows, which the cache never holds).
+    pub cached_only: u32,
     /// Free blocks.
     pub free: u32,
     /// Pool size.
@@ -397,18 +401,28 @@ impl Scheduler {
         self.radix.clear(&mut self.pools)
     }
 
-    /// Current occupancy and counters.
+    /// Current occupancy and counters. Cost: O(prefix-cache pages · kinds) (counts the blocks only
+    /// the tree holds).
     pub fn stats(&self) -> SchedulerStats {
-        let pool_stats = |p: &BlockPool| PoolStats {
+        let mut cached_only = vec![0u32; self.pools.len()];
+        self.radix.for_each_block(|k, _, blk| {
+            if self.pools[k].ref_count(blk) == 1 {
+                cached_only[k] += 1;
+            }
+        });
+        let pool_stats = |p: &BlockPool, cached_only: u32| PoolStats {
             used: p.num_used(),
+            cached_only,
             free: p.num_free(),
             total: p.num_blocks(),
         };
         SchedulerStats {
             num_running: self.running.len(),
             num_waiting: self.waiting.len(),
-            kinds: self.pools.iter().map(pool_stats).collect(),
-            state_rows: self.state_pool.as_ref().map(pool_stats),
+            kinds: (self.pools.iter().zip(cached_only))
+                .map(|(p, c)| pool_stats(p, c))
+                .collect(),
+            state_rows: self.state_pool.as_ref().map(|p| pool_stats(p, 0)),
             prefix: self.radix.stats(),
             num_preemptions: self.num_preemptions,
         }

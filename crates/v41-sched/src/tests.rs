@@ -513,3 +513,23 @@ fn block_table_diffs_carry_only_changes_and_clear_a_reused_row() {
     assert_eq!(swa.diff_blocks[0], s.request(2).unwrap().block_tables[0][0]);
     s.check_invariants().unwrap();
 }
+
+#[test]
+fn stats_tell_blocks_held_only_by_the_prefix_cache_from_blocks_held_by_requests() {
+    let mut s = sched(64, 64, 4);
+    add(&mut s, 1, prompt(13, 1), 4);
+    s.step();
+    s.update_from_output(&[sample(1, 5)]).unwrap();
+    s.step(); // publishes pages 0..3, which the running request still holds
+    let running = s.stats();
+    assert_eq!(running.prefix.cached_pages, 3);
+    assert!(running.kinds.iter().all(|k| k.cached_only <= k.used));
+    assert_eq!(running.kinds[1].cached_only, 0, "ckv2: every cached page is the request's too");
+    assert!(running.kinds[1].used > 0);
+    s.finish_request(1).unwrap();
+    let idle = s.stats();
+    assert!(idle.kinds.iter().all(|k| k.used > 0 && k.cached_only == k.used));
+    assert_eq!(idle.state_rows.unwrap().cached_only, 0);
+    s.reset_prefix_cache();
+    assert!(s.stats().kinds.iter().all(|k| k.used == 0 && k.cached_only == 0));
+}

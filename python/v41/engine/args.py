@@ -21,7 +21,8 @@ PAGED_DTYPES = ("float32", "float64")
 class EngineArgs:
     """Options of :class:`v41.LLM` / the engine core.
 
-    model: checkpoint directory. max_model_len: context limit in tokens (default: min(config, 8192)).
+    model: checkpoint directory. max_model_len: context limit in tokens (default: min(config, 8192), capped to
+    what one request can hold in the KV cache; an explicit value above that is refused with ValueError).
     max_num_seqs: running requests per step. max_num_batched_tokens: token budget per step.
     long_prefill_token_threshold: cap on one request's prefill chunk (tokens). block_size: tokens per
     KV block (default: 64 rounded to every compression ratio). kv_cache_bytes: cache budget on CPU;

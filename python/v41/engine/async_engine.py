@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 
 from .args import EngineArgs
 from .core import EngineCore
+from .info import engine_info
 from .llm import PromptLike, encode_prompt, model_or_embedded, prompt_cache_salt
 from .params import RequestOutput, SamplingParams
 
@@ -35,13 +36,15 @@ class AsyncEngine:
     completion's ``text`` and ``token_ids`` hold only what is new since the previous yield; the last one
     has ``finished=True`` and a finish reason. Satisfies ``v41.serve.EngineProtocol`` (the in-process
     engine of the front ends' tests); ``last_heartbeat_s`` is "now" while the loop thread lives and its
-    current step has run at most ``$V41_STEP_TIMEOUT_S`` (default 600 s). Built from ``args``, an existing
+    current step has run at most ``$V41_STEP_TIMEOUT_S`` (default 600 s); ``info`` is the core's resolved
+    configuration (:func:`v41.engine.info.engine_info`, taken at start). Built from ``args``, an existing
     ``core``, or :class:`EngineArgs` keywords (``model`` None or absent: the embedded tiny model, as ``LLM``)."""
 
     def __init__(self, args: EngineArgs | None = None, core: EngineCore | None = None, **kwargs):
         if core is None and args is None:
             kwargs["model"] = model_or_embedded(kwargs.get("model"))
         self.core = core or EngineCore(args or EngineArgs(**kwargs))
+        self.info: dict = engine_info(self.core)  # before the loop thread owns the core
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()

@@ -20,6 +20,7 @@ from .. import _native
 from ..cache import blocks_for_budget
 from ..models.engram_loader import engram_hasher
 from .args import EngineArgs
+from .context_limit import cap_max_model_len
 from .detokenizer import IncrementalDetokenizer
 from .executor import make_executor
 from .host_step import HostStep
@@ -54,6 +55,7 @@ class EngineCore:
             self.layout = layout = self.executor.cache_layout(args.block_size)
             budget = self._cache_budget(dtype)
             num_blocks = args.num_kv_blocks or blocks_for_budget(layout, budget, args.max_num_seqs, dtype.itemsize)
+            self.max_model_len = cap_max_model_len(self.max_model_len, args, layout.scheduler_layout(num_blocks))
             self.executor.init_cache(num_blocks, args.max_num_seqs, layout.block_tokens, self.max_model_len)
             self.num_blocks = num_blocks
         except BaseException:

@@ -9,14 +9,16 @@ shard from its own buffers.
 
 from __future__ import annotations
 
-import atexit
+import gc
 import logging
 import threading
 import time
 import uuid
+import weakref
 
 import msgpack
 import torch
+import torch.distributed as dist
 
 from ..config import load_config
 from ..distributed.group import check_tp
@@ -54,13 +56,58 @@ class LocalExecutor:
         pass
 
 
+class _Ranks:
+    """What a tensor-parallel engine must give back: this node's worker processes and rank 0's runtime (its
+    share of the default ``torch.distributed`` process group, the step channel, the collective backend).
+
+    Owned by the executor's ``weakref.finalize``, so :meth:`release` runs exactly once: at ``shutdown()``, when
+    the executor is garbage-collected, or at interpreter exit, whichever comes first. It holds no reference to
+    the executor (that would keep it alive)."""
+
+    def __init__(self, procs: list):
+        self.procs = procs
+        self.runtime: Runtime | None = None
+
+    def dead_worker(self) -> str | None:
+        """Why a worker process is gone (its name, pid and exit code), None while all live."""
+        for p in self.procs:
+            if not p.is_alive():
+                return f"tensor-parallel worker {p.name} (pid {p.pid}) exited with code {p.exitcode}"
+        return None
+
+    def send(self, *msg) -> None:
+        """Broadcast one step-channel message. Raises RuntimeError naming a worker that has exited."""
+        problem = self.dead_worker()
+        if problem:
+            raise RuntimeError(problem)
+        self.runtime.channel.send(msgpack.packb(list(msg), use_bin_type=True))
+
+    def release(self) -> None:
+        """Tell the workers to exit, join them (kill after a timeout), close the runtime (leaving the process
+        group, so another engine can start in this process). Safe to call twice."""
+        if self.runtime is not None and self.procs and all(p.is_alive() for p in self.procs):
+            try:
+                self.send("shutdown")
+            except Exception as e:  # a dead peer: fall through to killing the rest
+                log.warning("tensor-parallel shutdown: %s", e)
+        stop_workers(self.procs)
+        self.procs = []
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+
+
 class TPExecutor:
     """Rank 0 of a tensor-parallel engine: spawns this node's other ranks, joins the rendezvous, loads its
     shard; ``execute`` broadcasts the step then runs rank 0's part (logits are full on every rank).
 
+    The workers and the process group are released by :meth:`shutdown`, or when the executor is
+    garbage-collected, or at interpreter exit (``weakref.finalize``). One tensor-parallel engine at a time can
+    live in a process (ranks join ``torch.distributed``'s default process group).
+
     Raises ValueError when the config cannot be split ``tensor_parallel_size`` ways, RuntimeError when a
-    worker process has exited (naming its rank and exit code), and ``v41._native.CommError`` when a peer dies
-    or lags inside a collective.
+    worker process has exited (naming its rank and exit code) or another tensor-parallel engine of this
+    process is still alive, and ``v41._native.CommError`` when a peer dies or lags inside a collective.
     """
 
     def __init__(self, args: EngineArgs):
@@ -68,6 +115,7 @@ class TPExecutor:
             raise ValueError(f"tensor parallelism places rank r on cuda:r or the CPU: device must be 'cpu' or "
                              f"'cuda', got {args.device!r}")
         check_tp(load_config(args.model), args.tensor_parallel_size)
+        _check_no_live_engine()
         self.args = args
         infos = rank_infos(args, uuid.uuid4().hex[:12], args.master_port or free_port())
         self.info = infos[0]
@@ -75,10 +123,10 @@ class TPExecutor:
         if self.info.device == "cuda" and len(infos) > torch.cuda.device_count():
             raise ValueError(f"tensor_parallel_size {args.tensor_parallel_size} needs {len(infos)} GPUs on this "
                              f"host, {torch.cuda.device_count()} visible")
-        self.procs = spawn_workers(args, infos[1:])
-        self.runtime: Runtime | None = None
+        self._ranks = _Ranks(spawn_workers(args, infos[1:]))
+        self._release = weakref.finalize(self, _Ranks.release, self._ranks)  # also runs at interpreter exit
         try:
-            self.runtime = Runtime.start(self.info, args.all_reduce_backend, self._dead_worker)
+            self._ranks.runtime = Runtime.start(self.info, args.all_reduce_backend, self._ranks.dead_worker)
             self.runner = ModelRunner(args, self.device, self.runtime.group)
         except BaseException:
             self.shutdown()
@@ -87,35 +135,25 @@ class TPExecutor:
         self.backend = self.runtime.backend
         self._lock = threading.Lock()  # one message + step at a time (the keep-alive thread sends too)
         self._last_send = time.monotonic()
-        atexit.register(self.shutdown)
         if args.nnodes > 1:  # gloo broadcasts time out after TORCH_TIMEOUT: never let remote ranks idle that long
-            threading.Thread(target=self._keepalive, name="v41-tp-keepalive", daemon=True).start()
+            threading.Thread(target=_keepalive, args=(weakref.ref(self),), name="v41-tp-keepalive",
+                             daemon=True).start()
         log.info("tensor parallel: %d ranks (%d per node), backend %s", args.tensor_parallel_size,
                  len(infos), self.backend)
 
-    def _dead_worker(self) -> str | None:
-        for p in self.procs:
-            if not p.is_alive():
-                return f"tensor-parallel worker {p.name} (pid {p.pid}) exited with code {p.exitcode}"
-        return None
+    @property
+    def procs(self) -> list:
+        """This node's worker processes (``multiprocessing.Process``; [] once released)."""
+        return self._ranks.procs
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """Rank 0's runtime; None once released."""
+        return self._ranks.runtime
 
     def _send(self, *msg) -> None:
-        problem = self._dead_worker()
-        if problem:
-            raise RuntimeError(problem)
-        self.runtime.channel.send(msgpack.packb(list(msg), use_bin_type=True))
+        self._ranks.send(*msg)
         self._last_send = time.monotonic()
-
-    def _keepalive(self) -> None:
-        while self.runtime is not None:
-            time.sleep(KEEPALIVE_CHECK_S)
-            with self._lock:
-                if self.runtime is not None and time.monotonic() - self._last_send > KEEPALIVE_IDLE_S:
-                    try:
-                        self._send("noop")
-                    except Exception as e:  # the next step reports it to the engine
-                        log.warning("tensor-parallel keep-alive: %s", e)
-                        return
 
     def cache_layout(self, block_tokens: int | None = None):
         return self.runner.cache_layout(block_tokens)
@@ -145,17 +183,38 @@ class TPExecutor:
 
     def shutdown(self) -> None:
         """Tell the workers to exit, join (kill after a timeout), close the runtime. Safe to call twice; also
-        runs at interpreter exit."""
-        if self.runtime is not None and all(p.is_alive() for p in self.procs):
-            try:
-                self._send("shutdown")
-            except Exception as e:  # a dead peer: fall through to killing the rest
-                log.warning("tensor-parallel shutdown: %s", e)
-        stop_workers(self.procs)
-        self.procs = []
-        if self.runtime is not None:
-            self.runtime.close()
-            self.runtime = None
+        runs when the executor is garbage-collected and at interpreter exit."""
+        self._release()
+
+
+def _check_no_live_engine() -> None:
+    """Raise RuntimeError when this process's default ``torch.distributed`` group is taken (another
+    tensor-parallel engine lives), after collecting garbage (an unreachable engine is released by it)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    gc.collect()
+    if dist.is_initialized():
+        raise RuntimeError("another tensor-parallel engine is alive in this process (torch.distributed's default "
+                           "process group is in use): call its shutdown() (or leave its `with` block, or drop "
+                           "every reference to it) before starting a new one")
+
+
+def _keepalive(ref: weakref.ref) -> None:
+    """Multi-host engines: send a no-op step message when the executor behind ``ref`` has sent nothing for
+    ``KEEPALIVE_IDLE_S``; ends when it is released or collected (holds it only while sending)."""
+    while True:
+        time.sleep(KEEPALIVE_CHECK_S)
+        ex = ref()
+        if ex is None or ex.runtime is None:
+            return
+        with ex._lock:
+            if ex.runtime is not None and time.monotonic() - ex._last_send > KEEPALIVE_IDLE_S:
+                try:
+                    ex._send("noop")
+                except Exception as e:  # the next step reports it to the engine
+                    log.warning("tensor-parallel keep-alive: %s", e)
+                    return
+        del ex
 
 
 def make_executor(args: EngineArgs):

@@ -6,10 +6,12 @@ engine-core process.
 ``huggingface_hub.snapshot_download`` (``HF_HUB_OFFLINE=1`` uses only the local HF cache); without it the
 embedded tiny V4.1 checkpoint (random weights) is served. Start-up: resolve the model, import the front end,
 start the engine core (:class:`~v41.serve.engine_client.EngineClient`, which waits for the model to load),
-then serve. SIGTERM / SIGINT: stop accepting connections, let in-flight requests finish for up to
-``--shutdown-timeout`` seconds (default 30), abort the rest, stop the engine process, exit 0; a second
-signal skips the wait. Exit status: 0 after a signal, 2 for bad arguments or an unusable model, 1 when the
-engine fails to start or the server fails.
+then serve. SIGTERM / SIGINT: stop accepting connections and start draining the engine at once: in-flight
+requests may finish for up to ``--shutdown-timeout`` seconds (default 30), then the rest are aborted, so every
+open response still ends properly (an SSE stream with a finish_reason "abort" chunk and ``data: [DONE]``, a
+gRPC call with its ``Complete``) within ``ABORT_FLUSH_S`` more; then the engine process stops and the server
+exits 0. A second signal skips the wait (aborts at once). Exit status: 0 after a signal, 2 for bad arguments
+or an unusable model, 1 when the engine fails to start or the server fails.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ log = logging.getLogger("v41.serve")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's spellings
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64", *DTYPE_ALIASES)
 EMBEDDED_NAME = "v41-tiny"
+# After the aborts at the end of the shutdown timeout: how long open responses get to send their terminal
+# events before the front end cancels what is left.
+ABORT_FLUSH_S = 5.0
 
 
 class CliError(Exception):
@@ -199,15 +204,23 @@ def _install_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, force
 
 
 async def _drain(engine, grace_s: float, force: asyncio.Event) -> None:
-    """Let in-flight requests finish for up to ``grace_s`` (or until ``force``), then abort the rest."""
+    """Let in-flight requests finish for up to ``grace_s`` (or until ``force``), then abort the rest and wait
+    up to ``ABORT_FLUSH_S`` until their streams have taken their terminal outputs (a request that reaches the
+    engine meanwhile is aborted too)."""
     waiter = asyncio.ensure_future(engine.wait_idle(grace_s))
     forced = asyncio.ensure_future(force.wait())
     await asyncio.wait({waiter, forced}, return_when=asyncio.FIRST_COMPLETED)
     forced.cancel()
-    n = await engine.abort_all()
-    if n:
-        log.warning("aborted %d in-flight request(s) at shutdown", n)
-        await engine.wait_idle(2.0)
+    waiter.cancel()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ABORT_FLUSH_S
+    aborted = await engine.abort_all()
+    if aborted:
+        log.warning("aborting %d in-flight request(s) at shutdown", aborted)
+    while engine.is_running and loop.time() < deadline:
+        if await engine.wait_idle(min(0.2, max(0.0, deadline - loop.time()))):
+            break
+        await engine.abort_all()  # requests that reached the engine meanwhile (repeats are no-ops)
 
 
 async def _serve_http(engine, opts: argparse.Namespace, name: str) -> None:
@@ -222,8 +235,10 @@ async def _serve_http(engine, opts: argparse.Namespace, name: str) -> None:
 
             return contextlib.nullcontext()
 
+    # uvicorn's own graceful period outlasts the drain (shutdown timeout + the aborts' flush): it cancels
+    # response tasks only if they still run after that (a client that stopped reading).
     config = uvicorn.Config(app, host=opts.host, port=opts.port, log_level=opts.log_level,
-                            timeout_graceful_shutdown=max(opts.shutdown_timeout, 0.1), lifespan="auto")
+                            timeout_graceful_shutdown=opts.shutdown_timeout + ABORT_FLUSH_S, lifespan="auto")
     server = Server(config)
     loop = asyncio.get_running_loop()
     stop, force = asyncio.Event(), asyncio.Event()
@@ -246,16 +261,17 @@ async def _serve_http(engine, opts: argparse.Namespace, name: str) -> None:
         stopped.cancel()
         task.result()
         return
-    # uvicorn closes the listeners, lets open responses finish within its graceful timeout, then cancels
-    # their tasks (cancelling a stream aborts its request); _drain covers what is left in the engine.
+    # Both at once: uvicorn closes the listeners and waits for open responses; the engine drains (requests
+    # finish within the shutdown timeout, the rest are aborted), which ends every open response normally.
     server.should_exit = True
+    drained = asyncio.ensure_future(_drain(engine, opts.shutdown_timeout, force))
     forced = asyncio.ensure_future(force.wait())
     done, _ = await asyncio.wait({task, forced}, return_when=asyncio.FIRST_COMPLETED)
-    if forced in done:
+    if forced in done:  # a second signal: the drain aborts now; give the aborts a moment to reach the clients
+        await asyncio.wait({task, drained}, timeout=1.0, return_when=asyncio.ALL_COMPLETED)
         server.force_exit = True
-    await _drain(engine, 0.0 if force.is_set() else 1.0, force)
     try:
-        await asyncio.wait_for(task, timeout=5.0)
+        await asyncio.wait_for(asyncio.gather(task, drained), timeout=ABORT_FLUSH_S + 5.0)
     except (asyncio.TimeoutError, asyncio.CancelledError):
         pass
     forced.cancel()
@@ -273,8 +289,9 @@ async def _serve_grpc(engine, opts: argparse.Namespace, name: str) -> None:
     if term.done():
         stopped.cancel()
         return
-    # stop(grace): new RPCs are refused at once; running ones get ``grace`` seconds, then are cancelled.
-    stopping = asyncio.ensure_future(server.stop(opts.shutdown_timeout))
+    # stop(grace): new RPCs are refused at once; running ones end when the drain finishes or aborts their
+    # requests (each gets its Complete), and are cancelled only if still running after the flush time.
+    stopping = asyncio.ensure_future(server.stop(opts.shutdown_timeout + ABORT_FLUSH_S))
     drained = asyncio.ensure_future(_drain(engine, opts.shutdown_timeout, force))
     await asyncio.wait({stopping, drained})
     term.cancel()
@@ -282,7 +299,7 @@ async def _serve_grpc(engine, opts: argparse.Namespace, name: str) -> None:
 
 async def _serve(engine, opts: argparse.Namespace, name: str) -> None:
     scheme = "grpc" if opts.grpc else "http"
-    info = engine.model_info
+    info = engine.info
     log.info("serving %s (%s) as %r on %s://%s:%d; max_model_len %d; kinds %s, %s blocks of %d tokens each",
              engine.model_dir, info["arch"], name, scheme, opts.host, opts.port, engine.max_model_len,
              info["kinds"], info["num_blocks"].get("swa"), info["block_tokens"])

@@ -81,7 +81,8 @@ class EngineProtocol(Protocol):
     ``max_n``: the most completions (``SamplingParams.n``) one request may ask for (``EngineArgs.max_n``); the
     front ends refuse a larger ``n`` before tokenizing (``serve/validation.py``).
     ``abort(request_id)``: end a request now; its stream ends with finish reason "abort" (no-op if unknown).
-    ``stats()``: scheduler stats — ``running``, ``waiting``, ``blocks`` ({kind: {used, free, total}}),
+    ``stats()``: scheduler stats — ``running``, ``waiting``, ``blocks`` ({kind: {used, cached, free, total}}:
+    ``used`` counts every held block, ``cached`` those held only by the prefix cache; ``metrics.kv_blocks``),
     ``prefix_query_tokens``, ``prefix_hit_tokens``, ``prefix_hit_rate``, ``prefix_cached_pages``,
     ``num_preemptions`` — plus ``engine`` ({pid, model_dir, max_model_len, num_steps, num_requests, uptime_s,
     stale}). ``stale`` is True when a long step kept the engine from answering and the figures are those of
@@ -92,7 +93,8 @@ class EngineProtocol(Protocol):
     or wedged (one step running longer than ``$V41_STEP_TIMEOUT_S``, default 600 s). A health check is
     ``is_running and time.monotonic() - last_heartbeat_s < 5``.
     ``shutdown()``: stop the engine; in-flight streams end (aborted, or with EngineDeadError); idempotent,
-    blocking.
+    blocking. Optional: ``info``, the engine's resolved configuration (:func:`v41.engine.info.engine_info`),
+    which gRPC ``GetModelInfo`` / ``GetServerInfo`` report.
     """
 
     def generate(self, prompt: str | list[int] | dict, params: SamplingParams, request_id: str, *,
@@ -203,7 +205,6 @@ class EngineClient:
             self._close_sockets()
             raise
         self._ready = ready
-        self.model_info: dict = dict(ready.info)
         self._last_beat = time.monotonic()
         self._receiver = threading.Thread(target=self._receive_loop, name="v41-engine-client", daemon=True)
         self._receiver.start()
@@ -263,6 +264,13 @@ class EngineClient:
     def max_n(self) -> int:
         """The most completions one request may ask for (``EngineArgs.max_n``)."""
         return self.args.max_n
+
+    @property
+    def info(self) -> dict:
+        """The engine's resolved configuration as the engine process reported it at start-up
+        (:func:`v41.engine.info.engine_info`: block_tokens, kinds, num_blocks, enable_prefix_caching,
+        max_num_seqs, dtype, device, tensor_parallel_size, engine_args, ...); a copy."""
+        return dict(self._ready.info)
 
     @property
     def pid(self) -> int:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import zmq
 
+from ..engine.info import engine_info
 from . import messages as m
 
 log = logging.getLogger("v41.engine_proc")
@@ -199,19 +200,9 @@ class Heartbeat(threading.Thread):
 
 
 def _ready(core) -> m.Ready:
-    stats = core.stats()
-    cfg = core.cfg
-    info = {"arch": cfg.arch, "vocab_size": cfg.vocab_size, "bos_token_id": cfg.bos_token_id,
-            "eos_token_ids": list(cfg.eos_token_ids), "pad_token_id": cfg.pad_token_id,
-            "block_tokens": core.layout.block_tokens, "kinds": list(stats["blocks"]),
-            "num_blocks": {k: v["total"] for k, v in stats["blocks"].items()},
-            "max_num_seqs": core.args.max_num_seqs, "max_num_batched_tokens": core.args.max_num_batched_tokens,
-            "enable_prefix_caching": core.args.enable_prefix_caching, "dtype": core.args.dtype,
-            "device": str(core.args.device), "numerics": core.args.numerics,
-            "tensor_parallel_size": core.args.tensor_parallel_size,
-            "all_reduce_backend": getattr(core.executor, "backend", None)}
     model_dir = str(Path(core.args.model).resolve())
-    return m.Ready(os.getpid(), model_dir, str(Path(model_dir) / "tokenizer.json"), core.max_model_len, info)
+    return m.Ready(os.getpid(), model_dir, str(Path(model_dir) / "tokenizer.json"), core.max_model_len,
+                   engine_info(core))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -44,6 +44,7 @@ from ..chat.formats import DEFAULT_REVISION_BY_MODEL_TYPE
 from ..engine.params import CompletionOutput, RequestOutput, SamplingParams
 from .errors import INTERNAL, error_message, error_status
 from .grpc_gen import load as _load_stubs
+from .metrics import kv_blocks
 from .validation import SUPPORTS_VISION, check_text, engine_max_n, validate_messages, validate_tools
 
 pb2, pb2_grpc = _load_stubs()
@@ -406,8 +407,8 @@ class EngineServicer(pb2_grpc.EngineServicer):
         s = await self._stats()
         return pb2.Loads(
             running=s.get("running", 0), waiting=s.get("waiting", 0),
-            caches=[pb2.CacheUsage(kind=k, used_blocks=v.get("used", 0), free_blocks=v.get("free", 0),
-                                   total_blocks=v.get("total", 0)) for k, v in s.get("blocks", {}).items()],
+            caches=[pb2.CacheUsage(kind=k, used_blocks=v["used"], cached_blocks=v["cached"], free_blocks=v["free"],
+                                   total_blocks=v["total"]) for k, v in kv_blocks(s).items()],
             prefix_hit_rate=s.get("prefix_hit_rate", 0.0), num_preemptions=s.get("num_preemptions", 0))
 
     async def _stats(self) -> dict:
@@ -441,20 +442,10 @@ class EngineServicer(pb2_grpc.EngineServicer):
 
 # ---------------------------------------------------------------------------------------------- engine facts
 def _engine_info(engine) -> dict:
-    """Engine facts beyond EngineProtocol, keyed like ``messages.Ready.info`` (block_tokens, kinds,
-    enable_prefix_caching, max_num_seqs, ...): ``engine.info`` when the engine offers it, else what an
-    in-process AsyncEngine's core knows, else {}."""
+    """The engine's resolved configuration (``engine.info``: :func:`v41.engine.info.engine_info`, offered by
+    ``EngineClient`` and ``AsyncEngine``); {} for an engine without one."""
     info = getattr(engine, "info", None)
-    if isinstance(info, dict):
-        return info
-    core = getattr(engine, "core", None)
-    if core is None:
-        return {}
-    a = core.args
-    return {"block_tokens": core.layout.block_tokens, "enable_prefix_caching": a.enable_prefix_caching,
-            "max_num_seqs": a.max_num_seqs, "max_num_batched_tokens": a.max_num_batched_tokens, "dtype": a.dtype,
-            "device": str(a.device), "numerics": a.numerics, "tensor_parallel_size": a.tensor_parallel_size,
-            "all_reduce_backend": getattr(core.executor, "backend", None)}
+    return dict(info) if isinstance(info, dict) else {}
 
 
 def _tokenizer_sha256(engine) -> str:

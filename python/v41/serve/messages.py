@@ -72,8 +72,9 @@ class Shutdown:
 @dataclass(frozen=True, slots=True)
 class Ready:
     """The engine core loaded the model and runs its loop. ``info``: what front ends need besides the model
-    config (read from ``model_dir``): arch, vocab_size, bos/eos/pad ids, block_tokens, kinds, num_blocks,
-    max_num_seqs, max_num_batched_tokens, enable_prefix_caching, dtype, device, numerics."""
+    config (read from ``model_dir``), :func:`v41.engine.info.engine_info` of the core: arch, vocab_size,
+    bos/eos/pad ids, block_tokens, kinds, num_blocks, max_num_seqs, max_num_batched_tokens,
+    enable_prefix_caching, dtype, device, numerics, tensor_parallel_size, engine_args, ..."""
 
     pid: int
     model_dir: str

@@ -5,8 +5,12 @@ Request-level figures are measured in the front end, per engine request, from th
 request: TTFT (arrival → first generated token), inter-token latency (TPOT: gap between token deliveries,
 split evenly when one delivery carries several tokens), end-to-end latency (arrival → terminal output) and
 queue time (engine arrival → first scheduled, only when the engine reports ``RequestOutput.metrics``).
-Engine-level gauges (running/waiting, KV usage per cache kind, prefix hit rate) are refreshed from the
+Engine-level gauges (running/waiting, KV blocks per cache kind, prefix hit rate) are refreshed from the
 engine's ``stats()`` at every scrape. All times are seconds.
+
+KV blocks of each cache kind are split by holder (:func:`kv_blocks`): *used* by running requests (some may be
+shared with the prefix cache), *cached* (held only by the prefix cache: evictable, so an idle server shows 0
+used), free. ``v41_kv_cache_usage_ratio`` is used / total, as vLLM's KV usage (evictable blocks count as free).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ METRIC_NAMES = (
     "v41_requests_total", "v41_request_errors_total", "v41_time_to_first_token_seconds",
     "v41_time_per_output_token_seconds", "v41_e2e_request_latency_seconds", "v41_request_queue_time_seconds",
     "v41_num_requests_running", "v41_num_requests_waiting", "v41_kv_cache_usage_ratio",
+    "v41_kv_cache_used_blocks", "v41_kv_cache_cached_blocks", "v41_kv_cache_total_blocks",
     "v41_prefix_cache_hit_rate", "v41_prompt_tokens_total", "v41_generation_tokens_total", "v41_engine_alive",
 )
 
@@ -49,8 +54,15 @@ class ServerMetrics:
                                buckets=_LATENCY_BUCKETS_S, registry=r)
         self.running = Gauge("v41_num_requests_running", "Requests in the engine's running batch.", registry=r)
         self.waiting = Gauge("v41_num_requests_waiting", "Requests waiting to be scheduled.", registry=r)
-        self.kv_usage = Gauge("v41_kv_cache_usage_ratio", "Used / total KV blocks per cache kind.", ["kind"],
+        self.kv_usage = Gauge("v41_kv_cache_usage_ratio", "KV blocks held by running requests / total, per "
+                              "cache kind (blocks held only by the prefix cache count as free).", ["kind"],
                               registry=r)
+        self.kv_used = Gauge("v41_kv_cache_used_blocks", "KV blocks held by running requests (some may be shared "
+                             "with the prefix cache), per cache kind.", ["kind"], registry=r)
+        self.kv_cached = Gauge("v41_kv_cache_cached_blocks", "KV blocks held only by the prefix cache (evictable), "
+                               "per cache kind.", ["kind"], registry=r)
+        self.kv_total = Gauge("v41_kv_cache_total_blocks", "KV blocks per cache kind (cstate: state rows).",
+                              ["kind"], registry=r)
         self.prefix_hit_rate = Gauge("v41_prefix_cache_hit_rate", "Prefix-cache hit rate (tokens).", registry=r)
         self.prompt_tokens = Counter("v41_prompt_tokens", "Prompt tokens of accepted requests.", registry=r)
         self.generation_tokens = Counter("v41_generation_tokens", "Generated tokens.", registry=r)
@@ -64,22 +76,44 @@ class ServerMetrics:
         self.errors.labels(status=str(http_status)).inc()
 
     def update_engine(self, stats: dict | None, alive: bool) -> None:
-        """Refresh the engine gauges from a ``stats()`` dict (running, waiting, blocks{kind: used/free/total},
-        prefix_hit_rate); None leaves them as they are."""
+        """Refresh the engine gauges from a ``stats()`` dict (running, waiting, blocks{kind: used/cached/free/
+        total}, prefix_hit_rate); None leaves them as they are."""
         self.alive.set(1.0 if alive else 0.0)
         if not stats:
             return
         self.running.set(stats.get("running", 0))
         self.waiting.set(stats.get("waiting", 0))
-        for kind, pool in (stats.get("blocks") or {}).items():
-            total = pool.get("total", 0)
-            self.kv_usage.labels(kind=kind).set(pool.get("used", 0) / total if total else 0.0)
+        for kind, pool in kv_blocks(stats).items():
+            total = pool["total"]
+            self.kv_usage.labels(kind=kind).set(pool["used"] / total if total else 0.0)
+            self.kv_used.labels(kind=kind).set(pool["used"])
+            self.kv_cached.labels(kind=kind).set(pool["cached"])
+            self.kv_total.labels(kind=kind).set(total)
         if stats.get("prefix_hit_rate") is not None:
             self.prefix_hit_rate.set(stats["prefix_hit_rate"])
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def kv_blocks(stats: dict) -> dict[str, dict[str, int]]:
+    """Per cache kind of an engine ``stats()`` dict: ``{"used", "cached", "free", "total"}`` blocks (rows for
+    ``cstate``), where ``used`` counts blocks held by running requests and ``cached`` blocks held only by the
+    prefix cache (evictable); used + cached + free = total.
+
+    The scheduler's pools report ``used`` (any holder) and ``cached`` (``v41._native`` built from
+    crates/v41-sched with ``PoolStats::cached_only``). An extension built before that reports no ``cached``:
+    then nothing is split while requests run (used = every held block, as before), and when none runs every
+    held block is the prefix cache's (finished requests leave blocks only to the cache), which is exact."""
+    idle = not stats.get("running")
+    out = {}
+    for kind, pool in (stats.get("blocks") or {}).items():
+        held, total = int(pool.get("used", 0)), int(pool.get("total", 0))
+        cached = int(pool["cached"]) if "cached" in pool else (held if idle else 0)
+        out[kind] = {"used": held - cached, "cached": cached, "free": int(pool.get("free", total - held)),
+                     "total": total}
+    return out
 
 
 class RequestTracker:
