@@ -117,7 +117,7 @@ def _stream(args: argparse.Namespace, model_dir: Path, tokenizer, out: TextIO) -
     as the detokenizer releases it."""
     from .engine.args import EngineArgs
     from .engine.core import EngineCore
-    from .engine.llm import encode_prompt
+    from .engine.prompts import encode_prompt
     from .engine.params import SamplingParams
 
     core = EngineCore(EngineArgs(model=str(model_dir), dtype=args.dtype, numerics=args.numerics, seed=args.seed,

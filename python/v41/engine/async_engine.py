@@ -20,7 +20,8 @@ from collections.abc import AsyncIterator
 from .args import EngineArgs
 from .core import EngineCore
 from .info import engine_info
-from .llm import PromptLike, encode_prompt, model_or_embedded, prompt_cache_salt
+from .llm import model_or_embedded
+from .prompts import PromptLike, encode_prompt, prompt_cache_salt
 from .params import RequestOutput, SamplingParams
 
 log = logging.getLogger("v41.engine")

@@ -25,7 +25,8 @@ from .detokenizer import IncrementalDetokenizer
 from .executor import make_executor
 from .host_step import HostStep
 from .output import delta_output
-from .params import RequestOutput, SamplingParams, check_request_options
+from .params import RequestOutput, SamplingParams
+from .prompts import validate_request
 from .request import Sequence
 from .sampler import Sampler, SamplingState, compute_prompt_logprobs
 
@@ -103,22 +104,11 @@ class EngineCore:
         Raises ValueError for an empty or too long prompt, ids outside the vocabulary, a duplicate id, a
         priority outside int32, a salt that is empty, no string or not UTF-8, or invalid sampling
         parameters (``n`` above ``args.max_n`` included)."""
-        check_request_options(priority, cache_salt)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         ids = [int(t) for t in prompt_token_ids]
-        if not ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        if min(ids) < 0 or max(ids) >= self.cfg.vocab_size:
-            raise ValueError(f"prompt token ids must lie in [0, {self.cfg.vocab_size})")
-        params.validate(self.cfg.vocab_size, self.args.max_n)
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}")
-        room = self.max_model_len - len(ids)
-        max_tokens = room if params.max_tokens is None else params.max_tokens
-        if max_tokens > room:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len "
-                             f"({self.max_model_len})")
+        max_tokens = validate_request(ids, params, priority, cache_salt, self.cfg.vocab_size, self.max_model_len,
+                                      self.args.max_n)
         seqs: list[Sequence] = []
         try:
             for i in range(params.n):

@@ -11,31 +11,7 @@ from .args import EngineArgs
 from .core import EngineCore
 from .output import OutputAccumulator
 from .params import RequestOutput, SamplingParams
-
-PromptLike = str | list[int] | dict
-PROMPT_KEYS = ("prompt", "prompt_token_ids", "cache_salt")  # vLLM's TextPrompt / TokensPrompt fields
-
-
-def encode_prompt(core: EngineCore, prompt: PromptLike) -> tuple[str | None, list[int]]:
-    """Text (BOS prepended, no chat template), token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids":
-    ...}`` (optionally with ``"cache_salt"``, see :func:`prompt_cache_salt`) → (text or None, token ids).
-    Raises ValueError for anything else, naming unknown dict keys."""
-    if isinstance(prompt, dict):
-        unknown = sorted(str(k) for k in prompt if k not in PROMPT_KEYS)
-        if unknown:
-            raise ValueError(f"unknown prompt dict key(s) {unknown}; expected some of {list(PROMPT_KEYS)}")
-        if "prompt_token_ids" in prompt:
-            return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
-        if "prompt" in prompt:
-            prompt = prompt["prompt"]
-        else:
-            raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-    if isinstance(prompt, str):
-        ids = core.tokenizer.encode(prompt, add_special_tokens=False).ids if prompt else []
-        return prompt, ([core.cfg.bos_token_id] + ids) if ids else []
-    if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-        return None, list(prompt)
-    raise ValueError(f"unsupported prompt type {type(prompt).__name__}")
+from .prompts import PromptLike, encode_prompt, prompt_cache_salt
 
 
 def model_or_embedded(model: str | None) -> str:
@@ -45,17 +21,6 @@ def model_or_embedded(model: str | None) -> str:
     from ..testing.embedded import embedded_model_dir
 
     return str(embedded_model_dir())
-
-
-def prompt_cache_salt(prompt: PromptLike, cache_salt: str | None) -> str | None:
-    """The request's prefix-cache salt: the ``cache_salt`` argument or a prompt dict's ``"cache_salt"``
-    (where vLLM takes it). Raises ValueError when both are given and differ."""
-    inner = prompt.get("cache_salt") if isinstance(prompt, dict) else None
-    if inner is None:
-        return cache_salt
-    if cache_salt is not None and cache_salt != inner:
-        raise ValueError(f"cache_salt given twice: {cache_salt!r} as an argument, {inner!r} in the prompt dict")
-    return inner
 
 
 class LLM:

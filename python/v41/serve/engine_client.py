@@ -43,7 +43,8 @@ import zmq
 
 from ..engine.args import EngineArgs
 from ..engine.async_engine import EngineDeadError
-from ..engine.params import RequestOutput, SamplingParams, check_request_options
+from ..engine.params import RequestOutput, SamplingParams
+from ..engine.prompts import encode_prompt, prompt_cache_salt, validate_request
 from . import messages as m
 from .errors import QueueFullError  # more requests in flight than max_num_seqs + max_queue_len: HTTP 429
 
@@ -297,18 +298,14 @@ class EngineClient:
         self._check_alive()
         params = params or SamplingParams()
         rid = request_id if request_id is not None else f"req-{uuid.uuid4().hex}"
-        from ..engine.llm import encode_prompt, prompt_cache_salt
-
         try:
             text, ids = encode_prompt(self, prompt)
-            params.validate(self._cfg.vocab_size, self.args.max_n)
             cache_salt = prompt_cache_salt(prompt, cache_salt)
-            check_request_options(priority, cache_salt)
+            validate_request(ids, params, priority, cache_salt, self._cfg.vocab_size, self.max_model_len,
+                             self.args.max_n)
             msg = m.encode(m.AddRequest(rid, ids, m.params_to_dict(params), text, priority, cache_salt))
         except TypeError as e:  # e.g. a prompt_token_ids entry that is no number
             raise ValueError(f"invalid request: {e}") from e
-        if not ids:
-            raise ValueError("the prompt is empty: give at least one token")
         if rid in self._streams:
             raise ValueError(f"request id {rid!r} is already in use")
         if self.max_queue_len is not None and len(self._streams) >= self.args.max_num_seqs + self.max_queue_len:

@@ -7,7 +7,7 @@ The engine is any ``v41.serve.EngineProtocol`` (``EngineClient``, ``v41.AsyncEng
 params, request_id, *, priority, cache_salt)`` (an async iterator of *delta* ``RequestOutput``s, the last one
 finished), ``abort``,
 ``tokenizer``, ``cfg``, ``max_model_len``, ``is_running``, ``last_heartbeat_s`` (optional) and ``stats()``
-(sync or async). Prompts are tokenized in the front end (BOS + text, like ``v41.engine.llm.encode_prompt``; chat through
+(sync or async). Prompts are tokenized in the front end (BOS + text, like ``v41.engine.prompts.encode_prompt``; chat through
 ``v41.chat.encode_chat``) and sent as ``{"prompt": text, "prompt_token_ids": ids}``.
 
 This module holds the routes; ``openai_server.py`` the core they share (:class:`OpenAIServer`),

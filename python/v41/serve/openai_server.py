@@ -117,7 +117,7 @@ class OpenAIServer:
 
     # -- prompts and parameters ------------------------------------------------------------------------
     def encode_text(self, text: str) -> list[int]:
-        """BOS + the text's tokens ([] for ""), as ``v41.engine.llm.encode_prompt``."""
+        """BOS + the text's tokens ([] for ""), as ``v41.engine.prompts.encode_prompt``."""
         if not text:
             return []
         return [self.cfg.bos_token_id] + self.tokenizer.encode(text, add_special_tokens=False).ids
