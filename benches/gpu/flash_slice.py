@@ -5,7 +5,8 @@ the GPU, v41's engine (checkpoint formats: FP8 dense + MXFP4 experts, CUDA graph
     python3 benches/gpu/flash_slice.py --slice v4 [--transformers] [--cells 1x2048,8x2048] [--prefill 2048,8192]
 
 Figures as docs/benchmarking.md "How a figure is taken": decode = median of 50 engine steps (scheduler + forward +
-sampling) after 10 warm-ups, every request prefilled to context C first; prefill = one request of L tokens in one
+sampling) after 10 warm-ups, every request prefilled to context C first, tokens sampled at temperature 100 (so
+hash routing spreads as the floor's uniform-routing expectation assumes); prefill = one request of L tokens in one
 chunk, cold, median of 3 after a warm-up; floors = bytes the step must read (weights in the format used — dense
 parts plus the experts uniform routing touches in expectation — and the KV read) over the device-to-device copy
 bandwidth measured in the same call. Prints the environment, writes JSON next to --out, prints one table last.
@@ -94,8 +95,10 @@ def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10
 
     rng = random.Random(batch * 7919 + context)
     vocab = core.cfg.vocab_size
-    sp = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=steps + warmup + 4)
-    for i in range(batch):
+    for i in range(batch):  # random weights give peaked logits (greedy repeats one token; temperature 1 gave 9
+        # distinct tokens among 64 requests), and hash-routed layers route by token id: temperature 100 spreads the
+        # fed ids as the floor's uniform-routing expectation assumes
+        sp = SamplingParams(temperature=100.0, seed=i, ignore_eos=True, max_tokens=steps + warmup + 4)
         core.add_request(f"d{batch}-{context}-{i}", [rng.randrange(3, vocab) for _ in range(context)], sp)
     while any(len(s.output_token_ids) == 0 for s in core.seqs.values()):
         core.step()
@@ -107,6 +110,8 @@ def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10
         torch.cuda.synchronize()
         if k >= warmup:
             times.append(time.perf_counter() - t)
+    last = {s.output_token_ids[-1] for s in core.seqs.values() if s.output_token_ids}
+    print(f"v41 decode B={batch} C={context}: {len(last)} distinct tokens in the last step", flush=True)
     for rid in list(core.requests):
         core.abort_request(rid)
     core.step()
@@ -233,14 +238,17 @@ def export_dense(model):
 def hf_decode(hf, vocab: int, batch: int, context: int, steps: int = 20, warmup: int = 3) -> float:
     g = torch.Generator(device="cuda").manual_seed(batch + context)
     ids = torch.randint(3, vocab, (batch, context), device="cuda", generator=g)
+    def sample(logits):  # temperature 100, as v41's decode cells
+        return torch.multinomial(torch.softmax(logits[:, -1].float() / 100, dim=-1), 1, generator=g)
+
     out = hf(input_ids=ids, use_cache=True)
-    past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+    past, nxt = out.past_key_values, sample(out.logits)
     times = []
     for k in range(warmup + steps):
         torch.cuda.synchronize()
         t = time.perf_counter()
         out = hf(input_ids=nxt, past_key_values=past, use_cache=True)
-        past, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        past, nxt = out.past_key_values, sample(out.logits)
         torch.cuda.synchronize()
         if k >= warmup:
             times.append(time.perf_counter() - t)

@@ -43,6 +43,12 @@ def use_triton(*tensors: torch.Tensor) -> bool:
     return all(t.is_cuda for t in tensors)
 
 
+def interpreting() -> bool:
+    """Whether Triton runs under its CPU interpreter (``TRITON_INTERPRET=1``), which lacks some ops
+    (``tl.dot_scaled``): kernels keep a plain-``tl.dot`` branch for it."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def dot_dtype(dtype: torch.dtype):
     """The Triton operand type of ``tl.dot`` for activations of ``dtype`` (bf16, fp16 or fp32)."""
     return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]

@@ -5,7 +5,8 @@ rows ``[offsets[e], offsets[e+1])``. :func:`grouped_linear` computes, for every 
 ``y[i] = x[rows[i]] · W[e]ᵀ`` over a packed ``[E, N, K]`` weight (MXFP4 experts dequantized in the kernel:
 W4A16; FP8 and dense too). One launch covers every expert: programs ``(expert, N tile)`` walk their expert's
 rows in ``BM`` blocks, so an expert's weights are read once per row block and unused experts cost nothing but
-an empty program.
+an empty program. On a GPU with bf16/fp16 activations MXFP4 tiles go through ``tl.dot_scaled`` (Triton's own FP4
+upcast, 1.3–1.6× faster than the nibble decode: benches/RESULTS.md); float32 and the interpreter decode in code.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dispatch import TRITON_DTYPES, dot_dtype, triton, use_triton
+from .dispatch import TRITON_DTYPES, dot_dtype, interpreting, triton, use_triton
 from .packed import PackedWeight
 
 
@@ -88,7 +89,7 @@ def grouped_linear_ref(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor
 def grouped_linear(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None = None) -> Tensor:
     """:func:`grouped_linear_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
     if x.dtype in TRITON_DTYPES and use_triton(x, w.data):
-        return _grouped_triton(x, w, offsets, rows)
+        return grouped_linear_triton(x, w, offsets, rows)
     return grouped_linear_ref(x, w, offsets, rows)
 
 
@@ -101,7 +102,8 @@ if triton is not None:
     def _grouped_kernel(x_ptr, rows_ptr, w_ptr, s_ptr, offs_ptr, act_ptr, y_ptr, N, K, K_SPLIT, stride_xm, stride_we,
                         stride_wn, stride_se, stride_sn, stride_ys, stride_ym, GATHER: tl.constexpr,
                         B0: tl.constexpr, SK: tl.constexpr, FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
+                        BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr,
+                        LHS_FMT: tl.constexpr):
         e = tl.load(act_ptr + tl.program_id(0))
         if e < 0:
             return
@@ -126,12 +128,21 @@ if triton is not None:
                 rk = k0 + tl.arange(0, BK)
                 a = tl.load(x_ptr + src[:, None] * stride_xm + rk[None, :],
                             mask=mmask[:, None] & (rk < k_hi)[None, :], other=0.0).to(DOT)
-                w = w_tile(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT)
-                if IEEE:
-                    part = tl.dot(a, tl.trans(w), input_precision="ieee")
+                if SCALED:  # MXFP4 through Triton's scaled dot: its own FP4 → bf16 upcast
+                    rb = k0 // 2 + tl.arange(0, BK // 2)
+                    wb = tl.load(w_e + rn[:, None] * stride_wn + rb[None, :],
+                                 mask=nmask[:, None] & (rb < K // 2)[None, :], other=0)
+                    rs = k0 // 32 + tl.arange(0, BK // 32)
+                    sb = tl.load(s_e + rn[:, None] * stride_sn + rs[None, :],
+                                 mask=nmask[:, None] & (rs < K // 32)[None, :], other=127)
+                    acc = tl.dot_scaled(a, None, LHS_FMT, tl.trans(wb), sb, "e2m1", acc)
                 else:
-                    part = tl.dot(a, tl.trans(w))
-                acc += part * tile_scale(s_e, rn, k0, nmask, stride_sn, B0, SK, BK, FMT)[None, :]
+                    w = w_tile(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT)
+                    if IEEE:
+                        part = tl.dot(a, tl.trans(w), input_precision="ieee")
+                    else:
+                        part = tl.dot(a, tl.trans(w))
+                    acc += part * tile_scale(s_e, rn, k0, nmask, stride_sn, B0, SK, BK, FMT)[None, :]
             tl.store(y_ptr + pid_k * stride_ys + rm[:, None] * stride_ym + rn[None, :],
                      acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
@@ -150,28 +161,45 @@ if triton is not None:
         tl.store(out_ptr + t.to(tl.int64) * D + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _grouped_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None) -> Tensor:
-    """Programs (live expert, N tile, K split): only the experts with rows get programs (a compact list made on the
-    device), and few rows per expert (decode) split K so the in-register dequantization spreads over the GPU;
-    split partials are summed in float32 in a fixed order."""
+def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
+    """The launch of :func:`grouped_linear_triton` for ``pairs`` sorted rows over ``w`` (host shapes only, never the
+    routing): row block ``bm``, N tile ``bn``, K ``split`` (few rows per expert split K so the weight stream
+    spreads over the GPU), ``scaled`` (MXFP4 through ``tl.dot_scaled``: bf16/fp16 activations on a GPU, not
+    under the interpreter), ``warps``, ``stages``. Chosen with ``benches/gpu/moe_bench.py --sweep``."""
+    n_exp, n, k = w.shape
+    per_expert = pairs / n_exp
+    bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
+    bn = 128 if bm == 16 else 64
+    slots = min(n_exp, pairs)
+    n_kb = triton.cdiv(k, TILE_K)
+    split = max(1, min(n_kb, 1024 // (slots * triton.cdiv(n, bn)))) if bm == 16 else 1
+    scaled = (w.fmt == "mxfp4" and dtype in (torch.bfloat16, torch.float16) and w.data.is_cuda
+              and not interpreting())
+    return dict(bm=bm, bn=bn, split=split, scaled=scaled, warps=4, stages=4)
+
+
+def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None,
+                          config: dict | None = None) -> Tensor:
+    """The Triton launch of :func:`grouped_linear` (``config``: :func:`grouped_config`'s keys; default: its
+    choice). Programs (live expert, N tile, K split): only the experts with rows get programs (a compact list
+    made on the device); split partials are summed in float32 in a fixed order."""
     n_exp, n, k = w.shape
     p = x.shape[0] if rows is None else rows.shape[0]
     if p == 0:
         return torch.empty((0, n), dtype=x.dtype, device=x.device)
+    c = config or grouped_config(p, w, x.dtype)
     x = x.contiguous()
     scale = w.scale if w.scale is not None else w.data
-    per_expert = p / n_exp  # the host's view of the step's shape, not of its routing
-    bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
-    bn = 128 if bm == 16 else 64
     slots = min(n_exp, p)
     n_kb = triton.cdiv(k, TILE_K)
-    split = max(1, min(n_kb, 1024 // (slots * triton.cdiv(n, bn)))) if bm == 16 else 1
-    k_split = triton.cdiv(n_kb, split) * TILE_K
+    k_split = triton.cdiv(n_kb, min(n_kb, c["split"])) * TILE_K
     split = triton.cdiv(k, k_split)
     y = torch.empty((split, p, n), dtype=x.dtype if split == 1 else torch.float32, device=x.device)
-    _grouped_kernel[(slots, triton.cdiv(n, bn), split)](
+    _grouped_kernel[(slots, triton.cdiv(n, c["bn"]), split)](
         x, x if rows is None else rows, w.data, scale, offsets, active_experts(offsets, slots), y, n, k, k_split,
         x.stride(0), w.data.stride(0), w.data.stride(1), scale.stride(0), scale.stride(1), y.stride(0),
         y.stride(1), GATHER=rows is not None, B0=w.block[0], SK=scale_k(w.fmt, w.block), FMT=FMT_CODES[w.fmt],
-        BM=bm, BN=bn, BK=TILE_K, DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32, num_stages=4)
+        BM=c["bm"], BN=c["bn"], BK=TILE_K, DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32,
+        SCALED=c["scaled"], LHS_FMT="fp16" if x.dtype == torch.float16 else "bf16",
+        num_warps=c["warps"], num_stages=c["stages"])
     return y[0] if split == 1 else y.sum(0).to(x.dtype)

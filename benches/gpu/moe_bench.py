@@ -1,0 +1,141 @@
+"""The decode MoE GEMM alone (docs/benchmarking.md, issue 12): :func:`v41.kernels.moe.grouped_linear_triton` over
+V4-Flash's MXFP4 experts (256 experts; ``w13`` 4096 × 4096, ``w2`` 4096 × 2048) at the pair counts of decode
+batches, each launch configuration checked against dequantize-then-matmul and timed with CUDA events.
+
+    python3 benches/gpu/moe_bench.py [--batches 1,8,64] [--sweep] [--reps 20]
+
+Every repetition routes afresh (uniform top-6 per token, a new draw each time) so the experts it reads are not
+the previous repetition's L2 contents; the launch is timed as a CUDA graph replay, as the decode step runs it.
+Floor = bytes of the experts touched (data + scales) over the copy bandwidth measured in the same call. Prints
+one table last: the default configuration and, with ``--sweep``, the best of the swept ones per cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+
+import torch
+
+from v41.kernels.moe import align_pairs, grouped_config, grouped_linear_triton
+from v41.kernels.packed import PackedWeight
+
+E, D, I, TOP_K = 256, 4096, 2048, 6
+
+
+def copy_bandwidth() -> float:
+    src = torch.randn(1 << 29, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(10):
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3)
+    return 2 * src.numel() * 4 / statistics.median(ts)
+
+
+def mxfp4(n: int, k: int) -> PackedWeight:
+    data = torch.randint(0, 256, (E, n, k // 2), dtype=torch.uint8, device="cuda")
+    scale = torch.randint(118, 127, (E, n, k // 32), dtype=torch.uint8, device="cuda")
+    return PackedWeight(data, scale, "mxfp4", (1, 32))
+
+
+def routings(batch: int, reps: int, gen: torch.Generator):
+    out = []
+    for _ in range(reps):
+        ids = torch.rand(batch, E, generator=gen, device="cuda").topk(TOP_K, dim=1).indices
+        order, offsets = align_pairs(ids, E)
+        out.append((order // TOP_K, offsets, int((offsets[1:] > offsets[:-1]).sum())))
+    return out
+
+
+def check(x, w, route, cfg, gather: bool) -> float:
+    rows, offsets, _ = route
+    rows = rows if gather else None
+    got = grouped_linear_triton(x, w, offsets, rows, cfg).float()
+    xs = (x if rows is None else x[rows]).float()
+    ref = torch.zeros_like(got)
+    bounds = offsets.tolist()
+    for e in range(E):
+        a, b = bounds[e], bounds[e + 1]
+        if b > a:
+            ref[a:b] = xs[a:b] @ PackedWeight(w.data[e], w.scale[e], "mxfp4", w.block).dequantize(torch.float32).T
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((got - ref).norm() / ref.norm())
+
+
+def timed(x, w, routes, cfg, gather: bool) -> float:
+    """Median ms of the launch replayed as a CUDA graph (as the decode step runs it: no host launch cost), the
+    routing copied into the graph's static inputs before each replay."""
+    rows = routes[0][0].clone()
+    offsets = routes[0][1].clone()
+    grouped_linear_triton(x, w, offsets, rows if gather else None, cfg)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouped_linear_triton(x, w, offsets, rows if gather else None, cfg)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for r, o, _ in routes:
+        rows.copy_(r)
+        offsets.copy_(o)
+        torch.cuda.synchronize()
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--sweep", action="store_true")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s")
+    weights = {"w13": mxfp4(2 * I, D), "w2": mxfp4(D, I)}
+    per_expert = {name: (w.data[0].numel() + w.scale[0].numel()) for name, w in weights.items()}
+    rows = []
+    for batch in [int(b) for b in a.batches.split(",")]:
+        routes = routings(batch, a.reps, gen)
+        touched = statistics.mean(r[2] for r in routes)
+        for name, w in weights.items():
+            gather = name == "w13"  # w13 reads token rows through the sorted pairs, w2 the sorted rows in order
+            x = torch.randn(batch if gather else batch * TOP_K, w.shape[2], device="cuda", dtype=torch.bfloat16)
+            floor_ms = touched * per_expert[name] / bw * 1e3
+            default = grouped_config(batch * TOP_K, w, x.dtype)
+            configs = [default]
+            if a.sweep:
+                splits = sorted({default["split"], 2 * default["split"], max(1, default["split"] // 2)})
+                for scaled, bn, split, warps, stages in itertools.product(
+                        (False, True), (64, 128), splits, (4, 8), (3, 4)):
+                    configs.append(dict(default, scaled=scaled, bn=bn, split=split, warps=warps, stages=stages))
+            results = []
+            for cfg in configs:
+                err = check(x, w, routes[0], cfg, gather)
+                ms = timed(x, w, routes, cfg, gather) if err < 1e-2 else float("nan")
+                print(f"B={batch:3d} {name:3s} {cfg} err {err:.1e} {ms:.3f} ms", flush=True)
+                results.append((ms if ms == ms else float("inf"), cfg, err))
+            best = min(results, key=lambda r: r[0])
+            rows.append((batch, name, touched, floor_ms, results[0][0], results[0][2], best[0], best[1]))
+    print("\n| B | weight | experts touched | floor ms | default ms | default/floor | rel err | best ms "
+          "| best config |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for batch, name, touched, floor_ms, d_ms, err, b_ms, b_cfg in rows:
+        print(f"| {batch} | {name} | {touched:.0f} | {floor_ms:.3f} | {d_ms:.3f} | {d_ms / floor_ms:.1f}x | {err:.1e} "
+              f"| {b_ms:.3f} | {b_cfg} |")
+
+
+if __name__ == "__main__":
+    main()
