@@ -48,7 +48,7 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, gro
 if triton is not None:
     import triton.language as tl
 
-    from .wtile import FMT_CODES, TILE_K, scale_k, tile_scale, w_tile
+    from .wtile import FMT_CODES, TILE_K, scale_k, tile_dot
 
     @triton.jit
     def _linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, NG, K_SPLIT, stride_xm, stride_wn, stride_sn,
@@ -66,12 +66,7 @@ if triton is not None:
             rk = k0 + tl.arange(0, BK)
             a = tl.load(x_ptr + rm[:, None] * stride_xm + col0 + rk[None, :],
                         mask=(rm < M)[:, None] & (rk < k_hi)[None, :], other=0.0).to(DOT)
-            w = w_tile(w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT)
-            if IEEE:
-                part = tl.dot(a, tl.trans(w), input_precision="ieee")
-            else:
-                part = tl.dot(a, tl.trans(w))
-            acc += part * tile_scale(s_ptr, rn, k0, nmask, stride_sn, B0, SK, BK, FMT)[None, :]
+            acc += tile_dot(a, w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT, IEEE)
         ptrs = y_ptr + pid_k * stride_ys + rm[:, None] * stride_ym + rn[None, :]
         tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm < M)[:, None] & nmask[None, :])
 

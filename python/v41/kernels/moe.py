@@ -96,7 +96,7 @@ def grouped_linear(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | N
 if triton is not None:
     import triton.language as tl
 
-    from .wtile import FMT_CODES, TILE_K, scale_k, tile_scale, w_tile
+    from .wtile import FMT_CODES, TILE_K, scale_k, tile_dot
 
     @triton.jit
     def _grouped_kernel(x_ptr, rows_ptr, w_ptr, s_ptr, offs_ptr, act_ptr, y_ptr, N, K, K_SPLIT, stride_xm, stride_we,
@@ -137,12 +137,7 @@ if triton is not None:
                                  mask=nmask[:, None] & (rs < K // 32)[None, :], other=127)
                     acc = tl.dot_scaled(a, None, LHS_FMT, tl.trans(wb), sb, "e2m1", acc)
                 else:
-                    w = w_tile(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT)
-                    if IEEE:
-                        part = tl.dot(a, tl.trans(w), input_precision="ieee")
-                    else:
-                        part = tl.dot(a, tl.trans(w))
-                    acc += part * tile_scale(s_e, rn, k0, nmask, stride_sn, B0, SK, BK, FMT)[None, :]
+                    acc += tile_dot(a, w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT, IEEE)
             tl.store(y_ptr + pid_k * stride_ys + rm[:, None] * stride_ym + rn[None, :],
                      acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 

@@ -78,3 +78,16 @@ def tile_scale(s_ptr, rn, k0, nmask, stride_sn, B0: tl.constexpr, SK: tl.constex
         return e8m0_to_f32(tl.load(s_ptr + (rn // B0) * stride_sn + k0 // SK, mask=nmask, other=127))
     else:
         return tl.full(rn.shape, 1.0, dtype=tl.float32)
+
+
+@triton.jit
+def tile_dot(a, w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, B0: tl.constexpr, SK: tl.constexpr,
+             BK: tl.constexpr, FMT: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
+    """``a [BM, BK] · W[rn, k0 : k0 + BK]ᵀ`` → float32 [BM, BN], the weight tile from :func:`w_tile` and the
+    tile's scale applied (IEEE float32 products when ``IEEE``)."""
+    w = w_tile(w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT)
+    if IEEE:
+        part = tl.dot(a, tl.trans(w), input_precision="ieee")
+    else:
+        part = tl.dot(a, tl.trans(w))
+    return part * tile_scale(s_ptr, rn, k0, nmask, stride_sn, B0, SK, BK, FMT)[None, :]
