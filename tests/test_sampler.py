@@ -411,3 +411,21 @@ def test_default_params_follow_vllm_and_validate():
 def test_bad_params_raise_a_clear_value_error(kw, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kw).validate(1024)
+
+
+def test_sampling_inputs_pack_each_row_and_grow_past_their_capacity():
+    from v41.engine.sampling_inputs import TOP_P_OFF, SamplingInputs
+
+    inputs = SamplingInputs("cpu", capacity=2)
+    params = [SamplingParams(temperature=0.5 + i, top_k=i, top_p=1.0 if i % 2 else 0.5, min_p=0.01 * i)
+              for i in range(5)]
+    rows = inputs.load(params, [4, 3, 2, 1, 0], [10, 11, 12, 13, 14], [7, 8, 9, 10, 11], vocab=3)
+    assert inputs.capacity >= 5
+    assert rows.index.tolist() == [4, 3, 2, 1, 0] and rows.seed.tolist() == [10, 11, 12, 13, 14]
+    assert rows.position.tolist() == [7, 8, 9, 10, 11]
+    assert rows.top_k.tolist() == [3, 1, 2, 3, 3]  # 0 and k >= vocab: off (= vocab)
+    assert rows.top_p.tolist() == [0.5, TOP_P_OFF, 0.5, TOP_P_OFF, 0.5]
+    torch.testing.assert_close(rows.temperature, torch.tensor([0.5, 1.5, 2.5, 3.5, 4.5]))
+    assert rows.use_top_k and rows.use_top_p and rows.use_min_p
+    rows = inputs.load(params[1:2], [0], [1], [2], vocab=3)
+    assert rows.top_k.tolist() == [1] and not rows.use_top_p and rows.use_min_p

@@ -5,11 +5,12 @@ the GPU, v41's engine (checkpoint formats: FP8 dense + MXFP4 experts, CUDA graph
     python3 benches/gpu/flash_slice.py --slice v4 [--transformers] [--cells 1x2048,8x2048] [--prefill 2048,8192]
 
 Figures as docs/benchmarking.md "How a figure is taken": decode = median of 50 engine steps (scheduler + forward +
-sampling) after 10 warm-ups, every request prefilled to context C first, tokens sampled at temperature 100 (so
-hash routing spreads as the floor's uniform-routing expectation assumes); prefill = one request of L tokens in one
-chunk, cold, median of 3 after a warm-up; floors = bytes the step must read (weights in the format used — dense
-parts plus the experts uniform routing touches in expectation — and the KV read) over the device-to-device copy
-bandwidth measured in the same call. Prints the environment, writes JSON next to --out, prints one table last.
+sampling) after 10 warm-ups with all B requests running (checked), every request prefilled to context C first,
+tokens sampled at temperature 1 with a per-request seed (hash routing goes by token id); prefill = one request
+of L tokens in one chunk, cold, median of 3 after a warm-up; floors = bytes the step must read (weights in the
+format used — dense parts plus the experts uniform routing touches in expectation — and the KV read) over the
+device-to-device copy bandwidth measured in the same call. Prints the environment, writes JSON next to --out,
+prints one table last.
 """
 
 from __future__ import annotations
@@ -89,16 +90,21 @@ def v41_engine(path: Path, max_seqs: int, max_tokens: int, max_len: int, quantiz
     return core
 
 
+def decode_headroom(batch: int, context: int, budget: int, steps: int = 50, warmup: int = 10) -> int:
+    """Tokens a decode cell's first request may generate: while the others prefill (chunked by ``budget``
+    tokens per step) it already decodes, then the warm-up and timed steps, plus a margin."""
+    return -(-batch * context // budget) + batch + warmup + steps + 16
+
+
 def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10) -> float:
     """Median ms per engine step with ``batch`` requests decoding at ``context``."""
     from v41.engine.params import SamplingParams
 
     rng = random.Random(batch * 7919 + context)
     vocab = core.cfg.vocab_size
-    for i in range(batch):  # random weights give peaked logits (greedy repeats one token; temperature 1 gave 9
-        # distinct tokens among 64 requests), and hash-routed layers route by token id: temperature 100 spreads the
-        # fed ids as the floor's uniform-routing expectation assumes
-        sp = SamplingParams(temperature=100.0, seed=i, ignore_eos=True, max_tokens=steps + warmup + 4)
+    for i in range(batch):  # sampled, seeded: greedy decoding of random weights can repeat one token, and the
+        # hash-routed layers route by token id; max_tokens None: no request may finish inside the timed window
+        sp = SamplingParams(temperature=1.0, seed=i, ignore_eos=True, max_tokens=None)
         core.add_request(f"d{batch}-{context}-{i}", [rng.randrange(3, vocab) for _ in range(context)], sp)
     while any(len(s.output_token_ids) == 0 for s in core.seqs.values()):
         core.step()
@@ -110,7 +116,10 @@ def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10
         torch.cuda.synchronize()
         if k >= warmup:
             times.append(time.perf_counter() - t)
-    last = {s.output_token_ids[-1] for s in core.seqs.values() if s.output_token_ids}
+    live = [s for s in core.seqs.values() if not s.finished]
+    if len(live) != batch:  # a shrinking batch would time a smaller cell (decode_headroom sizes max_model_len)
+        raise RuntimeError(f"decode B={batch}: only {len(live)} requests were still running after the timed steps")
+    last = {s.output_token_ids[-1] for s in live}
     print(f"v41 decode B={batch} C={context}: {len(last)} distinct tokens in the last step", flush=True)
     for rid in list(core.requests):
         core.abort_request(rid)
@@ -238,8 +247,8 @@ def export_dense(model):
 def hf_decode(hf, vocab: int, batch: int, context: int, steps: int = 20, warmup: int = 3) -> float:
     g = torch.Generator(device="cuda").manual_seed(batch + context)
     ids = torch.randint(3, vocab, (batch, context), device="cuda", generator=g)
-    def sample(logits):  # temperature 100, as v41's decode cells
-        return torch.multinomial(torch.softmax(logits[:, -1].float() / 100, dim=-1), 1, generator=g)
+    def sample(logits):  # temperature 1, as v41's decode cells
+        return torch.multinomial(torch.softmax(logits[:, -1].float(), dim=-1), 1, generator=g)
 
     out = hf(input_ids=ids, use_cache=True)
     past, nxt = out.past_key_values, sample(out.logits)
@@ -288,9 +297,10 @@ def main() -> None:
     print("environment:", json.dumps(env), flush=True)
     root = Path(tempfile.mkdtemp())
     path = write_config(root, a.slice)
-    max_len = max([c for _, c in cells] + prefills) + 80
+    budget = max(prefills + [256])
+    max_len = max([c + decode_headroom(b, c, budget) for b, c in cells] + [p + 80 for p in prefills])
     t = time.perf_counter()
-    core = v41_engine(path, max(b for b, _ in cells), max(prefills + [256]), max_len, a.quantization)
+    core = v41_engine(path, max(b for b, _ in cells), budget, max_len, a.quantization)
     print(f"v41 engine ready in {time.perf_counter() - t:.0f} s", flush=True)
     wb = weight_bytes(core)
     rows = []

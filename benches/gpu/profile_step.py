@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from flash_slice import v41_engine, write_config
+from flash_slice import decode_headroom, v41_engine, write_config
 
 
 def show(prof, steps: int, top: int, title: str) -> None:
@@ -43,14 +43,16 @@ def main() -> None:
     from v41.engine.params import SamplingParams
 
     path = write_config(Path(tempfile.mkdtemp()), a.slice)
-    core = v41_engine(path, a.batch, max(a.prefill, 256), max(a.context, a.prefill) + 420, "auto")
+    budget = max(a.prefill, 256)
+    max_len = max(a.context + decode_headroom(a.batch, a.context, budget, steps=40), a.prefill + 80)
+    core = v41_engine(path, a.batch, budget, max_len, "auto")
     if a.eager:
         core.executor.runner.graphs = None
     rng = random.Random(0)
     vocab = core.cfg.vocab_size
     for i in range(a.batch):
         core.add_request(f"r{i}", [rng.randrange(3, vocab) for _ in range(a.context)],
-                         SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=400))
+                         SamplingParams(temperature=1.0, seed=i, ignore_eos=True, max_tokens=None))
     while any(len(s.output_token_ids) == 0 for s in core.seqs.values()):
         core.step()
     for _ in range(5):
@@ -82,6 +84,9 @@ def main() -> None:
     pstats.Stats(pr).sort_stats("cumulative").print_stats(a.top)
     runner = core.executor.runner
     print("graphs:", None if runner.graphs is None else runner.graphs.sizes)
+    live = sum(not s.finished for s in core.seqs.values())
+    if live != a.batch:
+        raise RuntimeError(f"only {live} of {a.batch} requests were still decoding: the profile is of a smaller batch")
     for rid in list(core.requests):
         core.abort_request(rid)
     core.step()

@@ -184,8 +184,9 @@ class EngineCore:
         sampled_lists: dict[int, list[int]] = {sid: [] for sid in req_ids}
         finished_now = []
         if sampling:
-            out = self.sampler(logits[[row_of[sample_rows[r]] for r, _ in sampling]],
-                               [s.sampling for _, s in sampling])
+            rows = [row_of[sample_rows[r]] for r, _ in sampling]
+            picked = logits if rows == list(range(logits.shape[0])) else logits[rows]  # a decode step: all rows
+            out = self.sampler(picked, [s.sampling for _, s in sampling])
             lps = out.row_logprobs([s.sampling for _, s in sampling], self._decode_token)
             for (r, seq), tok, lp in zip(sampling, out.sampled_token_ids.tolist(), lps):
                 if seq.finished:

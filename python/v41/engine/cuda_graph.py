@@ -71,6 +71,10 @@ class GraphInputs:
             else:
                 self.views[name][key] = t
             off += size
+        self._padding_image = np.empty(n, dtype=np.int64)  # every field's padding, restored by one copy per step
+        for name, key, off, shape in self.offsets:
+            rows = self._padding_image[off:off + int(np.prod(shape))].reshape(shape)
+            rows[...] = self._padding(name, key, rows)
         self.fill(None)  # padding everywhere: what capture runs on
 
     def fits(self, step: HostStep) -> bool:
@@ -97,11 +101,10 @@ class GraphInputs:
         if self._done is not None:
             self._done.synchronize()
         host = self.host.numpy()
-        for name, key, off, shape in self.offsets:
-            rows = host[off:off + int(np.prod(shape))].reshape(shape)
-            rows[...] = self._padding(name, key, rows)
-            if step is not None:
-                self._copy_rows(rows, name, key, step, r)
+        host[:] = self._padding_image
+        if step is not None:
+            for name, key, off, shape in self.offsets:
+                self._copy_rows(host[off:off + int(np.prod(shape))].reshape(shape), name, key, step, r)
         if self.dev is not self.host:
             self.dev.copy_(self.host, non_blocking=True)
             self._done = torch.cuda.Event()

@@ -30,7 +30,9 @@ sampler (the model's distribution), before bias, masking, penalties, temperature
 Ranks are vLLM's: the number of tokens whose logprob is ``>=`` the token's (1 = most likely).
 
 Cost: one ``[R, V]`` sort for rows with top-k or top-p; penalty rows rebuild ``[R, V]`` masks from the
-token lists each step (O(prompt + output) host work per penalized row).
+token lists each step (O(prompt + output) host work per penalized row). Without penalties, bias, min_tokens or
+logprobs a step makes no host synchronisation: the random rows' parameters travel in pinned buffers with
+non-blocking copies (:mod:`.sampling_inputs`), and the logits are not copied.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from torch import Tensor
 
 from v41.engine.params import Logprob, PromptLogprobs, SamplingParams
 from v41.kernels.sampling import PURPOSE_SAMPLE, uniforms
+
+from .sampling_inputs import SamplingInputs, SamplingRows
 
 Decode = Callable[[int], str]
 _U64 = (1 << 64) - 1
@@ -190,6 +194,7 @@ class Sampler:
 
     def __init__(self, eos_token_ids: Sequence[int] = ()) -> None:
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self._sampling_inputs: SamplingInputs | None = None
 
     def __call__(self, logits: Tensor, states: Sequence[SamplingState]) -> SamplerOutput:
         """Sample one token per row.
@@ -207,18 +212,19 @@ class Sampler:
         raw = logits.float()
         x = self.penalized_logits(raw, states)
 
-        sampled = torch.empty(n_rows, dtype=torch.int64, device=device)
-        greedy = [i for i, s in enumerate(states) if s.params.is_greedy]
         rand = [i for i, s in enumerate(states) if not s.params.is_greedy]
-        if greedy:
-            g_idx = torch.tensor(greedy, device=device)
-            sampled[g_idx] = x[g_idx].argmax(dim=-1)
+        if len(rand) < n_rows:
+            sampled = x.argmax(dim=-1)
+        else:
+            sampled = torch.empty(n_rows, dtype=torch.int64, device=device)
         if rand:
-            r_idx = torch.tensor(rand, device=device)
             r_states = [states[i] for i in rand]
-            probs = sampling_probs(x[r_idx], [s.params for s in r_states])
-            q = self._exponentials(r_states, vocab, device)
-            sampled[r_idx] = (probs / q).argmax(dim=-1)
+            rows = self._inputs(device).load([s.params for s in r_states], rand, [s.seed for s in r_states],
+                                             [s.position for s in r_states], vocab)
+            sub = x if len(rand) == n_rows else x.index_select(0, rows.index)
+            probs = probs_from_rows(sub, rows)
+            q = uniforms(rows.seed, rows.position, vocab, PURPOSE_SAMPLE).log_().neg_()
+            sampled.index_copy_(0, rows.index, (probs / q).argmax(dim=-1))
 
         asked = [s.params.logprobs for s in states if s.params.logprobs is not None]
         lp = None
@@ -227,10 +233,13 @@ class Sampler:
         return SamplerOutput(sampled, lp)
 
     def penalized_logits(self, logits: Tensor, states: Sequence[SamplingState]) -> Tensor:
-        """Steps 1-4 (bias, min_tokens, repetition, frequency/presence): [N, V] -> new [N, V] float32.
+        """Steps 1-4 (bias, min_tokens, repetition, frequency/presence): [N, V] -> [N, V] float32, a new tensor
+        where any row has one of them, else ``logits`` as float32 (nothing to copy).
 
         Greedy rows take the argmax of this. Errors: ``ValueError`` for a ``logit_bias`` id outside [0, V).
         """
+        if not any(_has_processor(s) for s in states):
+            return logits.float()
         x = logits.float().clone()
         self._apply_logit_bias(x, states)
         self._apply_min_tokens(x, states)
@@ -274,17 +283,21 @@ class Sampler:
         if rows:
             x[torch.tensor(rows, device=x.device), torch.tensor(toks, device=x.device)] = float("-inf")
 
-    # ----------------------------------------------------------------- step 10 randomness
-
-    def _exponentials(self, states: Sequence[SamplingState], vocab: int, device: torch.device) -> Tensor:
-        """[R, V] float32 Exp(1) variates: ``−log`` of each row's keyed uniforms (module docstring)."""
-        seeds = torch.tensor([s.seed for s in states], dtype=torch.int64, device=device)
-        positions = torch.tensor([s.position for s in states], dtype=torch.int64, device=device)
-        # u in (0, 1) so q = -log(u) is in (0, inf): never 0, p / q never NaN.
-        return uniforms(seeds, positions, vocab, PURPOSE_SAMPLE).log_().neg_()
+    def _inputs(self, device: torch.device) -> SamplingInputs:
+        """The pinned parameter buffers for ``device`` (made on first use)."""
+        if self._sampling_inputs is None or self._sampling_inputs.device != torch.device(device):
+            self._sampling_inputs = SamplingInputs(device)
+        return self._sampling_inputs
 
 
 # --------------------------------------------------------------------- steps 3-4
+
+
+def _has_processor(s: SamplingState) -> bool:
+    """Whether any of steps 1-4 changes this row's logits."""
+    p = s.params
+    return bool(p.logit_bias or len(s.output_token_ids) < p.min_tokens or p.repetition_penalty != 1.0
+                or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0)
 
 
 def _apply_repetition_penalty(x: Tensor, states: Sequence[SamplingState]) -> None:
@@ -329,42 +342,38 @@ def _apply_frequency_presence_penalties(x: Tensor, states: Sequence[SamplingStat
 def sampling_probs(x: Tensor, params: Sequence[SamplingParams]) -> Tensor:
     """Steps 6-9: [R, V] penalized logits of non-greedy rows -> [R, V] float32 probabilities sampled from.
 
-    Row ``i`` uses ``params[i]`` (temperature > 0); each row sums to 1.
+    Row ``i`` uses ``params[i]`` (temperature > 0); each row sums to 1. (:func:`probs_from_rows` with the
+    parameters copied plainly.)
     """
-    device = x.device
-    vocab = x.shape[1]
-    temps = torch.tensor([p.temperature for p in params], dtype=x.dtype, device=device)
-    x = x / temps[:, None]
-    use_k = any(1 <= p.top_k < vocab for p in params)
-    use_p = any(p.top_p < 1.0 for p in params)
-    if use_k or use_p:
-        x = _top_k_top_p(x, params, use_k, use_p)
+    return probs_from_rows(x, SamplingRows.of(params, x.shape[1], x.device))
+
+
+def probs_from_rows(x: Tensor, rows: SamplingRows) -> Tensor:
+    """:func:`sampling_probs` with the parameters already on ``x``'s device (no host synchronisation)."""
+    x = x / rows.temperature.to(x.dtype)[:, None]
+    if rows.use_top_k or rows.use_top_p:
+        x = _top_k_top_p(x, rows)
     probs = torch.softmax(x, dim=-1)
-    if any(p.min_p > 0.0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], dtype=x.dtype, device=device)
-        threshold = min_p[:, None] * probs.amax(dim=-1, keepdim=True)
+    if rows.use_min_p:
+        threshold = rows.min_p.to(x.dtype)[:, None] * probs.amax(dim=-1, keepdim=True)
         probs = probs.masked_fill(probs < threshold, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
 
 
-def _top_k_top_p(x: Tensor, params: Sequence[SamplingParams], use_k: bool, use_p: bool) -> Tensor:
+def _top_k_top_p(x: Tensor, rows: SamplingRows) -> Tensor:
     """Mask (-inf) what top-k, then top-p (over the top-k renormalized distribution) remove."""
-    device = x.device
-    vocab = x.shape[1]
     neg_inf = float("-inf")
     sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
-    if use_k:
-        ks = [p.top_k if 1 <= p.top_k < vocab else vocab for p in params]
-        kth = sorted_x.gather(1, torch.tensor(ks, device=device)[:, None] - 1)
+    if rows.use_top_k:
+        kth = sorted_x.gather(1, rows.top_k[:, None] - 1)
         sorted_x = sorted_x.masked_fill(sorted_x < kth, neg_inf)
-    if use_p:
-        # Rows without top-p get a threshold no cumulative sum reaches (rounding can reach 1.0).
-        ps = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], dtype=x.dtype, device=device)
+    if rows.use_top_p:
+        # Rows without top-p hold TOP_P_OFF, a threshold no cumulative sum reaches (rounding can reach 1.0).
         probs_sorted = torch.softmax(sorted_x, dim=-1)
         cum = probs_sorted.cumsum(dim=-1)
         mass_before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=1)
-        remove = mass_before >= ps[:, None]
+        remove = mass_before >= rows.top_p.to(x.dtype)[:, None]
         remove[:, 0] = False
         sorted_x = sorted_x.masked_fill(remove, neg_inf)
     return torch.empty_like(x).scatter_(1, order, sorted_x)
