@@ -429,3 +429,28 @@ def test_sampling_inputs_pack_each_row_and_grow_past_their_capacity():
     assert rows.use_top_k and rows.use_top_p and rows.use_min_p
     rows = inputs.load(params[1:2], [0], [1], [2], vocab=3)
     assert rows.top_k.tolist() == [1] and not rows.use_top_p and rows.use_min_p
+
+
+def test_top_p_and_min_p_that_round_away_in_float32_still_apply():
+    """A top_p just below 1 / a tiny min_p (1.0 / 0.0 in float32) still run their step (found by a fuzz of the
+    pinned-buffer sampler against the list-built one)."""
+    import math
+
+    logits = torch.full((1, 50000), float("-inf"))
+    logits[0, 36997] = 0.0
+    logits[0, 24046] = math.log(2.5e-8)
+    st = SamplingState.create(SamplingParams(temperature=1.0, top_p=0.99999998, seed=66), [0])
+    assert Sampler()(logits, [st]).sampled_token_ids.tolist() == [36997]
+    st = SamplingState.create(SamplingParams(temperature=1.0, min_p=1e-46, seed=15), [0])
+    assert Sampler()(torch.tensor([[0.0, 0.19822204113006592, -0.7]]), [st]).sampled_token_ids.tolist() == [0]
+
+
+def test_keyed_uniforms_stay_below_one_so_a_masked_token_never_wins():
+    """(x >> 8 = 2^24 − 1) gave u = 1.0 in float32, q = −log u = 0, and a −inf token's 0/0 = NaN won argmax."""
+    from v41.kernels.sampling import PURPOSE_SAMPLE, uniforms_ref
+
+    u = uniforms_ref(torch.tensor([810476]), torch.tensor([0]), 8, PURPOSE_SAMPLE)
+    assert float(u.max()) < 1.0 and float(u.min()) > 0.0
+    st = SamplingState.create(SamplingParams(temperature=1.0, top_k=1, seed=810476), [7])
+    logits = torch.tensor([[5.0, 4.0, float("-inf"), 3.0, 2.0, 1.0, 0.0, -1.0]])
+    assert Sampler()(logits, [st]).sampled_token_ids.tolist() == [0]

@@ -51,14 +51,18 @@ def _pack(params: Sequence[SamplingParams], vocab: int, index, seeds, positions)
     n = len(params)
     f = np.empty((3, n), dtype=np.float32)
     i = np.empty((4, n), dtype=np.int64)
-    f[0] = [p.temperature for p in params]
+    with np.errstate(over="ignore"):  # a temperature beyond float32 becomes inf, as a float32 tensor would hold it
+        f[0] = [p.temperature for p in params]
     f[1] = [p.top_p if p.top_p < 1.0 else TOP_P_OFF for p in params]
     f[2] = [p.min_p for p in params]
     i[0] = index
     i[1] = [p.top_k if 1 <= p.top_k < vocab else vocab for p in params]
     i[2] = seeds
     i[3] = positions
-    flags = (bool((i[1] < vocab).any()), bool((f[1] < 1.0).any()), bool((f[2] > 0.0).any()))
+    # The flags follow the Python values: a top_p just below 1 or a min_p that round to 1 / 0 in float32 still
+    # run their step (renormalising), as the per-row rule says.
+    flags = (any(1 <= p.top_k < vocab for p in params), any(p.top_p < 1.0 for p in params),
+             any(p.min_p > 0.0 for p in params))
     return f, i, flags
 
 

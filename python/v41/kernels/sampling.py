@@ -36,6 +36,9 @@ def philox_ref(c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor, k0: Tensor, k1: T
     return c0
 
 
+U_MAX = 1.0 - 2.0 ** -24  # the largest float32 below 1
+
+
 def uniforms_ref(seeds: Tensor, positions: Tensor, vocab: int, purpose: int = PURPOSE_SAMPLE,
                  slots: Tensor | None = None) -> Tensor:
     """[R, vocab] float32 uniforms in (0, 1): row r keyed by ``seeds[r]`` (int64 holding the 64-bit seed's bits)
@@ -49,7 +52,8 @@ def uniforms_ref(seeds: Tensor, positions: Tensor, vocab: int, purpose: int = PU
     c2 = ((slot << 8) | purpose)[:, None] & _MASK
     c0 = torch.arange(vocab, dtype=torch.int64, device=seeds.device)[None, :]
     x = philox_ref(c0, c1, c2, torch.zeros_like(c2), k0, k1)
-    return ((x >> 8).to(torch.float32) + 0.5) * 2.0 ** -24
+    u = ((x >> 8).to(torch.float32) + 0.5) * 2.0 ** -24
+    return torch.clamp(u, max=U_MAX)  # (2^24 − 0.5)·2^-24 rounds to 1.0 in float32: keep u < 1 (q = −log u > 0)
 
 
 def uniforms(seeds: Tensor, positions: Tensor, vocab: int, purpose: int = PURPOSE_SAMPLE,
@@ -97,5 +101,5 @@ if triton is not None:
             c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
             k0 = k0 + 0x9E3779B9
             k1 = k1 + 0xBB67AE85
-        u = ((c0 >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08
+        u = tl.minimum(((c0 >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08, 0.99999994039535522)
         tl.store(out_ptr + r * V + cols, u, mask=cols < V)
