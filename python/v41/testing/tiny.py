@@ -162,16 +162,24 @@ def make_tiny(path: str | Path, arch: str = "deepseek_v41", seed: int = 0, n_sha
         if not cfg.is_v41:
             shapes.update(_v4_mtp_tensors(cfg))
         g = torch.Generator().manual_seed(seed)
-        tensors: dict[str, torch.Tensor] = {}
-        for name in sorted(shapes):
-            tensors.update(_encode(name, init_tensor(name, shapes[name], g, cfg), cfg))
-        _write_shards(path, tensors, n_shards)
+        save_weights(path, cfg, {name: init_tensor(name, shapes[name], g, cfg) for name in sorted(shapes)},
+                     n_shards)
     (path / "config.json").write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
     eos = [cfg.eos_token_ids[0], _special_id("<｜User｜>")]
     gen = dict(bos_token_id=cfg.bos_token_id, eos_token_id=eos, do_sample=False,
                _v41_generator=dict(version=GENERATOR_VERSION, seed=seed))
     (path / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     return path
+
+
+def save_weights(path: str | Path, cfg: ModelConfig, state: dict[str, torch.Tensor], n_shards: int = 2) -> None:
+    """Write ``state`` (bare checkpoint names → float tensors, e.g. a reference model's ``state_dict()``) in the
+    checkpoint formats (FP8 block-scaled dense, MXFP4 experts, BF16 / F32 others: ``storage_format``) as
+    ``n_shards`` safetensors shards plus ``model.safetensors.index.json`` in ``path``."""
+    tensors: dict[str, torch.Tensor] = {}
+    for name in sorted(state):
+        tensors.update(_encode(name, state[name].detach(), cfg))
+    _write_shards(Path(path), tensors, n_shards)
 
 
 def _write_shards(path: Path, tensors: dict[str, torch.Tensor], n_shards: int) -> None:

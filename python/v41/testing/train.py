@@ -1,0 +1,160 @@
+"""Train the tiny V4.1 main model on the pinned corpus (issue 14, step 1; the drafter stages come next).
+
+    python -m v41.testing.train --out /tmp/trained [--minutes 60] [--steps N] [--seq-len 128] [--batch 8]
+
+The model starts from the random tiny checkpoint (:func:`v41.testing.tiny.make_tiny`, every V4.1 layer role)
+and trains through the reference model's own forward with gradients enabled (:func:`sequence_logits`): the
+oracle's math is what is trained, so nothing needs checking against it, at the price of speed (one sequence
+per call). The indexer's top-k, the candidate blocks and the routers pass no gradient to their selections.
+The DSpark stages (``mtp.*``) are frozen here. AdamW with warm-up and cosine decay, gradients clipped to 1;
+seeded and deterministic on the CPU for a given thread count. The result is written in the checkpoint formats
+(FP8 block-scaled dense, MXFP4 experts: the quantization happens at export), reloaded, and its held-out loss
+measured again; ``train_log.json`` keeps the curve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+
+from ..models.reference import loader
+from ..models.reference.model import Transformer
+from .corpus import MANIFEST, Document, load_corpus, split
+from .tiny import make_tiny, save_weights
+
+
+def sequence_logits(model: Transformer, ids: torch.Tensor) -> torch.Tensor:
+    """Differentiable logits [T, vocab] of one sequence ``ids`` [T]: the oracle's whole-sequence call (one
+    chunk on an empty cache) without its ``no_grad`` decorator."""
+    return Transformer.forward_chunk.__wrapped__(model, ids, model.new_cache())
+
+
+def trainable(model: Transformer) -> list[torch.nn.Parameter]:
+    """The main model's floating-point parameters (``mtp.*`` stays frozen), switched to ``requires_grad``."""
+    params = []
+    for name, p in model.named_parameters():
+        train = p.is_floating_point() and not name.startswith("mtp.")
+        p.requires_grad_(train)
+        if train:
+            params.append(p)
+    return params
+
+
+def token_stream(tokenizer: Tokenizer, docs: list[Document], eos_id: int) -> np.ndarray:
+    """Every document's ids, each followed by EOS, as one int64 stream."""
+    ids: list[int] = []
+    for d in docs:
+        ids += tokenizer.encode(d.text, add_special_tokens=False).ids + [eos_id]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def heldout_loss(model: Transformer, stream: np.ndarray, seq_len: int, windows: int) -> float:
+    """Mean next-token cross-entropy (nats) over the first ``windows`` non-overlapping windows of ``stream``."""
+    losses = []
+    with torch.no_grad():
+        for w in range(min(windows, (len(stream) - 1) // seq_len)):
+            chunk = torch.from_numpy(stream[w * seq_len: (w + 1) * seq_len + 1])
+            logits = model.forward_chunk(chunk[:-1], model.new_cache())
+            losses.append(float(F.cross_entropy(logits.float(), chunk[1:])))
+    return float(np.mean(losses))
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warm-up to ``peak`` over ``warmup`` steps, then cosine decay to peak / 10 at ``total``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train(out: Path, *, steps: int, minutes: float, seq_len: int, batch: int, lr: float, seed: int,
+          eval_every: int, eval_windows: int, corpus_root: Path | None = None, manifest: Path = MANIFEST,
+          threads: int = 2, log=print) -> dict:
+    """Train and export to ``out`` (module docstring); returns the log written to ``out/train_log.json``.
+    Raises ValueError when the corpus differs from the manifest."""
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    out = Path(out)
+    train_docs, held_docs = split(load_corpus(corpus_root, manifest), manifest)
+    init = make_tiny(out / "init", "deepseek_v41", seed=seed)
+    model = loader.load(init).train()
+    tokenizer = Tokenizer.from_file(str(init / "tokenizer.json"))
+    eos = model.cfg.eos_token_ids[0]
+    train_ids, held_ids = token_stream(tokenizer, train_docs, eos), token_stream(tokenizer, held_docs, eos)
+    params = trainable(model)
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    rng = np.random.default_rng(seed)
+    record = {"seed": seed, "seq_len": seq_len, "batch": batch, "lr": lr, "threads": threads,
+              "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)),
+              "corpus": [d.name for d in train_docs], "heldout": [d.name for d in held_docs],
+              "uniform_loss": math.log(model.cfg.vocab_size), "curve": []}
+    record["heldout_loss_init"] = heldout_loss(model, held_ids, seq_len, eval_windows)
+    log(f"{len(train_ids)} training / {len(held_ids)} held-out tokens; held-out loss at init "
+        f"{record['heldout_loss_init']:.3f} (uniform {record['uniform_loss']:.3f})")
+    start = time.perf_counter()
+    step = 0
+    while step < steps and time.perf_counter() - start < minutes * 60:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, lr, max(1, steps // 20))
+        offsets = rng.integers(0, len(train_ids) - seq_len - 1, size=batch)
+        opt.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for o in offsets:
+            chunk = torch.from_numpy(train_ids[o: o + seq_len + 1])
+            loss = F.cross_entropy(sequence_logits(model, chunk[:-1]).float(), chunk[1:]) / batch
+            loss.backward()
+            loss_sum += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        point = {"step": step, "loss": loss_sum, "seconds": round(time.perf_counter() - start, 1)}
+        if step % eval_every == 0:
+            point["heldout_loss"] = heldout_loss(model, held_ids, seq_len, eval_windows)
+        record["curve"].append(point)
+        log(json.dumps(point))
+    record["steps"] = step
+    record["heldout_loss"] = heldout_loss(model, held_ids, seq_len, eval_windows)
+    export(model, init, out)
+    record["heldout_loss_quantized"] = heldout_loss(loader.load(out).eval(), held_ids, seq_len, eval_windows)
+    log(f"after {step} steps: held-out loss {record['heldout_loss']:.3f}, in the checkpoint formats "
+        f"{record['heldout_loss_quantized']:.3f}")
+    (out / "train_log.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def export(model: Transformer, init: Path, out: Path) -> None:
+    """The trained weights in the checkpoint formats, with the init checkpoint's config and tokenizer."""
+    for f in init.iterdir():
+        if not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
+            shutil.copyfile(f, out / f.name)
+    save_weights(out, model.cfg, model.state_dict())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=2000, help="optimizer steps (the schedule's length)")
+    ap.add_argument("--minutes", type=float, default=60.0, help="stop earlier after this wall time")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--eval-windows", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args(argv)
+    train(a.out, steps=a.steps, minutes=a.minutes, seq_len=a.seq_len, batch=a.batch, lr=a.lr, seed=a.seed,
+          eval_every=a.eval_every, eval_windows=a.eval_windows, threads=a.threads)
+
+
+if __name__ == "__main__":
+    main()
