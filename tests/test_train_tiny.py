@@ -68,7 +68,8 @@ def test_a_few_training_steps_lower_the_loss_and_export_a_loadable_checkpoint(tm
                    corpus_root=root, manifest=manifest, threads=1, log=lambda *_: None)
     assert record["steps"] == 6 and json.loads((out / "train_log.json").read_text())["steps"] == 6
     assert record["heldout_loss"] < record["heldout_loss_init"]
-    assert record["heldout_loss_quantized"] < record["heldout_loss_init"]  # the checkpoint formats keep the gain
+    # quantization-aware: the forward trained on what the checkpoint stores, so the export loses nothing
+    assert record["heldout_loss_quantized"] == pytest.approx(record["heldout_loss"], rel=1e-6)
     trained, init = loader.load(out), loader.load(out / "init")
     moved = [n for n, p in trained.state_dict().items() if not torch.equal(p, init.state_dict()[n])]
     assert any(n.startswith("layers.") for n in moved) and not any(n.startswith("mtp.") for n in moved)

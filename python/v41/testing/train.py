@@ -7,9 +7,10 @@ and trains through the reference model's own forward with gradients enabled (:fu
 oracle's math is what is trained, so nothing needs checking against it, at the price of speed (one sequence
 per call). The indexer's top-k, the candidate blocks and the routers pass no gradient to their selections.
 The DSpark stages (``mtp.*``) are frozen here. AdamW with warm-up and cosine decay, gradients clipped to 1;
-seeded and deterministic on the CPU for a given thread count. The result is written in the checkpoint formats
-(FP8 block-scaled dense, MXFP4 experts: the quantization happens at export), reloaded, and its held-out loss
-measured again; ``train_log.json`` keeps the curve.
+seeded and deterministic on the CPU for a given thread count. Quantization-aware by default (:class:`FakeQuant`:
+the forward sees FP8 / MXFP4 / BF16 weights as the checkpoint stores them), so the export in the checkpoint
+formats is exact; the exported model is reloaded and its held-out loss measured again; ``train_log.json`` keeps
+the curve.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
+from torch.nn.utils import parametrize
 
+from .. import quant
+from ..checkpoint_names import fp8_block, storage_format
 from ..models.reference import loader
 from ..models.reference.model import Transformer
 from .corpus import MANIFEST, Document, load_corpus, split
@@ -47,6 +51,48 @@ def trainable(model: Transformer) -> list[torch.nn.Parameter]:
         if train:
             params.append(p)
     return params
+
+
+class FakeQuant(torch.nn.Module):
+    """Quantization-aware training: the forward sees the weight as the checkpoint will store it (FP8
+    block-scaled, MXFP4 or BF16 by ``storage_format``), the gradient passes straight through to the float
+    weight."""
+
+    def __init__(self, fmt: str, block: tuple[int, int]):
+        super().__init__()
+        self.fmt, self.block = fmt, block
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            if self.fmt == "fp8":
+                q = quant.dequant_fp8_block(*quant.quant_fp8_block(w, self.block), self.block).to(w.dtype)
+            elif self.fmt == "mxfp4":
+                q = quant.dequant_mxfp4(*quant.quant_mxfp4(w)).to(w.dtype)
+            else:
+                q = w.to(torch.bfloat16).to(w.dtype)
+        return w + (q - w).detach()
+
+
+def quantization_aware(model: Transformer) -> list[tuple[torch.nn.Module, str]]:
+    """Parametrize every trainable FP8 / MXFP4 / BF16 tensor with :class:`FakeQuant`; returns (module,
+    attribute) pairs for :func:`bake`."""
+    done = []
+    for name, p in list(model.named_parameters()):
+        fmt = storage_format(name, model.cfg.expert_dtype)
+        if not p.requires_grad or fmt not in ("fp8", "mxfp4", "bf16"):
+            continue
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        block = fp8_block(name, model.cfg.weight_block_size) if fmt == "fp8" else (1, 1)
+        parametrize.register_parametrization(module, attr, FakeQuant(fmt, block))
+        done.append((module, attr))
+    return done
+
+
+def bake(pairs: list[tuple[torch.nn.Module, str]]) -> None:
+    """Replace each parametrized tensor by its quantized value (exactly what the checkpoint will hold)."""
+    for module, attr in pairs:
+        parametrize.remove_parametrizations(module, attr, leave_parametrized=True)
 
 
 def token_stream(tokenizer: Tokenizer, docs: list[Document], eos_id: int) -> np.ndarray:
@@ -78,7 +124,7 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 def train(out: Path, *, steps: int, minutes: float, seq_len: int, batch: int, lr: float, seed: int,
           eval_every: int, eval_windows: int, corpus_root: Path | None = None, manifest: Path = MANIFEST,
-          threads: int = 2, log=print) -> dict:
+          threads: int = 2, qat: bool = True, log=print) -> dict:
     """Train and export to ``out`` (module docstring); returns the log written to ``out/train_log.json``.
     Raises ValueError when the corpus differs from the manifest."""
     torch.manual_seed(seed)
@@ -90,10 +136,12 @@ def train(out: Path, *, steps: int, minutes: float, seq_len: int, batch: int, lr
     tokenizer = Tokenizer.from_file(str(init / "tokenizer.json"))
     eos = model.cfg.eos_token_ids[0]
     train_ids, held_ids = token_stream(tokenizer, train_docs, eos), token_stream(tokenizer, held_docs, eos)
-    params = trainable(model)
+    trainable(model)
+    fake = quantization_aware(model) if qat else []
+    params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     rng = np.random.default_rng(seed)
-    record = {"seed": seed, "seq_len": seq_len, "batch": batch, "lr": lr, "threads": threads,
+    record = {"seed": seed, "seq_len": seq_len, "batch": batch, "lr": lr, "threads": threads, "qat": qat,
               "train_tokens": int(len(train_ids)), "heldout_tokens": int(len(held_ids)),
               "corpus": [d.name for d in train_docs], "heldout": [d.name for d in held_docs],
               "uniform_loss": math.log(model.cfg.vocab_size), "curve": []}
@@ -107,12 +155,11 @@ def train(out: Path, *, steps: int, minutes: float, seq_len: int, batch: int, lr
             group["lr"] = lr_at(step, steps, lr, max(1, steps // 20))
         offsets = rng.integers(0, len(train_ids) - seq_len - 1, size=batch)
         opt.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        for o in offsets:
-            chunk = torch.from_numpy(train_ids[o: o + seq_len + 1])
-            loss = F.cross_entropy(sequence_logits(model, chunk[:-1]).float(), chunk[1:]) / batch
+        with parametrize.cached():  # one fake quantization per step, shared by the batch's sequences
+            loss = sum(F.cross_entropy(sequence_logits(model, c[:-1]).float(), c[1:])
+                       for c in (torch.from_numpy(train_ids[o: o + seq_len + 1]) for o in offsets)) / batch
             loss.backward()
-            loss_sum += float(loss.detach())
+        loss_sum = float(loss.detach())
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
@@ -122,6 +169,7 @@ def train(out: Path, *, steps: int, minutes: float, seq_len: int, batch: int, lr
         record["curve"].append(point)
         log(json.dumps(point))
     record["steps"] = step
+    bake(fake)
     record["heldout_loss"] = heldout_loss(model, held_ids, seq_len, eval_windows)
     export(model, init, out)
     record["heldout_loss_quantized"] = heldout_loss(loader.load(out).eval(), held_ids, seq_len, eval_windows)
@@ -151,9 +199,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--eval-windows", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-qat", dest="qat", action="store_false",
+                    help="train plain float weights (default: quantization-aware, see FakeQuant)")
     a = ap.parse_args(argv)
     train(a.out, steps=a.steps, minutes=a.minutes, seq_len=a.seq_len, batch=a.batch, lr=a.lr, seed=a.seed,
-          eval_every=a.eval_every, eval_windows=a.eval_windows, threads=a.threads)
+          eval_every=a.eval_every, eval_windows=a.eval_windows, threads=a.threads, qat=a.qat)
 
 
 if __name__ == "__main__":
