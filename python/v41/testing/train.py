@@ -179,11 +179,13 @@ def train(out: Path, *, steps: int, minutes: float, seq_len: int, batch: int, lr
     return record
 
 
-def export(model: Transformer, init: Path, out: Path) -> None:
-    """The trained weights in the checkpoint formats, with the init checkpoint's config and tokenizer."""
-    for f in init.iterdir():
-        if not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
-            shutil.copyfile(f, out / f.name)
+CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def export(model: Transformer, source: Path, out: Path) -> None:
+    """The model's weights in the checkpoint formats, with ``source``'s config, generation config and tokenizer."""
+    for name in CHECKPOINT_FILES:
+        shutil.copyfile(Path(source) / name, Path(out) / name)
     save_weights(out, model.cfg, model.state_dict())
 
 

@@ -1,0 +1,52 @@
+"""The DSpark drafter trainer (issue 14): its teacher-forced draft equals the oracle's draft, and a few steps run
+end to end, training only ``mtp.*``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from v41.models.reference import loader
+from v41.testing.tiny import make_tiny
+from v41.testing.train_drafter import draft_logits, sequence_loss, train_drafter
+
+from test_train_tiny import _corpus
+
+
+def test_the_teacher_forced_draft_equals_the_oracles_draft(tmp_path):
+    model = loader.load(make_tiny(tmp_path / "m", "deepseek_v41"))
+    ids = torch.tensor([5, 9, 300, 17, 17, 42, 8, 99, 1000, 3, 64, 7])
+    cache = model.new_cache()
+    model.forward_chunk(ids, cache)
+    block = model.draft(cache, anchor=11)
+    k = model.cfg.dspark_block_size
+    tokens = torch.cat([torch.tensor([11]), block.tokens[: k - 1]])  # out_0 = anchor, then its own drafts
+    logits, conf = draft_logits(model, cache, tokens, block.positions)
+    torch.testing.assert_close(logits, block.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(conf, block.confidence, rtol=1e-5, atol=1e-5)
+
+
+def test_the_drafter_loss_reaches_only_the_drafter(tmp_path):
+    model = loader.load(make_tiny(tmp_path / "m", "deepseek_v41"))
+    for name, p in model.named_parameters():
+        p.requires_grad_(p.is_floating_point())
+    ids = torch.randint(3, model.cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(0))
+    loss, stats = sequence_loss(model, ids, np.array([10, 20, 30]))
+    loss.backward()
+    grads = {n for n, p in model.named_parameters() if p.grad is not None and bool(p.grad.abs().sum() > 0)}
+    assert stats["blocks"] == 3 and len(stats["accepted"]) == model.cfg.dspark_block_size
+    assert {"mtp.0.main_proj.weight", "mtp.2.markov_head.head.weight", "mtp.2.confidence_head.proj.weight"} <= grads
+    assert not any(n.startswith("layers.") for n in grads)  # the main model is frozen (no_grad forward)
+
+
+def test_a_few_drafter_steps_train_only_mtp_and_export(tmp_path):
+    root, manifest = _corpus(tmp_path)
+    main = make_tiny(tmp_path / "main", "deepseek_v41")
+    record = train_drafter(main, tmp_path / "out", steps=3, minutes=5, seq_len=24, batch=2, anchors=3, lr=2e-3,
+                           seed=0, corpus_root=root, manifest=manifest, threads=1, log=lambda *_: None)
+    assert record["steps"] == 3 and json.loads((tmp_path / "out" / "drafter_log.json").read_text())["steps"] == 3
+    before, after = loader.load(main).state_dict(), loader.load(tmp_path / "out").state_dict()
+    moved = [n for n in after if not torch.equal(after[n], before[n])]
+    assert moved and all(n.startswith("mtp.") for n in moved)
