@@ -50,3 +50,32 @@ def test_a_few_drafter_steps_train_only_mtp_and_export(tmp_path):
     before, after = loader.load(main).state_dict(), loader.load(tmp_path / "out").state_dict()
     moved = [n for n in after if not torch.equal(after[n], before[n])]
     assert moved and all(n.startswith("mtp.") for n in moved)
+
+
+def test_acceptance_counts_follow_greedy_verification(tmp_path, monkeypatch):
+    """A drafter that proposes the main model's own greedy continuation is accepted everywhere; the counters
+    of the random drafter obey the verification rule."""
+    import copy
+
+    from v41.testing.acceptance import measure
+
+    model = loader.load(make_tiny(tmp_path / "m", "deepseek_v41"))
+    prompts = [torch.tensor([5, 9, 300, 17, 17, 42]), torch.tensor([8, 99, 1000, 3])]
+    k = model.cfg.dspark_block_size
+    got = measure(model, prompts, tokens=12, k=k)
+    assert got["generated"] >= 12 and got["verified"][0] == got["blocks"]
+    assert got["verified"][1:] == got["accepted"][:-1]  # draft i+1 is verified iff draft i was accepted
+    oracle = model.draft
+
+    def perfect(cache, anchor, **kw):
+        block = oracle(cache, anchor, **kw)
+        c, toks, tok = copy.deepcopy(cache), [], anchor
+        for _ in range(k):
+            tok = int(model.forward_chunk(torch.tensor([tok]), c)[-1].argmax())
+            toks.append(tok)
+        block.tokens = torch.tensor(toks)
+        return block
+
+    monkeypatch.setattr(model, "draft", perfect)
+    best = measure(model, prompts, tokens=12, k=k)
+    assert best["pooled_acceptance"] == 1.0 and best["mean_acceptance_length"] == k + 1
