@@ -63,8 +63,8 @@ def test_acceptance_counts_follow_greedy_verification(tmp_path, monkeypatch):
     prompts = [torch.tensor([5, 9, 300, 17, 17, 42]), torch.tensor([8, 99, 1000, 3])]
     k = model.cfg.dspark_block_size
     got = measure(model, prompts, tokens=12, k=k)
-    assert got["generated"] >= 12 and got["verified"][0] == got["blocks"]
-    assert got["verified"][1:] == got["accepted"][:-1]  # draft i+1 is verified iff draft i was accepted
+    assert got["generated"] >= 12 and got["verified"] == [got["blocks"]] * k  # one pass verifies all K
+    assert all(a >= b for a, b in zip(got["accepted"], got["accepted"][1:]))  # accepted drafts form a prefix
     oracle = model.draft
 
     def perfect(cache, anchor, **kw):
