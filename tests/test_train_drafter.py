@@ -52,6 +52,25 @@ def test_a_few_drafter_steps_train_only_mtp_and_export(tmp_path):
     assert moved and all(n.startswith("mtp.") for n in moved)
 
 
+def test_self_distillation_trains_on_the_main_models_own_continuations(tmp_path):
+    from v41.testing.train_drafter import continuations
+
+    model = loader.load(make_tiny(tmp_path / "main", "deepseek_v41"))
+    stream = np.arange(3, 60, dtype=np.int64)
+    seqs = continuations(model, stream, count=2, prompt_len=6, length=10, seed=0)
+    assert [s.shape[0] for s in seqs] == [10, 10]
+    cache = model.new_cache()  # the even sequence is the greedy continuation of its prompt
+    last = model.forward_chunk(seqs[0][:6], cache)[-1]
+    for t in seqs[0][6:].tolist():
+        assert t == int(last.argmax())
+        last = model.forward_chunk(torch.tensor([t]), cache)[-1]
+    root, manifest = _corpus(tmp_path)
+    record = train_drafter(tmp_path / "main", tmp_path / "out", steps=2, minutes=5, seq_len=16, batch=2, anchors=2,
+                           lr=2e-3, seed=0, corpus_root=root, manifest=manifest, threads=1, self_distill=2,
+                           prompt_len=8, log=lambda *_: None)
+    assert record["steps"] == 2 and record["self_distill"] == 2
+
+
 def test_acceptance_counts_follow_greedy_verification(tmp_path, monkeypatch):
     """A drafter that proposes the main model's own greedy continuation is accepted everywhere; the counters
     of the random drafter obey the verification rule."""

@@ -3,7 +3,9 @@ step 2; docs/model.md §3.9, docs/speculative-decoding.md).
 
     python -m v41.testing.train_drafter --main /tmp/trained --out /tmp/drafted [--minutes 30]
 
-Per training sequence the main model runs once without gradients and gives its aux streams (the drafter's
+Training text: corpus windows, or (``--self-distill N``) N continuations the main model wrote itself from corpus
+prompts, greedy and sampled (:func:`continuations`), anchored inside the generated part. Per training sequence
+the main model runs once without gradients and gives its aux streams (the drafter's
 context input) and its next-token distribution at every position. The drafter's context KV rings are then
 computed with gradients (``main_proj``, ``main_norm`` and each stage's ``wkv`` / ``kv_norm`` learn), and for
 ``anchors`` random verified positions P one draft block is run teacher-forced (:func:`draft_logits`: the
@@ -81,9 +83,33 @@ def sequence_loss(model: Transformer, ids: torch.Tensor, anchors: np.ndarray) ->
     return loss / (len(anchors) * k), {"accepted": accepted, "blocks": len(anchors)}
 
 
+@torch.no_grad()
+def continuations(model: Transformer, stream: np.ndarray, count: int, prompt_len: int, length: int,
+                  seed: int) -> list[torch.Tensor]:
+    """The main model's own text: ``count`` sequences of a corpus prompt (``prompt_len`` tokens at a seeded
+    random offset) followed by ``length − prompt_len`` generated tokens, greedy for even i and sampled at
+    temperature 0.7 for odd i (what the drafter must predict when serving)."""
+    rng = np.random.default_rng(seed)
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(count):
+        o = int(rng.integers(0, len(stream) - prompt_len))
+        ids = torch.from_numpy(stream[o: o + prompt_len].copy())
+        cache = model.new_cache()
+        last = model.forward_chunk(ids, cache)[-1]
+        toks = ids.tolist()
+        while len(toks) < length:
+            t = int(last.argmax()) if i % 2 == 0 else int(torch.multinomial(torch.softmax(last / 0.7, -1), 1,
+                                                                              generator=g))
+            toks.append(t)
+            last = model.forward_chunk(torch.tensor([t]), cache)[-1]
+        out.append(torch.tensor(toks))
+    return out
+
+
 def train_drafter(main: Path, out: Path, *, steps: int, minutes: float, seq_len: int, batch: int, anchors: int,
                   lr: float, seed: int, corpus_root: Path | None = None, manifest: Path = MANIFEST,
-                  threads: int = 2, log=print) -> dict:
+                  threads: int = 2, self_distill: int = 0, prompt_len: int = 32, log=print) -> dict:
     """Train ``mtp.*`` of the checkpoint ``main`` and write the whole model to ``out`` (checkpoint formats;
     ``drafter_log.json``). Raises ValueError when the corpus differs from the manifest."""
     torch.manual_seed(seed)
@@ -101,8 +127,10 @@ def train_drafter(main: Path, out: Path, *, steps: int, minutes: float, seq_len:
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     rng = np.random.default_rng(seed)
     k = model.cfg.dspark_block_size
+    pool = continuations(model, stream, self_distill, prompt_len, seq_len, seed) if self_distill else None
+    first = prompt_len - 1 if pool else seq_len // 4  # anchors inside the generated part of a continuation
     record = {"main": str(main), "seed": seed, "seq_len": seq_len, "batch": batch, "anchors": anchors, "lr": lr,
-              "block_size": k, "curve": []}
+              "block_size": k, "self_distill": self_distill, "prompt_len": prompt_len, "curve": []}
     start, step = time.perf_counter(), 0
     while step < steps and time.perf_counter() - start < minutes * 60:
         for group in opt.param_groups:
@@ -110,9 +138,9 @@ def train_drafter(main: Path, out: Path, *, steps: int, minutes: float, seq_len:
         opt.zero_grad(set_to_none=True)
         accepted, blocks, total = np.zeros(k, dtype=np.int64), 0, 0.0
         with parametrize.cached():
-            for o in rng.integers(0, len(stream) - seq_len, size=batch):
-                ids = torch.from_numpy(stream[o: o + seq_len])
-                loss, stats = sequence_loss(model, ids, rng.integers(seq_len // 4, seq_len - k - 1, size=anchors))
+            for o in rng.integers(0, len(pool) if pool else len(stream) - seq_len, size=batch):
+                ids = pool[o] if pool else torch.from_numpy(stream[o: o + seq_len])
+                loss, stats = sequence_loss(model, ids, rng.integers(first, seq_len - k - 1, size=anchors))
                 (loss / batch).backward()
                 total += float(loss.detach()) / batch
                 accepted += stats["accepted"]
@@ -143,9 +171,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--self-distill", type=int, default=0,
+                    help="train on this many of the main model's own continuations (0: the corpus text)")
+    ap.add_argument("--prompt-len", type=int, default=32, help="corpus prompt length of each continuation")
     a = ap.parse_args(argv)
     train_drafter(a.main, a.out, steps=a.steps, minutes=a.minutes, seq_len=a.seq_len, batch=a.batch,
-                  anchors=a.anchors, lr=a.lr, seed=a.seed, threads=a.threads)
+                  anchors=a.anchors, lr=a.lr, seed=a.seed, threads=a.threads, self_distill=a.self_distill,
+                  prompt_len=a.prompt_len)
 
 
 if __name__ == "__main__":
