@@ -102,8 +102,8 @@ def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10
 
     rng = random.Random(batch * 7919 + context)
     vocab = core.cfg.vocab_size
-    for i in range(batch):  # sampled, seeded: greedy decoding of random weights can repeat one token, and the
-        # hash-routed layers route by token id; max_tokens None: no request may finish inside the timed window
+    for i in range(batch):  # sampled, seeded: the ids fed to the hash-routed layers vary per request as in serving;
+        # max_tokens None: no request may finish inside the timed window
         sp = SamplingParams(temperature=1.0, seed=i, ignore_eos=True, max_tokens=None)
         core.add_request(f"d{batch}-{context}-{i}", [rng.randrange(3, vocab) for _ in range(context)], sp)
     while any(len(s.output_token_ids) == 0 for s in core.seqs.values()):

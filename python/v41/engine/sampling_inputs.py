@@ -39,11 +39,11 @@ class SamplingRows:
     use_min_p: bool
 
     @classmethod
-    def of(cls, params: Sequence[SamplingParams], vocab: int, device, seeds: Sequence[int] = (),
-           positions: Sequence[int] = ()) -> SamplingRows:
-        """Rows 0..n−1 for ``params`` built with plain tensor copies (tests and references)."""
-        f, i, flags = _pack(params, vocab, range(len(params)), seeds or [0] * len(params),
-                            positions or [0] * len(params))
+    def of(cls, params: Sequence[SamplingParams], vocab: int, device) -> SamplingRows:
+        """Rows 0..n−1 for ``params`` (seeds and positions 0: no draw reads them) built with plain tensor copies,
+        for :func:`v41.engine.sampler.sampling_probs`."""
+        n = len(params)
+        f, i, flags = _pack(params, vocab, range(n), [0] * n, [0] * n)
         return _rows(torch.from_numpy(f).to(device), torch.from_numpy(i).to(device), flags)
 
 

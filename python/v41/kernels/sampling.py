@@ -101,5 +101,5 @@ if triton is not None:
             c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
             k0 = k0 + 0x9E3779B9
             k1 = k1 + 0xBB67AE85
-        u = tl.minimum(((c0 >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08, 0.99999994039535522)
+        u = tl.minimum(((c0 >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08, 0.99999994039535522)  # U_MAX
         tl.store(out_ptr + r * V + cols, u, mask=cols < V)
