@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from layer_times import layer_kv_bytes, per_layer
+
 V4_FLASH_4L = dict(  # V4-Flash layers 0-3: SWA, SWA, CSA (4), HCA (128); hash-MoE on the first three
     vocab_size=129280, hidden_size=4096, moe_intermediate_size=2048, num_hidden_layers=4, num_attention_heads=64,
     head_dim=512, qk_rope_head_dim=64, q_lora_rank=1024, o_lora_rank=1024, o_groups=8, n_routed_experts=256,
@@ -96,8 +98,9 @@ def decode_headroom(batch: int, context: int, budget: int, steps: int = 50, warm
     return -(-batch * context // budget) + batch + warmup + steps + 16
 
 
-def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10) -> float:
-    """Median ms per engine step with ``batch`` requests decoding at ``context``."""
+def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10, after=None) -> float:
+    """Median ms per engine step with ``batch`` requests decoding at ``context``; ``after(core)`` runs once the
+    timed steps are checked, before the requests are aborted."""
     from v41.engine.params import SamplingParams
 
     rng = random.Random(batch * 7919 + context)
@@ -121,6 +124,8 @@ def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10
         raise RuntimeError(f"decode B={batch}: only {len(live)} requests were still running after the timed steps")
     last = {s.output_token_ids[-1] for s in live}
     print(f"v41 decode B={batch} C={context}: {len(last)} distinct tokens in the last step", flush=True)
+    if after is not None:
+        after(core)
     for rid in list(core.requests):
         core.abort_request(rid)
     core.step()
@@ -171,16 +176,7 @@ def floor_ms(wb: dict, cfg, batch: int, context: int, copy_gbps: float) -> float
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     touched = e * (1 - (1 - k / e) ** batch)
     weights = wb["dense"] + wb["n_moe"] * touched * wb["expert_per_layer_each"] + wb["head"]
-    cols = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads
-    kv = batch * len(cfg.engram_layer_ids) * cols * (cfg.engram_head_dim + cfg.engram_head_dim // 32)
-    for plan in cfg.plan:
-        rows = min(cfg.sliding_window, context)
-        if plan.ratio > 0:
-            n = context // plan.ratio
-            rows += n if plan.attn_type == "hca" else min(cfg.index_topk, n)
-            if plan.attn_type in ("csa", "csa2") and plan.is_index_source:
-                kv += batch * n * cfg.index_head_dim * 2
-        kv += batch * rows * cfg.head_dim * 2
+    kv = sum(layer_kv_bytes(cfg, plan, batch, context) for plan in cfg.plan)
     return 1e3 * (weights + kv) / (copy_gbps * 1e9)
 
 
@@ -284,6 +280,7 @@ def main() -> None:
     ap.add_argument("--cells", default="1x2048,8x2048,64x2048", help="BATCHxCONTEXT decode cells")
     ap.add_argument("--prefill", default="2048,8192", help="prefill lengths")
     ap.add_argument("--transformers", action="store_true", help="also run transformers (V4 only)")
+    ap.add_argument("--per-layer", default="", help="BATCHxCONTEXT decode cells also timed layer by layer")
     ap.add_argument("--quantization", default="auto", choices=("auto", "none"))
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
@@ -307,8 +304,15 @@ def main() -> None:
     for length in prefills:
         rows.append({"what": f"prefill {length}", "v41": v41_prefill(core, length), "unit": "tok/s"})
         print(rows[-1], flush=True)
+    layered = {tuple(int(x) for x in c.split("x")) for c in a.per_layer.split(",") if c}
+    layer_rows: dict[str, list[dict]] = {}
     for batch, context in cells:
-        rows.append({"what": f"decode B={batch} C={context}", "v41": v41_decode(core, batch, context), "unit": "ms",
+        what = f"decode B={batch} C={context}"
+        after = None
+        if (batch, context) in layered:
+            def after(core, what=what, batch=batch, context=context):
+                layer_rows[what] = per_layer(core, batch, context, env["copy_GBps"])
+        rows.append({"what": what, "v41": v41_decode(core, batch, context, after=after), "unit": "ms",
                      "floor": floor_ms(wb, core.cfg, batch, context, env["copy_GBps"])})
         print(rows[-1], flush=True)
     if a.transformers and a.slice == "v4":
@@ -328,7 +332,13 @@ def main() -> None:
                 row["transformers"] = f"OOM ({str(e)[:60]})"
             print(row, flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / f"flash_slice_{a.slice}.json").write_text(json.dumps({"env": env, "weights": wb, "rows": rows}))
+    (Path(a.out) / f"flash_slice_{a.slice}.json").write_text(json.dumps({"env": env, "weights": wb, "rows": rows,
+                                                                               "per_layer": layer_rows}))
+    for what, lrows in layer_rows.items():
+        print(f"\nflash-slice-{a.slice} {what}, layer by layer (graph per layer; floor = its bytes / copy bandwidth)")
+        for r in lrows:
+            print(f"{r['what']:<32}{r['ms']:>9.3f} ms{r['floor_ms']:>9.3f} ms{r['ratio']:>8.1f}x")
+        print(f"{'sum':<32}{sum(r['ms'] for r in lrows):>9.3f} ms{sum(r['floor_ms'] for r in lrows):>9.3f} ms")
     print(f"\nflash-slice-{a.slice} ({env['gpu']}; copy {env['copy_GBps']:.0f} GB/s, bf16 {env['bf16_TFLOPs']:.0f} "
           f"TFLOP/s; v41 {a.quantization} weights)")
     print(f"{'cell':<24}{'v41':>12}{'floor':>10}{'v41/floor':>11}{'transformers':>14}")
