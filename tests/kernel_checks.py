@@ -15,7 +15,8 @@ import sys
 import torch
 
 from v41 import quant
-from v41.kernels import indexer, linear, mhc, moe, norm, paged, rope, router, sampling, sparse_attention, swiglu
+from v41.kernels import (indexer, linear, mhc, moe, moe_align, norm, paged, rope, router, sampling, sparse_attention,
+                         swiglu, window_pool)
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
 
@@ -75,24 +76,67 @@ def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
         if fmt == "dense":
             w = from_dense(w.data.to(dtype))
         ids = torch.randint(0, e - 1, (t, top), generator=g).to(device)  # expert e-1 stays empty
-        order, offsets = moe.align_pairs(ids, e)
+        pairs = moe_align.route_pairs(ids, e)
+        order, offsets = pairs.order, pairs.offsets
         x = torch.randn(t, k, generator=g).to(device, dtype)
         for rows in (order // top, None):
             xin = x if rows is not None else torch.randn(t * top, k, generator=g).to(device, dtype)
             poison(device)
-            y = moe.grouped_linear(xin, w, offsets, rows)
+            y = moe.grouped_linear(xin, w, offsets, rows, active=pairs.active)
             r = moe.grouped_linear_ref(xin.double().cpu(), w.to("cpu"), offsets.cpu(),
                                        None if rows is None else rows.cpu())
             out.append((f"grouped/{fmt}/{'gather' if rows is not None else 'rows'}", rel(y.cpu(), r), tol(dtype)))
     yp = torch.randn(t * top, k, generator=g).to(device, dtype)
     extra = torch.randn(t, k, generator=g).to(device, dtype)
-    inv = moe.inverse_order(order)
+    inv = pairs.inv
     for ex in (extra, None):
         poison(device)
         got = moe.combine_pairs(yp, inv, top, ex)
         want = moe.combine_pairs_ref(yp.double(), inv, top, None if ex is None else ex.double())
         out.append((f"combine/{'shared' if ex is not None else 'routed'}", rel(got, want), tol(dtype)))
     return out
+
+
+def check_route_pairs(device: str, dtype: torch.dtype, g: torch.Generator):
+    """The expert-sorted pairs equal the PyTorch reference's exactly (order, offsets, live experts, inverse, rows),
+    for routings with empty experts, one expert taking every pair, more experts than pairs and the reverse."""
+    out = []
+    for t, k, e in ((1, 6, 256), (9, 2, 6), (8, 6, 384), (64, 6, 256), (5, 3, 1), (300, 8, 16)):
+        ids = torch.randint(0, e, (t, k), generator=g)
+        if t == 9:
+            ids[:, 1] = 0  # one expert takes a slot of every token; the last experts stay empty
+            ids.clamp_(max=e - 2)
+        ids = ids.to(device)
+        poison(device)
+        got, want = moe_align.route_pairs(ids, e), moe_align.route_pairs_ref(ids, e)
+        same = all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(got, want))
+        out.append((f"route_pairs/t{t}/k{k}/e{e}", 0.0 if same else float("inf"), 0.0))
+    return out
+
+
+def check_window_pool(device: str, dtype: torch.dtype, g: torch.Generator):
+    """Segments of several lengths (padding rows, an all-padding segment), some continuing a state triple, one
+    state row read by two segments; float32 as the compressors run it."""
+    t, c, width = 23, 300, 5
+    value = torch.randn(t, c, generator=g).to(device)
+    gate = (torch.randn(t, c, generator=g) * 4).to(device)
+    rows = torch.randint(0, t, (6, width), generator=g)
+    valid = torch.ones(6, width, dtype=torch.bool)
+    valid[1, 2:] = False
+    valid[3] = False  # a padding segment: the empty triple
+    valid[4, 1:] = False  # one row: a decode step's segment
+    state = torch.randn(4, 3, c, generator=g)
+    state[:, 1] = state[:, 1].abs()
+    state[2, 0] = float("-inf")  # a continued window whose earlier part was empty
+    state[2, 1:] = 0.0
+    cont = torch.tensor([True, False, True, False, True, False])  # segment 3: nothing at all (m = −inf)
+    srow = torch.tensor([0, 1, 2, 3, 0, 3])
+    args = [a.to(device) for a in (rows, valid, cont, srow)]
+    poison(device)
+    got = window_pool.pool_windows(*args, value, gate, state.to(device))
+    want = window_pool.pool_windows_ref(*[a.cpu() for a in args], value.double().cpu(), gate.double().cpu(),
+                                        state.double())
+    return [("window_pool/mixed", rel(got.cpu(), want), 1e-5)]
 
 
 def check_attention(device: str, dtype: torch.dtype, g: torch.Generator):
@@ -226,7 +270,7 @@ def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
     return out
 
 
-CHECKS = [check_linear, check_grouped, check_attention, check_index_scores, check_mhc, check_uniforms,
+CHECKS = [check_linear, check_grouped, check_route_pairs, check_window_pool, check_attention, check_index_scores, check_mhc, check_uniforms,
           check_norm_rope_swiglu, check_router, check_table_slots]
 
 

@@ -18,7 +18,8 @@ import statistics
 
 import torch
 
-from v41.kernels.moe import align_pairs, grouped_config, grouped_linear_triton
+from v41.kernels.moe import grouped_config, grouped_linear_triton
+from v41.kernels.moe_align import align_pairs
 from v41.kernels.packed import PackedWeight
 
 E, D, I, TOP_K = 256, 4096, 2048, 6

@@ -1,6 +1,6 @@
 """Grouped expert GEMMs for MoE without host synchronisation (docs/architecture.md §3a; docs/kernels.md §2 "MoE").
 
-The T·k (token, slot) pairs are sorted by expert on the device (:func:`align_pairs`); expert e owns the sorted
+The T·k (token, slot) pairs are sorted by expert on the device (:func:`.moe_align.route_pairs`); expert e owns the sorted
 rows ``[offsets[e], offsets[e+1])``. :func:`grouped_linear` computes, for every sorted row i of expert e,
 ``y[i] = x[rows[i]] · W[e]ᵀ`` over a packed ``[E, N, K]`` weight (MXFP4 experts dequantized in the kernel:
 W4A16; FP8 and dense too). One launch covers every expert: programs ``(expert, N tile)`` walk their expert's
@@ -15,36 +15,8 @@ import torch
 from torch import Tensor
 
 from .dispatch import TRITON_DTYPES, dot_dtype, interpreting, triton, use_triton
+from .moe_align import active_experts
 from .packed import PackedWeight
-
-
-def align_pairs(ids: Tensor, n_experts: int) -> tuple[Tensor, Tensor]:
-    """ids [T, k] int64 expert of each (token, slot) pair → (order [T·k] int64: flat pair indices sorted by
-    expert, stably; offsets [E + 1] int64: expert e's rows of ``order`` are ``[offsets[e], offsets[e+1])``)."""
-    flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(n_experts, dtype=torch.int64, device=ids.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    return order, offsets
-
-
-def active_experts(offsets: Tensor, n_slots: int) -> Tensor:
-    """The experts that own at least one sorted row, ascending, in ``n_slots`` entries padded with −1 (without a
-    host sync: ``n_slots`` = min(E, pairs) is known on the host)."""
-    counts = offsets[1:] - offsets[:-1]
-    live = counts > 0
-    rank = torch.cumsum(live.to(torch.int64), 0) - 1
-    out = torch.full((n_slots + 1,), -1, dtype=torch.int64, device=offsets.device)
-    slot = torch.where(live, rank, torch.full_like(rank, n_slots))
-    out.scatter_(0, slot, torch.arange(counts.shape[0], device=offsets.device))
-    return out[:n_slots]
-
-
-def inverse_order(order: Tensor) -> Tensor:
-    """The inverse permutation: ``inv[order[i]] = i`` (where each flat pair landed among the sorted rows)."""
-    inv = torch.empty_like(order)
-    return inv.scatter_(0, order, torch.arange(order.shape[0], device=order.device))
 
 
 def combine_pairs_ref(y: Tensor, inv: Tensor, top_k: int, extra: Tensor | None = None) -> Tensor:
@@ -86,10 +58,12 @@ def grouped_linear_ref(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor
     return out
 
 
-def grouped_linear(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None = None) -> Tensor:
-    """:func:`grouped_linear_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
+def grouped_linear(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None = None,
+                   active: Tensor | None = None) -> Tensor:
+    """:func:`grouped_linear_ref` as one Triton launch where :func:`.dispatch.use_triton` says so; ``active``: the
+    live experts (:class:`.moe_align.PairRouting`), derived from ``offsets`` when not given."""
     if x.dtype in TRITON_DTYPES and use_triton(x, w.data):
-        return grouped_linear_triton(x, w, offsets, rows)
+        return grouped_linear_triton(x, w, offsets, rows, active=active)
     return grouped_linear_ref(x, w, offsets, rows)
 
 
@@ -174,7 +148,7 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
 
 
 def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None,
-                          config: dict | None = None) -> Tensor:
+                          config: dict | None = None, active: Tensor | None = None) -> Tensor:
     """The Triton launch of :func:`grouped_linear` (``config``: :func:`grouped_config`'s keys; default: its
     choice). Programs (live expert, N tile, K split): only the experts with rows get programs (a compact list
     made on the device); split partials are summed in float32 in a fixed order."""
@@ -191,7 +165,8 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
     split = triton.cdiv(k, k_split)
     y = torch.empty((split, p, n), dtype=x.dtype if split == 1 else torch.float32, device=x.device)
     _grouped_kernel[(slots, triton.cdiv(n, c["bn"]), split)](
-        x, x if rows is None else rows, w.data, scale, offsets, active_experts(offsets, slots), y, n, k, k_split,
+        x, x if rows is None else rows, w.data, scale, offsets,
+        active_experts(offsets, slots) if active is None else active, y, n, k, k_split,
         x.stride(0), w.data.stride(0), w.data.stride(1), scale.stride(0), scale.stride(1), y.stride(0),
         y.stride(1), GATHER=rows is not None, B0=w.block[0], SK=scale_k(w.fmt, w.block), FMT=FMT_CODES[w.fmt],
         BM=c["bm"], BN=c["bn"], BK=TILE_K, DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32,

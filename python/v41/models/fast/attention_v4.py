@@ -16,10 +16,11 @@ from ...config import LayerPlan, ModelConfig
 from ...distributed.group import TPGroup
 from ...kernels.indexer import index_scores
 from ...kernels.paged import gather_slots, table_slots
-from ...kernels.topk import stable_topk
-from .attention import FastAttention, StepContext, selected_or_none
-from .compress import NEG, combine, finish, pool_step
 from ...kernels.rope import rope
+from ...kernels.topk import stable_topk
+from ...kernels.window_pool import NEG, combine_triples
+from .attention import FastAttention, StepContext, selected_or_none
+from .compress import finish, pool_step
 from .layers import PackedLinear, RMSNorm
 
 
@@ -95,7 +96,7 @@ class V4Attention(FastAttention):
         if self.csa:
             c = hd + self.indexer.head_dim
             ctx.write(f"cov{r}", lid, seg.last_row, torch.stack([m[:, :c], s[:, :c], a[:, :c]], dim=1))
-            m, s, a = combine((m[:, c:], s[:, c:], a[:, c:]), self._prev_a(ctx, seg, c))
+            m, s, a = combine_triples((m[:, c:], s[:, c:], a[:, c:]), self._prev_a(ctx, seg, c))
         pooled = finish(m, s, a)
         cos, sin = ctx.ropes[self.rope_key].cos_sin(seg.window * r)
         main = self.compressor.norm(pooled[:, :hd].to(x.dtype))

@@ -7,7 +7,7 @@ window boundaries into *segments* (``StepBatch.segments[r]``: ``[S, L]`` token r
 reduced to the online-softmax triple ``(m, s, a)`` per channel: ``m = max g``, ``s = Σ e^{g−m}``,
 ``a = Σ e^{g−m}·v``, so ``c = a / s``. A window that began in an earlier step continues from the triple kept in
 the request's state row (fp32 ``[3, C]``), and a segment that does not close its window leaves its triple
-there. Two triples combine exactly (up to rounding) by rescaling to the larger ``m``. V4's overlapping CSA
+there (the pooling itself: :mod:`v41.kernels.window_pool`). Two triples combine exactly (up to rounding) by rescaling to the larger ``m``. V4's overlapping CSA
 entry w also pools the A half of window w−1, whose triple is kept per closed window in the ``cov{r}`` cache.
 """
 
@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ...kernels.window_pool import pool_windows
 from ..protocol import StepBatch
-
-NEG = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -64,36 +63,13 @@ class Segments:
                    keep_row=torch.where(seg_ok & ~closes, state_row, dummy))
 
 
-def reduce_segments(seg: Segments, value: Tensor, gate: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """value, gate [T, C] float32 → the segments' triples (m, s, a) [S, C] over their own rows."""
-    g = gate[seg.rows].masked_fill(~seg.valid[..., None], NEG)  # [S, L, C]
-    m = g.amax(dim=1)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    e = torch.exp(g - m_safe[:, None])
-    return m, e.sum(dim=1), (e * value[seg.rows]).sum(dim=1)
-
-
-def combine(t1: tuple[Tensor, Tensor, Tensor], t2: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    """The triple of the union of two disjoint token sets (either may be empty: m = −inf, s = a = 0)."""
-    (m1, s1, a1), (m2, s2, a2) = t1, t2
-    m = torch.maximum(m1, m2)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    f1 = torch.exp(m1 - m_safe)
-    f2 = torch.exp(m2 - m_safe)
-    return m, s1 * f1 + s2 * f2, a1 * f1 + a2 * f2
-
-
 def pool_step(seg: Segments, value: Tensor, gate: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Pool this step's rows per segment, continue windows from ``state`` [rows, 3, C] (fp32), and store the
-    open windows' triples back into it. Returns the segments' full-window triples (m, s, a) [S, C]."""
-    own = reduce_segments(seg, value, gate)
-    prev = state[seg.state_row]  # [S, 3, C]
-    cont = seg.continues[:, None]
-    empty = (torch.full_like(own[0], NEG), torch.zeros_like(own[1]), torch.zeros_like(own[2]))
-    before = tuple(torch.where(cont, p, e) for p, e in zip((prev[:, 0], prev[:, 1], prev[:, 2]), empty))
-    m, s, a = combine(before, own)
-    state.index_copy_(0, seg.keep_row, torch.stack([m, s, a], dim=1))
-    return m, s, a
+    open windows' triples back into it (after every segment has read its own: :mod:`v41.kernels.window_pool`).
+    Returns the segments' full-window triples (m, s, a) [S, C]."""
+    out = pool_windows(seg.rows, seg.valid, seg.continues, seg.state_row, value, gate, state)
+    state.index_copy_(0, seg.keep_row, out)
+    return out[:, 0], out[:, 1], out[:, 2]
 
 
 def finish(m: Tensor, s: Tensor, a: Tensor) -> Tensor:

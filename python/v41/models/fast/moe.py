@@ -15,7 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from ...distributed.group import SINGLE, TPGroup
-from ...kernels.moe import align_pairs, combine_pairs, grouped_linear, inverse_order
+from ...kernels.moe import combine_pairs, grouped_linear
+from ...kernels.moe_align import route_pairs
 from ...kernels.router import route
 from ...kernels.swiglu import swiglu
 from .layers import PackedLinear, PackedModule
@@ -69,9 +70,9 @@ class FastMoE(nn.Module):
         """x [T, D] (replicated), token_ids [T] → [T, D] (full on every rank)."""
         k = self.top_k
         ids, weights = self.route(x, token_ids)
-        order, offsets = align_pairs(ids, self.n_experts)
-        h = grouped_linear(x, self.w13.packed, offsets, rows=order // k)
-        h = swiglu(h, self.limit, weights.reshape(-1)[order])
-        y = grouped_linear(h, self.w2.packed, offsets)
+        pairs = route_pairs(ids, self.n_experts)
+        h = grouped_linear(x, self.w13.packed, pairs.offsets, rows=pairs.rows, active=pairs.active)
+        h = swiglu(h, self.limit, weights.reshape(-1)[pairs.order])
+        y = grouped_linear(h, self.w2.packed, pairs.offsets, active=pairs.active)
         shared = self.shared_w2(swiglu(self.shared_w13(x), self.limit)) if self.n_shared else None
-        return self.tp.all_reduce(combine_pairs(y, inverse_order(order), k, shared))
+        return self.tp.all_reduce(combine_pairs(y, pairs.inv, k, shared))

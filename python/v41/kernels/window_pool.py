@@ -1,0 +1,101 @@
+"""Compressor window pooling of one step's segments (docs/model.md §3.6 V4.1 ratio 2, §4 V4 HCA / CSA; the segment
+layout is :class:`v41.models.fast.compress.Segments`'s): the online-softmax triple of each segment's own rows,
+continued from the triple its request's state row holds when the segment's window began in an earlier step.
+
+For segment s with token rows ``rows[s, :]`` (``valid`` marks real ones) and per-channel gates g and values v:
+``own = (m, s, a)`` with ``m = max g``, ``s = Σ e^{g−m}``, ``a = Σ e^{g−m}·v`` over the valid rows; when
+``continues[s]`` the triple ``state[state_row[s]]`` ([3, C] float32) is combined in by rescaling both to the
+larger m (an empty set is m = −inf, s = a = 0). Output [S, 3, C] float32. The caller stores the open windows'
+triples back (one index_copy), after every segment has read its state: a prefill chunk can read a request's state
+row in its first segment and write it in its last.
+
+The PyTorch reference is ~20 small kernels per compressor; the Triton kernel is one launch, programs
+(segment, channel block), rows walked in order with a running triple.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .dispatch import triton, use_triton
+
+NEG = float("-inf")
+
+
+def combine_triples(t1: tuple[Tensor, Tensor, Tensor], t2: tuple[Tensor, Tensor, Tensor]):
+    """The triple of the union of two disjoint token sets (either may be empty: m = −inf, s = a = 0)."""
+    (m1, s1, a1), (m2, s2, a2) = t1, t2
+    m = torch.maximum(m1, m2)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    f1 = torch.exp(m1 - m_safe)
+    f2 = torch.exp(m2 - m_safe)
+    return m, s1 * f1 + s2 * f2, a1 * f1 + a2 * f2
+
+
+def pool_windows_ref(rows: Tensor, valid: Tensor, continues: Tensor, state_row: Tensor, value: Tensor,
+                     gate: Tensor, state: Tensor) -> Tensor:
+    """Reference of :func:`pool_windows`: rows, valid [S, L] (int64 ≥ 0, bool); continues [S] bool; state_row [S]
+    int64; value, gate [T, C] float32; state [rows, 3, C] float32 (read only) → [S, 3, C] float32."""
+    g = gate[rows].masked_fill(~valid[..., None], NEG)  # [S, L, C]
+    m = g.amax(dim=1)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(g - m_safe[:, None])
+    own = (m, e.sum(dim=1), (e * value[rows]).sum(dim=1))
+    prev = state[state_row]
+    cont = continues[:, None]
+    before = (torch.where(cont, prev[:, 0], torch.full_like(m, NEG)), torch.where(cont, prev[:, 1], 0.0),
+              torch.where(cont, prev[:, 2], 0.0))
+    return torch.stack(combine_triples(before, own), dim=1)
+
+
+def pool_windows(rows: Tensor, valid: Tensor, continues: Tensor, state_row: Tensor, value: Tensor, gate: Tensor,
+                 state: Tensor) -> Tensor:
+    """:func:`pool_windows_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
+    s, width = rows.shape
+    if s == 0 or value.dtype != torch.float32 or not use_triton(value, state):
+        return pool_windows_ref(rows, valid, continues, state_row, value, gate, state)
+    c = value.shape[1]
+    out = torch.empty(s, 3, c, dtype=torch.float32, device=value.device)
+    block = min(256, triton.next_power_of_2(c))
+    v, g, st = value.contiguous(), gate.contiguous(), state.contiguous()
+    _pool_kernel[(s, triton.cdiv(c, block))](rows.contiguous(), valid.contiguous(), continues.contiguous(),
+                                             state_row.contiguous(), v, g, st, out, c, width, BLOCK=block)
+    return out
+
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _pool_kernel(rows_ptr, valid_ptr, cont_ptr, srow_ptr, v_ptr, g_ptr, state_ptr, out_ptr, C, L,
+                     BLOCK: tl.constexpr):
+        seg, cb = tl.program_id(0), tl.program_id(1)
+        cols = cb * BLOCK + tl.arange(0, BLOCK)
+        cmask = cols < C
+        cont = tl.load(cont_ptr + seg) != 0
+        srow = tl.load(srow_ptr + seg).to(tl.int64)
+        m = tl.full([BLOCK], float("-inf"), tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        a = tl.zeros([BLOCK], tl.float32)
+        if cont:
+            base = state_ptr + srow * 3 * C
+            m = tl.load(base + cols, mask=cmask, other=float("-inf"))
+            s = tl.load(base + C + cols, mask=cmask, other=0.0)
+            a = tl.load(base + 2 * C + cols, mask=cmask, other=0.0)
+        for j in range(L):
+            ok = tl.load(valid_ptr + seg * L + j) != 0
+            if ok:
+                row = tl.load(rows_ptr + seg * L + j).to(tl.int64)
+                g = tl.load(g_ptr + row * C + cols, mask=cmask, other=0.0)
+                v = tl.load(v_ptr + row * C + cols, mask=cmask, other=0.0)
+                m_new = tl.maximum(m, g)  # g is finite, so m_new is
+                f = tl.exp(m - m_new)  # exp(−inf) = 0 for an empty running set
+                e = tl.exp(g - m_new)
+                s = s * f + e
+                a = a * f + e * v
+                m = m_new
+        out = out_ptr + seg.to(tl.int64) * 3 * C
+        tl.store(out + cols, m, mask=cmask)
+        tl.store(out + C + cols, s, mask=cmask)
+        tl.store(out + 2 * C + cols, a, mask=cmask)
