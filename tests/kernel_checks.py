@@ -16,7 +16,7 @@ import torch
 
 from v41 import quant
 from v41.kernels import (indexer, linear, mhc, moe, moe_align, norm, paged, rope, router, sampling, sparse_attention,
-                         swiglu, window_pool)
+                         swiglu, topk, window_pool)
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
 
@@ -247,6 +247,36 @@ def check_table_slots(device: str, dtype: torch.dtype, g: torch.Generator):
     return [("table_slots/exact", 0.0 if torch.equal(got, want) else float("inf"), 0.0)]
 
 
+def check_scatter_rows(device: str, dtype: torch.dtype, g: torch.Generator):
+    """Rows written at their slots (−1: nowhere but the reference's dummy row, which is not compared), through an
+    index or not, [n, 3, c] rows as the compressors' triples, float32 rows into a ``dtype`` cache."""
+    out = []
+    for shape, indexed in (((40,), False), ((3, 24), True), ((512,), True)):
+        cache = torch.randn(30, *shape, generator=g).to(device, dtype)
+        slots = torch.randperm(29, generator=g)[:12].to(device)
+        slots[[2, 7]] = -1
+        rows = torch.randn(6 if indexed else 12, *shape, generator=g).to(device)
+        index = torch.randperm(12, generator=g)[:6].to(device) if indexed else None
+        want = cache.clone()
+        paged.scatter_rows_ref(want, slots if index is None else slots[index], rows, 29)
+        paged.scatter_rows(cache, slots, rows, 29, index=index)
+        same = torch.equal(cache[:29].cpu(), want[:29].cpu())
+        out.append((f"scatter_rows/{'x'.join(map(str, shape))}/{'indexed' if indexed else 'direct'}",
+                    0.0 if same else float("inf"), 0.0))
+    return out
+
+
+def check_order_keys(device: str, dtype: torch.dtype, g: torch.Generator):
+    """The top-k sort keys equal the reference's bit for bit: ±0, ±inf, NaN, exact ties, negative scores, N not a
+    multiple of the block."""
+    scores = torch.randn(7, 1500, generator=g).round(decimals=1)  # many exact ties
+    scores[0, :6] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), -1e-30])
+    scores = scores.to(device)
+    poison(device)
+    same = torch.equal(topk.order_keys(scores).cpu(), topk.order_keys_ref(scores).cpu())
+    return [("order_keys/exact", 0.0 if same else float("inf"), 0.0)]
+
+
 def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
     out = []
     t, e, k = 11, 24, 6
@@ -270,8 +300,9 @@ def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
     return out
 
 
-CHECKS = [check_linear, check_grouped, check_route_pairs, check_window_pool, check_attention, check_index_scores, check_mhc, check_uniforms,
-          check_norm_rope_swiglu, check_router, check_table_slots]
+CHECKS = [check_linear, check_grouped, check_route_pairs, check_window_pool, check_attention, check_index_scores,
+          check_mhc, check_uniforms, check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
+          check_order_keys]
 
 
 def run(check_name: str, device: str, dtype: torch.dtype):

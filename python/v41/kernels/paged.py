@@ -1,5 +1,5 @@
 """Paged cache reads and writes by flat slot index (slot = block · rows_per_block + row in block), and the slots
-of logical rows through a block table (one Triton launch on the GPU: :func:`table_slots`)."""
+of logical rows through a block table (one Triton launch each on the GPU: :func:`scatter_rows`, :func:`table_slots`)."""
 
 from __future__ import annotations
 
@@ -36,12 +36,28 @@ def block_slots(block_table: torch.Tensor, index: torch.Tensor, rows_per_block: 
     return torch.where(inside & (phys >= 0), slots, torch.full_like(slots, -1))
 
 
-def scatter_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, dummy_slot: int) -> None:
-    """Store ``rows`` [T, *row_shape] at ``slots`` [T] int64 of ``cache`` in place without reading anything back
-    to the host: slots < 0 are sent to ``dummy_slot`` (a reserved row nothing reads; which of several writes
-    lands there is unspecified)."""
+def scatter_rows_ref(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, dummy_slot: int) -> None:
+    """Reference of :func:`scatter_rows` (``slots`` already selected)."""
     safe = torch.where(slots >= 0, slots, torch.full_like(slots, dummy_slot))
     cache.index_copy_(0, safe, rows.to(cache.dtype))
+
+
+def scatter_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, dummy_slot: int,
+                 index: torch.Tensor | None = None) -> None:
+    """Store ``rows`` [n, *row_shape] at ``slots`` [n] int64 (or at ``slots[index]`` for ``index`` [n]) of ``cache``
+    [num_slots, *row_shape] in place, converted to the cache's dtype, without reading anything back to the host:
+    slots < 0 write nothing (the reference sends them to ``dummy_slot``, a reserved row nothing reads; which of
+    several writes lands there is unspecified). One Triton launch where :func:`.dispatch.use_triton` says so."""
+    n = rows.shape[0]
+    width = rows[0].numel() if n else 0
+    if (n == 0 or width == 0 or not use_triton(cache, rows) or not cache[0].is_contiguous()
+            or cache[0].numel() != width):
+        scatter_rows_ref(cache, slots if index is None else slots[index], rows, dummy_slot)
+        return
+    src = rows.reshape(n, width).contiguous()
+    block = min(1024, triton.next_power_of_2(width))
+    _scatter_kernel[(n, triton.cdiv(width, block))](cache, slots, slots if index is None else index, src, width,
+                                                  cache.stride(0), INDEXED=index is not None, BLOCK=block)
 
 
 def table_slots(block_table: torch.Tensor, req: torch.Tensor, index: torch.Tensor, rows_per_block: int) -> torch.Tensor:
@@ -62,6 +78,18 @@ def table_slots(block_table: torch.Tensor, req: torch.Tensor, index: torch.Tenso
 
 if triton is not None:
     import triton.language as tl
+
+    @triton.jit
+    def _scatter_kernel(cache_ptr, slots_ptr, index_ptr, src_ptr, W, stride_c, INDEXED: tl.constexpr,
+                        BLOCK: tl.constexpr):
+        i, cb = tl.program_id(0), tl.program_id(1)
+        j = tl.load(index_ptr + i) if INDEXED else i
+        slot = tl.load(slots_ptr + j)
+        if slot >= 0:
+            cols = cb * BLOCK + tl.arange(0, BLOCK)
+            mask = cols < W
+            v = tl.load(src_ptr + i.to(tl.int64) * W + cols, mask=mask)
+            tl.store(cache_ptr + slot * stride_c + cols, v.to(cache_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _table_slots_kernel(bt_ptr, req_ptr, idx_ptr, out_ptr, K, NB, stride_bt, RPB, BLOCK: tl.constexpr):

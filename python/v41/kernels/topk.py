@@ -3,7 +3,8 @@
 
 Each float32 score and its index are packed into one int64 key that orders like (score descending, index
 ascending); keys are unique, so ``torch.topk`` over them has one answer. ``-0.0`` counts as ``+0.0`` (they
-compare equal as floats). No host synchronisation; capturable in a CUDA graph.
+compare equal as floats). No host synchronisation; capturable in a CUDA graph. The keys are one Triton launch on
+the GPU (the PyTorch reference is nine elementwise kernels).
 """
 
 from __future__ import annotations
@@ -11,10 +12,24 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .dispatch import triton, use_triton
+
 _LOW32 = 0xFFFFFFFF
 
 
 def order_keys(scores: Tensor) -> Tensor:
+    """[..., N] float scores → int64 keys (:func:`order_keys_ref`), one Triton launch where
+    :func:`.dispatch.use_triton` says so."""
+    if scores.numel() == 0 or scores.dtype != torch.float32 or not use_triton(scores):
+        return order_keys_ref(scores)
+    s = scores.contiguous()
+    out = torch.empty(s.shape, dtype=torch.int64, device=s.device)
+    block = 1024
+    _keys_kernel[(triton.cdiv(s.numel(), block),)](s, out, s.numel(), s.shape[-1], _LOW32, BLOCK=block)
+    return out
+
+
+def order_keys_ref(scores: Tensor) -> Tensor:
     """[..., N] float scores → int64 keys: a larger key means a larger score, or an equal score at a lower
     index. NaN orders above +inf (as in ``torch.sort``). N must be below 2**32."""
     s = scores.to(torch.float32) + 0.0  # -0.0 + 0.0 = +0.0
@@ -30,3 +45,19 @@ def stable_topk(scores: Tensor, k: int) -> Tensor:
     keys = order_keys(scores)
     top = torch.topk(keys, k, dim=-1, sorted=True).values
     return _LOW32 - (top & _LOW32)
+
+
+if triton is not None:
+    import triton.language as tl
+
+    @triton.jit
+    def _keys_kernel(s_ptr, out_ptr, total, N, LOW32, BLOCK: tl.constexpr):
+        # LOW32 = 2**32 − 1 comes in as an int64 argument (a literal that large would be typed uint32)
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < total
+        s = tl.load(s_ptr + i, mask=mask, other=0.0)
+        s = tl.where(s == 0.0, 0.0, s)  # -0.0 → +0.0
+        bits = s.to(tl.int32, bitcast=True).to(tl.int64)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+        key = (ordered << 32) | (LOW32 - i % N)
+        tl.store(out_ptr + i, key, mask=mask)

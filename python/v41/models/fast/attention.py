@@ -58,8 +58,8 @@ class StepContext:
     def write(self, kind: str, layer: int, rows_idx: Tensor, values: Tensor) -> None:
         """Write ``values`` [n, *row] at the slots the tokens ``rows_idx`` [n] close in ``kind``'s cache of
         ``layer`` (slot −1 = nothing written)."""
-        slots = self.batch.slot_mapping[kind][rows_idx]
-        scatter_rows(self.cache.tensors[kind][layer], slots, values, self.cache.dummy_slot(kind))
+        scatter_rows(self.cache.tensors[kind][layer], self.batch.slot_mapping[kind], values,
+                     self.cache.dummy_slot(kind), index=rows_idx)
 
 
 def rope_key(plan: LayerPlan) -> str:
