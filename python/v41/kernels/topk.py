@@ -35,6 +35,7 @@ def order_keys_ref(scores: Tensor) -> Tensor:
     s = scores.to(torch.float32) + 0.0  # -0.0 + 0.0 = +0.0
     bits = s.view(torch.int32).to(torch.int64)
     ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # IEEE bits → signed order of the values
+    ordered = torch.where(torch.isnan(s), 0x7FFFFFFF, ordered)  # every NaN one key (devices differ in NaN bits)
     idx = torch.arange(s.shape[-1], device=s.device, dtype=torch.int64)
     return (ordered << 32) | (_LOW32 - idx)
 
@@ -59,5 +60,6 @@ if triton is not None:
         s = tl.where(s == 0.0, 0.0, s)  # -0.0 → +0.0
         bits = s.to(tl.int32, bitcast=True).to(tl.int64)
         ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+        ordered = tl.where(s != s, 0x7FFFFFFF, ordered)  # NaN
         key = (ordered << 32) | (LOW32 - i % N)
         tl.store(out_ptr + i, key, mask=mask)
