@@ -25,6 +25,7 @@ from chat_helpers import (
     random_chunks,
     run,
     splits_of,
+    strict_json,
     summary,
 )
 from v41.chat import OutputParser, ParserResult, ToolCallDelta, encode_messages, render_messages
@@ -250,8 +251,10 @@ def test_truncated_output_closes_open_call_and_drops_partial_names():
     check_stream(result, deltas)
     partial_name = '<｜DSML｜ calls>\n<｜DSML｜ invoke name="sea'
     assert run([partial_name], by_ids=False, thinking=False)[0].tool_calls == []
+    # A cut non-string value is dropped, never turned into a string (docs/model.md §7.10a).
     non_string = '<｜DSML｜ calls>\n<｜DSML｜ invoke name="f">\n<｜DSML｜ parameter name="n" string="false">[1, 2'
-    assert summary(run([non_string], by_ids=False, thinking=False)[0])[2] == [("f", '{"n": "[1, 2"}')]
+    cut = run([non_string], by_ids=False, thinking=False)[0]
+    assert summary(cut)[2] == [("f", "{}")] and cut.truncated_call
 
 
 def test_tool_block_inside_reasoning_ends_it_implicitly():
@@ -385,8 +388,9 @@ _text = (
     .map("".join)
     .filter(lambda s: not any(f in s for f in _FORBIDDEN_EVERYWHERE))
 )
-_names = _text.filter(lambda s: s and '">' not in s)
-_keys = _text.filter(lambda s: '" string="' not in s)
+# Names and keys cannot hold a quote or DSML markup: the format has no escaping (docs/model.md §7.10a).
+_names = _text.filter(lambda s: s and '"' not in s and "<｜DSML｜" not in s)
+_keys = _text.filter(lambda s: '"' not in s and "<｜DSML｜" not in s)
 _free_text = _text.filter(lambda s: not any(m in s for m in ("<think>", "</think>", "<｜DSML｜")))
 _json = st.recursive(
     st.none()
@@ -426,6 +430,7 @@ def test_random_tool_calls_round_trip_through_render_and_parse(reasoning, conten
 _SOUP = [
     "<｜DSML｜", "</｜DSML｜", " calls>", "tool_calls>", " invoke", ' name="', "f", '">', " parameter", '" string="',
     'true">', 'false">', ">", "\n", "\n\n", "<think>", "</think>", EOS, "[1, 2]", "x", " ", '"', "北", "<", "</",
+    "1e999", "/>",
 ]  # fmt: skip
 
 
@@ -451,7 +456,7 @@ def test_any_text_gives_the_same_result_for_any_split(pieces, thinking, tools, h
         check_stream(result, deltas, markers_in_data=True)
         assert EOS not in (result.reasoning_content or "") + result.content
         for c in result.tool_calls:
-            json.loads(c["function"]["arguments"])
+            strict_json(c["function"]["arguments"])  # issue 18 item 1: never NaN / Infinity
 
 
 def test_feed_engine_output_drops_the_stop_token_keeps_stop_strings_and_counts_reasoning():
