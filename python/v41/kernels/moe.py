@@ -59,7 +59,7 @@ def combine_pairs_ref(y: Tensor, inv: Tensor, top_k: int, extra: Tensor | None =
 
 def combine_pairs(y: Tensor, inv: Tensor, top_k: int, extra: Tensor | None = None) -> Tensor:
     """:func:`combine_pairs_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
-    if y.dtype not in TRITON_DTYPES or inv.numel() == 0 or not use_triton(y):
+    if y.dtype not in TRITON_DTYPES or inv.numel() == 0 or not use_triton(y, family="moe"):
         return combine_pairs_ref(y, inv, top_k, extra)
     t, d = inv.shape[0] // top_k, y.shape[1]
     out = torch.empty(t, d, dtype=y.dtype, device=y.device)
@@ -88,7 +88,7 @@ def grouped_linear_ref(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor
 
 def grouped_linear(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None = None) -> Tensor:
     """:func:`grouped_linear_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
-    if x.dtype in TRITON_DTYPES and use_triton(x, w.data):
+    if x.dtype in TRITON_DTYPES and use_triton(x, w.data, family="moe"):
         return grouped_linear_triton(x, w, offsets, rows)
     return grouped_linear_ref(x, w, offsets, rows)
 
