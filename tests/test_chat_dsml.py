@@ -130,7 +130,8 @@ def test_malformed_parameter_does_not_corrupt_its_neighbours(bad, rev):
     assert calls(block(invoke("f", body, rev=rev), rev=rev) + EOS) == [("f", '{"before": "x", "after": 2}')]
 
 
-@pytest.mark.parametrize("bad", ['<｜DSML｜{i} name="g\n', '<｜DSML｜{i} name="g" x>\n', "<｜DSML｜{i} name=g>\n"])
+@pytest.mark.parametrize("bad", ['<｜DSML｜{i} name="g\n', '<｜DSML｜{i} name="g" x>\n',
+                                 "<｜DSML｜{i} name=g>\n"])
 @pytest.mark.parametrize("rev", REVISIONS)
 def test_malformed_invoke_tag_does_not_swallow_its_neighbours(bad, rev):
     orphan = param("lost", "1", rev=rev) + spell("</｜DSML｜{i}>\n", rev)

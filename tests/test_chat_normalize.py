@@ -35,7 +35,8 @@ def test_empty_string_arguments_in_history_render_an_empty_invoke(empty, revisio
 
 CONTEXT = [
     {"role": "user", "content": "Check three things."},
-    {"role": "assistant", "content": "", "tool_calls": [call("a", "f", "{}"), call("b", "g", "{}"), call("c", "h", "{}")]},
+    {"role": "assistant", "content": "",
+     "tool_calls": [call("a", "f", "{}"), call("b", "g", "{}"), call("c", "h", "{}")]},
 ]
 RESULTS = [
     {"role": "tool", "tool_call_id": "c", "content": "C"},

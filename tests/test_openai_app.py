@@ -825,8 +825,8 @@ def streamed_calls(events: list) -> dict[int, dict]:
 def test_truncated_tool_call_is_never_finish_reason_tool_calls_streaming_or_not(engine):
     """Issue 18 item 7 (docs/model.md §7.10a): the model stops inside a call; the cut non-string value is
     dropped, the call keeps what was complete, the finish reason stays the engine's."""
-    cut = TOOL_TEXT.replace("</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>", "</｜DSML｜ parameter>\n"
-                            '<｜DSML｜ parameter name="days" string="false">[1, 2')
+    cut = TOOL_TEXT.replace("</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+                            '</｜DSML｜ parameter>\n<｜DSML｜ parameter name="days" string="false">[1, 2')
     assert cut != TOOL_TEXT
     app = build_app(ScriptedEngine(engine, cut), MODEL, enable_auto_tool_choice=True)
     plain, events = chat_both_ways(app, {"messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS})
