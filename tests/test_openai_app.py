@@ -866,3 +866,18 @@ def test_auto_tool_choice_needs_enable_auto_tool_choice_as_in_vllm(engine, tool_
 async def _post_plain(app):
     async with asgi(app) as c:
         return await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+
+
+def test_zero_argument_call_and_stray_closer_streaming_and_not(engine):
+    """Issue 18 items 2 and 5 end to end: a self-closing invoke is a call with ``{}``; a stray DSML closer
+    never reaches content."""
+    text = 'Hmm.</think>Ok.</｜DSML｜ calls>\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name="get_weather"/>\n</｜DSML｜ calls>'
+    app = build_app(ScriptedEngine(engine, text), MODEL, enable_auto_tool_choice=True)
+    plain, events = chat_both_ways(app, {"messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS})
+    choice = plain["choices"][0]
+    assert choice["message"]["content"] == "Ok." and choice["finish_reason"] == "tool_calls"
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == \
+        [("get_weather", "{}")]
+    assert "".join((e["choices"][0]["delta"].get("content") or "") for e in events[:-1] if e["choices"]) == "Ok."
+    assert streamed_calls(events) == {0: {"name": "get_weather", "arguments": "{}"}}
+    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
