@@ -573,8 +573,8 @@ def _parse_tracked(raw: dict[str, Any]) -> tuple[ModelConfig, set[str]]:
         dspark_num_experts_per_tok=get("dspark_num_experts_per_tok", int, 0),
         image_token_id=get("image_token_id", int, None),
     )
-    # The LM head computes float32 logits (float64 in a float64 model), as the reference upcasts (§2); a config
-    # asking for another head dtype (Aphrodite's `head_dtype`) cannot be honoured.
+    # The LM head computes float32 logits (float64 in a float64 model), as the reference upcasts (docs/model.md
+    # §1.1 head_dtype, §2); a config asking for another head dtype (Aphrodite's field) cannot be honoured.
     head_dtype = get("head_dtype", str, "float32")
     _check(head_dtype == "float32", "head_dtype", f"v41 computes the LM head in float32, got {head_dtype!r}")
     _validate_common(cfg)
