@@ -50,15 +50,17 @@ def _kill_group(pid: int) -> None:
 
 
 @contextmanager
-def serve(ckpt: Path, log_path: Path, *flags: str, timeout_s: float = 90.0) -> Iterator[Served]:
-    """Run ``v41-serve --model ckpt --device cpu --port <free> *flags`` until the block ends; yields once it
-    listens (it printed its ``try:`` line). Fails the test with the log when it exits or does not listen
-    within ``timeout_s``. The server and its engine core are SIGKILLed at the end if still alive."""
+def serve(ckpt: Path, log_path: Path, *flags: str, timeout_s: float = 90.0,
+          positional: bool = False) -> Iterator[Served]:
+    """Run ``v41-serve --model ckpt --device cpu --port <free> *flags`` (``v41-serve ckpt ...`` with
+    ``positional``) until the block ends; yields once it listens (it printed its ``try:`` line). Fails the test
+    with the log when it exits or does not listen within ``timeout_s``. The server and its engine core are
+    SIGKILLed at the end if still alive."""
     import pytest
 
     port = free_port()
-    cmd = [sys.executable, "-m", "v41.serve.cli", "--model", str(ckpt), "--device", "cpu", "--port", str(port),
-           *flags]
+    model = [str(ckpt)] if positional else ["--model", str(ckpt)]
+    cmd = [sys.executable, "-m", "v41.serve.cli", *model, "--device", "cpu", "--port", str(port), *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

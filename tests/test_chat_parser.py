@@ -16,17 +16,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chat_helpers import (
+    EOS,
+    TOK,
+    TOOLS,
+    check_stream,
+    make_parser,
+    random_chunks,
+    run,
+    splits_of,
+    strict_json,
+    summary,
+)
 from v41.chat import OutputParser, ParserResult, ToolCallDelta, encode_messages, render_messages
-from v41.chat import formats as F
-from v41.testing.tokenizer_files import load_tiny_tokenizer
 
-TOK = load_tiny_tokenizer()
-EOS = F.EOS
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}},
-    {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}},
-    {"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}},
-]
 MARKER_TEXTS = ("｜DSML｜", "<think>", "</think>", EOS, "<｜DSML", "</｜DSML")
 
 
@@ -57,67 +60,6 @@ def expected(reasoning, content, calls, thinking=True):
         content,
         [(name, json.dumps(args, ensure_ascii=False)) for name, args in calls],
     )
-
-
-def summary(result: ParserResult):
-    return (
-        result.reasoning_content,
-        result.content,
-        [(c["function"]["name"], c["function"]["arguments"]) for c in result.tool_calls],
-    )
-
-
-def make_parser(**kw) -> OutputParser:
-    kw.setdefault("call_id_prefix", "call_")
-    kw.setdefault("tools", TOOLS)
-    return OutputParser(TOK, **kw)
-
-
-def run(chunks, by_ids: bool, **kw):
-    """Feed ``chunks`` (id lists or strings); return (result, deltas incl. the final one)."""
-    parser = make_parser(**kw)
-    deltas = [parser.feed(c) if by_ids else parser.feed_text(c) for c in chunks]
-    result = parser.finish()
-    return result, deltas + [result.final_delta]
-
-
-def concatenated(deltas):
-    """Fold streamed deltas the way an OpenAI client does."""
-    reasoning = "".join(d.reasoning_delta for d in deltas)
-    content = "".join(d.content_delta for d in deltas)
-    calls: dict[int, dict] = {}
-    for d in deltas:
-        for t in d.tool_call_deltas:
-            if t.id is not None:
-                assert t.index not in calls and t.name is not None
-                calls[t.index] = {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": ""}}
-            calls[t.index]["function"]["arguments"] += t.arguments
-    assert sorted(calls) == list(range(len(calls)))
-    return reasoning or None, content, [calls[i] for i in range(len(calls))]
-
-
-def check_stream(result, deltas, markers_in_data=False):
-    """Deltas fold to the result; unless the data itself spells markers, no marker text leaks."""
-    assert concatenated(deltas) == (result.reasoning_content, result.content, result.tool_calls)
-    if markers_in_data:
-        return
-    for d in deltas:
-        for text in [d.reasoning_delta, d.content_delta] + [t.arguments for t in d.tool_call_deltas]:
-            assert "｜DSML｜" not in text and EOS not in text
-        assert "</think>" not in d.content_delta and "<think>" not in d.reasoning_delta
-
-
-def splits_of(seq, rng: random.Random, count: int):
-    """Every 2-way split, one-by-one, all at once, and ``count`` random multi-way splits."""
-    n = len(seq)
-    yield [seq]
-    yield [seq[i : i + 1] for i in range(n)]
-    for i in range(n + 1):
-        yield [seq[:i], seq[i:]]
-    for _ in range(count):
-        cuts = sorted(rng.sample(range(1, n), min(n - 1, rng.randint(1, 8)))) if n > 1 else []
-        bounds = [0, *cuts, n]
-        yield [seq[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def assert_split_invariant(prompt_ids, gen_ids, gen_text, want, **kw):
@@ -309,8 +251,10 @@ def test_truncated_output_closes_open_call_and_drops_partial_names():
     check_stream(result, deltas)
     partial_name = '<｜DSML｜ calls>\n<｜DSML｜ invoke name="sea'
     assert run([partial_name], by_ids=False, thinking=False)[0].tool_calls == []
+    # A cut non-string value is dropped, never turned into a string (docs/model.md §7.10a).
     non_string = '<｜DSML｜ calls>\n<｜DSML｜ invoke name="f">\n<｜DSML｜ parameter name="n" string="false">[1, 2'
-    assert summary(run([non_string], by_ids=False, thinking=False)[0])[2] == [("f", '{"n": "[1, 2"}')]
+    cut = run([non_string], by_ids=False, thinking=False)[0]
+    assert summary(cut)[2] == [("f", "{}")] and cut.truncated_call
 
 
 def test_tool_block_inside_reasoning_ends_it_implicitly():
@@ -444,8 +388,9 @@ _text = (
     .map("".join)
     .filter(lambda s: not any(f in s for f in _FORBIDDEN_EVERYWHERE))
 )
-_names = _text.filter(lambda s: s and '">' not in s)
-_keys = _text.filter(lambda s: '" string="' not in s)
+# Names and keys cannot hold a quote or DSML markup: the format has no escaping (docs/model.md §7.10a).
+_names = _text.filter(lambda s: s and '"' not in s and "<｜DSML｜" not in s)
+_keys = _text.filter(lambda s: '"' not in s and "<｜DSML｜" not in s)
 _free_text = _text.filter(lambda s: not any(m in s for m in ("<think>", "</think>", "<｜DSML｜")))
 _json = st.recursive(
     st.none()
@@ -485,6 +430,7 @@ def test_random_tool_calls_round_trip_through_render_and_parse(reasoning, conten
 _SOUP = [
     "<｜DSML｜", "</｜DSML｜", " calls>", "tool_calls>", " invoke", ' name="', "f", '">', " parameter", '" string="',
     'true">', 'false">', ">", "\n", "\n\n", "<think>", "</think>", EOS, "[1, 2]", "x", " ", '"', "北", "<", "</",
+    "1e999", "/>",
 ]  # fmt: skip
 
 
@@ -510,7 +456,7 @@ def test_any_text_gives_the_same_result_for_any_split(pieces, thinking, tools, h
         check_stream(result, deltas, markers_in_data=True)
         assert EOS not in (result.reasoning_content or "") + result.content
         for c in result.tool_calls:
-            json.loads(c["function"]["arguments"])
+            strict_json(c["function"]["arguments"])  # issue 18 item 1: never NaN / Infinity
 
 
 def test_feed_engine_output_drops_the_stop_token_keeps_stop_strings_and_counts_reasoning():
@@ -542,16 +488,6 @@ def test_feed_engine_output_drops_the_stop_token_keeps_stop_strings_and_counts_r
 
 
 # ----------------------------------------------------------------------------- issue 13: partial closers, wrappers
-
-
-def random_chunks(text: str, rng: random.Random, max_size: int = 4) -> list[str]:
-    """``text`` cut into pieces of 1..``max_size`` characters (a streamed output)."""
-    chunks, i = [], 0
-    while i < len(text):
-        n = rng.randint(1, max_size)
-        chunks.append(text[i : i + n])
-        i += n
-    return chunks
 
 
 def assert_same_streamed_and_whole(text: str, want_calls, **kw):

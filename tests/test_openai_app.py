@@ -98,7 +98,7 @@ class _Server:
 
 @pytest.fixture(scope="module")
 def server(engine):
-    with _Server(build_app(engine, MODEL)) as s:
+    with _Server(build_app(engine, MODEL, enable_auto_tool_choice=True)) as s:
         yield s
 
 
@@ -771,7 +771,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 def test_chat_tool_calls_streaming_and_not(engine):
     scripted = ScriptedEngine(engine, TOOL_TEXT)
-    app = build_app(scripted, MODEL)
+    app = build_app(scripted, MODEL, enable_auto_tool_choice=True)
     req = {"messages": [{"role": "user", "content": "Weather in Tokyo?"}], "tools": TOOLS}
 
     async def run():
@@ -798,3 +798,86 @@ def test_chat_tool_calls_streaming_and_not(engine):
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
     assert none["choices"][0]["finish_reason"] == "stop" and not none["choices"][0]["message"]["tool_calls"]
     assert scripted.aborted == []
+
+
+def chat_both_ways(app, req: dict) -> tuple[dict, list]:
+    """The JSON body of ``req`` and the SSE events of the same request streamed."""
+
+    async def run():
+        async with asgi(app) as c:
+            plain = (await c.post("/v1/chat/completions", json=req)).json()
+            stream = await c.post("/v1/chat/completions", json={**req, "stream": True})
+            return plain, sse(stream.text)
+
+    return asyncio.run(run())
+
+
+def streamed_calls(events: list) -> dict[int, dict]:
+    pieces: dict[int, dict] = {}
+    for e in events[:-1]:
+        for d in (e["choices"][0]["delta"].get("tool_calls") if e["choices"] else None) or []:
+            p = pieces.setdefault(d["index"], {"name": "", "arguments": ""})
+            p["name"] += d["function"].get("name") or ""
+            p["arguments"] += d["function"].get("arguments") or ""
+    return pieces
+
+
+def test_truncated_tool_call_is_never_finish_reason_tool_calls_streaming_or_not(engine):
+    """Issue 18 item 7 (docs/model.md §7.10a): the model stops inside a call; the cut non-string value is
+    dropped, the call keeps what was complete, the finish reason stays the engine's."""
+    cut = TOOL_TEXT.replace("</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+                            '</｜DSML｜ parameter>\n<｜DSML｜ parameter name="days" string="false">[1, 2')
+    assert cut != TOOL_TEXT
+    app = build_app(ScriptedEngine(engine, cut), MODEL, enable_auto_tool_choice=True)
+    plain, events = chat_both_ways(app, {"messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS})
+    choice = plain["choices"][0]
+    assert choice["finish_reason"] == "stop" and events[-2]["choices"][0]["finish_reason"] == "stop"
+    calls = choice["message"]["tool_calls"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
+        [("get_weather", {"location": "Tokyo"})]
+    assert streamed_calls(events) == {0: {"name": "get_weather", "arguments": calls[0]["function"]["arguments"]}}
+
+
+@pytest.mark.parametrize("tool_choice, enabled, status", [
+    (None, False, 400), ("auto", False, 400), ("none", False, 200), ("required", False, 200),
+    ({"type": "function", "function": {"name": "get_weather"}}, False, 200), (None, True, 200), ("auto", True, 200),
+])
+def test_auto_tool_choice_needs_enable_auto_tool_choice_as_in_vllm(engine, tool_choice, enabled, status):
+    app = build_app(ScriptedEngine(engine, TOOL_TEXT), MODEL, enable_auto_tool_choice=enabled)
+    req = {"messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS}
+    if tool_choice is not None:
+        req["tool_choice"] = tool_choice
+
+    async def run():
+        async with asgi(app) as c:
+            return await c.post("/v1/chat/completions", json=req)
+
+    r = asyncio.run(run())
+    if status == 400:
+        err = assert_error(r, 400, "--enable-auto-tool-choice")
+        assert err["param"] == "tool_choice"
+    else:
+        assert r.status_code == 200, r.text
+    # Without tools, no flag is needed.
+    plain = asyncio.run(_post_plain(build_app(ScriptedEngine(engine, "Hi."), MODEL)))
+    assert plain.status_code == 200
+
+
+async def _post_plain(app):
+    async with asgi(app) as c:
+        return await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+
+
+def test_zero_argument_call_and_stray_closer_streaming_and_not(engine):
+    """Issue 18 items 2 and 5 end to end: a self-closing invoke is a call with ``{}``; a stray DSML closer
+    never reaches content."""
+    text = 'Hmm.</think>Ok.</｜DSML｜ calls>\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name="get_weather"/>\n</｜DSML｜ calls>'
+    app = build_app(ScriptedEngine(engine, text), MODEL, enable_auto_tool_choice=True)
+    plain, events = chat_both_ways(app, {"messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS})
+    choice = plain["choices"][0]
+    assert choice["message"]["content"] == "Ok." and choice["finish_reason"] == "tool_calls"
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"]["tool_calls"]] == \
+        [("get_weather", "{}")]
+    assert "".join((e["choices"][0]["delta"].get("content") or "") for e in events[:-1] if e["choices"]) == "Ok."
+    assert streamed_calls(events) == {0: {"name": "get_weather", "arguments": "{}"}}
+    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"

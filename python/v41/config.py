@@ -26,6 +26,10 @@ HCA, and a single rate means HCA if it is 128 or more, else CSA.
 Errors: :class:`ConfigError` (a ``ValueError``) whose message names the offending field;
 :func:`load_config` also raises ``FileNotFoundError`` for a missing ``config.json`` and ConfigError naming
 the file for unreadable JSON.
+
+Overrides (``v41-serve --hf-overrides``, vLLM's flag): a JSON object merged into ``config.json`` before it is
+read (into ``text_config`` for keys it holds; objects merge key by key), then validated like the file itself.
+A key the reader never looks at is a ConfigError: an override is never dropped silently.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import errno
 import json
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -211,13 +216,14 @@ class ModelConfig:
         return _parse(raw)
 
 
-def load_config(path: str | Path) -> ModelConfig:
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> ModelConfig:
     """Read ``config.json`` from a checkpoint directory (or the file itself) and validate it.
 
     ``generation_config.json`` beside it, when present, contributes its ``eos_token_id`` list (several EOS
-    ids are common). Raises ``FileNotFoundError`` naming the path when ``config.json`` is missing,
-    :class:`ConfigError` naming the file when it (or ``generation_config.json``) is not a JSON object, and
-    :class:`ConfigError` naming the field for bad contents.
+    ids are common). ``overrides``: fields to replace first (module docstring, :func:`with_overrides`).
+    Raises ``FileNotFoundError`` naming the path when ``config.json`` is missing, :class:`ConfigError` naming
+    the file when it (or ``generation_config.json``) is not a JSON object, and :class:`ConfigError` naming
+    the field for bad contents or an override no field reads.
     """
     path = Path(path)
     cfg_file = path / "config.json" if path.is_dir() else path
@@ -229,7 +235,29 @@ def load_config(path: str | Path) -> ModelConfig:
         gen = _read_json_object(gen_file)
         if gen.get("eos_token_id") is not None:
             raw = {**raw, "_generation_eos_token_id": gen["eos_token_id"]}
-    return ModelConfig.from_dict(raw)
+    return ModelConfig.from_dict(raw) if overrides is None else with_overrides(raw, overrides)
+
+
+def with_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> ModelConfig:
+    """``raw`` (a ``config.json`` dict) with ``overrides`` merged in, parsed and validated. Raises
+    :class:`ConfigError` for a bad result (naming the field) or an override key that no field reads."""
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"hf_overrides: expected a JSON object, got {overrides!r}")
+    merged = dict(raw)
+    text = merged.get("text_config")
+    if isinstance(text, dict):
+        merged["text_config"] = text = dict(text)
+    for key, value in overrides.items():
+        key = _REFERENCE_ALIASES.get(key, key)  # `dim` overrides hidden_size whichever spelling the file uses
+        target = text if isinstance(text, dict) and key in text else merged
+        old = target.get(key)
+        target[key] = {**old, **value} if isinstance(old, dict) and isinstance(value, Mapping) else value
+    cfg, read = _parse_tracked(merged)
+    unread = [k for k in overrides if _REFERENCE_ALIASES.get(k, k) not in read]
+    if unread:
+        raise ConfigError(f"hf_overrides: {unread[0]!r} is not a config field v41 reads (docs/model.md §1), so "
+                          f"overriding it would change nothing")
+    return cfg
 
 
 def _read_json_object(file: Path) -> dict[str, Any]:
@@ -243,17 +271,38 @@ def _read_json_object(file: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------
-def _flatten(raw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+class _Tracked(dict):
+    """The flattened config; records every key the reader looks at (``read``), so overrides that nothing
+    reads are caught (:func:`with_overrides`)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.read: set[str] = {"model_type", "text_config"}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(key)  # type: ignore[arg-type]
+        return super().__contains__(key)
+
+
+def _flatten(raw: dict[str, Any]) -> tuple[str, _Tracked]:
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a JSON object, got {type(raw).__name__}")
     model_type = raw.get("model_type")
     if model_type not in (ARCH_V4, ARCH_V41):
         raise ConfigError(f"model_type: expected {ARCH_V4!r} or {ARCH_V41!r}, got {model_type!r}")
-    flat = dict(raw)
+    flat = _Tracked(raw)
     text = raw.get("text_config")
     if isinstance(text, dict):
         # Top-level token ids apply unless the text config repeats them.
-        flat = {**{k: v for k, v in raw.items() if k != "text_config"}, **text}
+        flat = _Tracked({**{k: v for k, v in raw.items() if k != "text_config"}, **text})
     elif text is not None:
         raise ConfigError(f"text_config: expected an object, got {text!r}")
     aliases = {}
@@ -425,6 +474,11 @@ def _eos_ids(flat: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _parse(raw: dict[str, Any]) -> ModelConfig:
+    return _parse_tracked(raw)[0]
+
+
+def _parse_tracked(raw: dict[str, Any]) -> tuple[ModelConfig, set[str]]:
+    """The config and the top-level (flattened) keys its reader looked at."""
     arch, flat = _flatten(raw)
 
     def get(name: str, kind: type, default: Any = _REQUIRED) -> Any:
@@ -519,10 +573,14 @@ def _parse(raw: dict[str, Any]) -> ModelConfig:
         dspark_num_experts_per_tok=get("dspark_num_experts_per_tok", int, 0),
         image_token_id=get("image_token_id", int, None),
     )
+    # The LM head computes float32 logits (float64 in a float64 model), as the reference upcasts (docs/model.md
+    # §1.1 head_dtype, §2); a config asking for another head dtype (Aphrodite's field) cannot be honoured.
+    head_dtype = get("head_dtype", str, "float32")
+    _check(head_dtype == "float32", "head_dtype", f"v41 computes the LM head in float32, got {head_dtype!r}")
     _validate_common(cfg)
     plan = _plan_v41(cfg) if cfg.is_v41 else _plan_v4(cfg)
     object.__setattr__(cfg, "plan", tuple(plan))
-    return cfg
+    return cfg, flat.read
 
 
 def _check(cond: bool, name: str, msg: str) -> None:

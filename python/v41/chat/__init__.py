@@ -8,7 +8,7 @@
 
 Module map: ``formats.py`` (format data), ``normalize.py`` (§7.3), ``render.py`` (§7.4, §7.8), ``tools.py``
 (§7.5, §7.6), ``segments.py`` and ``tokens.py`` (docs/numerics.md §4 tokenization), ``textscan.py``/``deltas.py``
-(parser helpers and output types).
+(parser helpers and output types), ``jsontext.py`` (strict JSON of tool-call values, §7.10a).
 """
 
 from .deltas import ParserDelta, ParserResult, ToolCallDelta

@@ -54,19 +54,23 @@ class ParserResult:
     """The whole parsed completion.
 
     ``reasoning_content``: None when there was none (thinking off, or empty); ``content``: the answer
-    text; ``tool_calls``: OpenAI ``tool_calls`` items with ``function.arguments`` as a JSON string;
-    ``final_delta``: what ``finish`` released (send it as the last streamed chunk); not compared, so
-    results of different splits compare equal.
+    text; ``tool_calls``: OpenAI ``tool_calls`` items with ``function.arguments`` as a JSON string (always
+    strict JSON); ``final_delta``: what ``finish`` released (send it as the last streamed chunk); not
+    compared, so results of different splits compare equal. ``truncated_call``: generation ended inside
+    the last call (docs/model.md §7.10a): it holds only what was complete and must not be run as if whole.
     """
 
     reasoning_content: str | None
     content: str
     tool_calls: list[dict[str, Any]]
     final_delta: ParserDelta = field(default_factory=ParserDelta, compare=False)
+    truncated_call: bool = False
 
     def finish_reason(self, engine_reason: str = "stop") -> str:
-        """OpenAI finish reason: ``tool_calls`` when the model stopped after calling tools."""
-        return "tool_calls" if self.tool_calls and engine_reason == "stop" else engine_reason
+        """OpenAI finish reason: ``tool_calls`` when the model stopped after calling tools, every call whole;
+        the engine's reason (``stop``, ``length``) when the last call was cut off (§7.10a)."""
+        whole = self.tool_calls and not self.truncated_call
+        return "tool_calls" if whole and engine_reason == "stop" else engine_reason
 
 
 class Emitter:

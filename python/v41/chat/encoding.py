@@ -26,7 +26,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from .formats import V41, profile
-from .normalize import attach_request_fields, normalize
+from .normalize import attach_request_fields, latest_call_order, normalize
 from .render import RenderOptions, check_effort, render
 from .segments import PromptBuilder
 from .tokens import chat_tokenizer, default_revision
@@ -79,7 +79,9 @@ def _build(
     else:
         msgs = attach_request_fields(messages, tools, response_format)
     norm_ctx = normalize(ctx, prof) if ctx else []
-    norm = normalize(msgs, prof)
+    # Results may answer an assistant message of the context: order them as the reference does, over context
+    # and new messages together (docs/model.md §7.3 "Result order", §7.9).
+    norm = normalize(msgs, prof, latest_call_order(norm_ctx))
     opts = RenderOptions(
         thinking=True if thinking is None else thinking,
         effort=effort,

@@ -90,8 +90,12 @@ def attach_request_fields(
     return out
 
 
-def normalize(messages: Sequence[Mapping[str, Any]], prof: FormatProfile) -> list[ChatMessage]:
-    """Validate, merge tool results into user turns and order them (§7.3). Errors: ``ValueError``."""
+def normalize(
+    messages: Sequence[Mapping[str, Any]], prof: FormatProfile, call_order: Mapping[str, int] | None = None
+) -> list[ChatMessage]:
+    """Validate, merge tool results into user turns and order them (§7.3). ``call_order``: the call order
+    (:func:`latest_call_order`) of the context these messages continue, for results that answer an assistant
+    message of the context (§7.9 incremental encoding). Errors: ``ValueError``."""
     if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
         raise ValueError("messages must be a list of message objects")
     merged: list[ChatMessage] = []
@@ -115,7 +119,7 @@ def normalize(messages: Sequence[Mapping[str, Any]], prof: FormatProfile) -> lis
             merged[-1].blocks.extend(msg.blocks)
         else:
             merged.append(msg)
-    _order_tool_results(merged)
+    _order_tool_results(merged, dict(call_order or {}))
     return merged
 
 
@@ -242,9 +246,10 @@ def _tool_calls(calls: Any, where: str) -> list[ToolCall]:
 
 def tool_arguments(arguments: Any) -> dict[str, Any]:
     """Arguments as an object (§7.3): an object as is; a string JSON-decoded at most twice; anything that
-    does not end up an object becomes the single parameter ``arguments`` holding the raw value. ``None``
-    (no arguments given) is ``{}``."""
-    if arguments is None:
+    does not end up an object becomes the single parameter ``arguments`` holding the raw value. ``None`` and
+    an empty or blank string (no arguments given; clients send ``""`` for zero-argument calls) are ``{}``
+    (docs/model.md §7.10a)."""
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
         return {}
     value = arguments
     for _ in range(2):
@@ -259,13 +264,20 @@ def tool_arguments(arguments: Any) -> dict[str, Any]:
     return {"arguments": arguments}
 
 
-def _order_tool_results(messages: list[ChatMessage]) -> None:
-    """Re-order each merged user turn's tool results to the latest assistant call order (stable sort;
-    unknown ids sort as position 0; text blocks keep their places)."""
-    order: dict[str, int] = {}
+def latest_call_order(messages: Sequence[ChatMessage]) -> dict[str, int]:
+    """Call id -> position in the last assistant message with tool calls (``{}`` if there is none)."""
+    for msg in reversed(messages):
+        if msg.role == "assistant" and msg.tool_calls:
+            return {c.id: k for k, c in enumerate(msg.tool_calls) if c.id}
+    return {}
+
+
+def _order_tool_results(messages: list[ChatMessage], order: dict[str, int]) -> None:
+    """Re-order each merged user turn's tool results to the latest assistant call order, starting from
+    ``order`` (stable sort; unknown ids sort as position 0; text blocks keep their places)."""
     for msg in messages:
         if msg.role == "assistant" and msg.tool_calls:
-            order = {c.id: k for k, c in enumerate(msg.tool_calls) if c.id}
+            order = latest_call_order([msg])
         elif msg.role == "user" and order:
             slots = [k for k, b in enumerate(msg.blocks) if isinstance(b, ToolResultBlock)]
             if len(slots) < 2:

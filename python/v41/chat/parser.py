@@ -110,7 +110,7 @@ class OutputParser:
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in self._dsml.calls
         ]
-        return ParserResult(reasoning or None, "".join(self._content), calls, final)
+        return ParserResult(reasoning or None, "".join(self._content), calls, final, self._dsml.truncated)
 
     def feed_engine_output(
         self, token_ids: Sequence[int], finish_reason: str | None, stop_reason: int | str | None

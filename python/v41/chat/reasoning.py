@@ -10,6 +10,9 @@ Rules (all matched on text; a partial marker at the end of the text is held back
 * reasoning: ``</think>`` ends it and the text continues as content; with tools, ``<｜DSML｜`` ends it
   implicitly and opens a tool block; a stray ``<think>`` is dropped;
 * content: with tools, ``<｜DSML｜`` opens a tool block; stray ``<think>``/``</think>`` are dropped;
+* with tools, a DSML closing tag outside a block (``</｜DSML｜ calls>``, ``</｜DSML｜tool_calls>``, any closing tag
+  name of ``dsml.CLOSE_TAGS``, or a bare ``</｜DSML｜``) is dropped in reasoning and content alike: DSML markup
+  never reaches the user (docs/model.md §7.10a);
 * before a tool block up to two ``\\n`` (the format's separator) are removed from the preceding text;
 * ``<｜end▁of▁sentence｜>`` ends the output; it and anything after it appear in no field;
 * KF-03 policy: reasoning is held back until it closes or exceeds ``holdback_chars`` characters; output that
@@ -25,10 +28,12 @@ import enum
 from collections.abc import Sequence
 
 from .deltas import Emitter
-from .formats import BOS, DSML, EOS, SYSTEM, TASK_MARKERS, THINK_CLOSE, THINK_OPEN, USER
-from .textscan import find_first, partial_tail, trailing_newlines
+from .dsml import CLOSE as DSML_CLOSE
+from .dsml import CLOSE_TAGS
+from .dsml import OPEN as DSML_OPEN
+from .formats import BOS, EOS, SYSTEM, TASK_MARKERS, THINK_CLOSE, THINK_OPEN, USER
+from .textscan import find_first, match_pattern, partial_tail, trailing_newlines
 
-DSML_OPEN = "<" + DSML
 DEFAULT_HOLDBACK_CHARS = 256
 _SEPARATOR_NEWLINES = 2
 
@@ -70,7 +75,7 @@ class ReasoningSplitter:
     def step(self, phase: Phase, buf: str, final: bool, out: Emitter) -> tuple[int, Phase]:
         """Consume a prefix of ``buf``; return ``(chars consumed, next phase)``."""
         reasoning = phase is Phase.REASONING
-        markers = [EOS, THINK_OPEN, THINK_CLOSE] + ([DSML_OPEN] if self._tools else [])
+        markers = [EOS, THINK_OPEN, THINK_CLOSE] + ([DSML_OPEN, DSML_CLOSE] if self._tools else [])
         hit = find_first(buf, markers)
         if hit is None:
             end = len(buf)
@@ -86,6 +91,11 @@ class ReasoningSplitter:
             text = text[: len(text) - trailing_newlines(text, _SEPARATOR_NEWLINES)]
         self._emit(reasoning, text, out)
         consumed = pos + len(marker)
+        if marker == DSML_CLOSE:  # a stray closing tag: dropped with its tag name once that is known
+            tag = match_pattern(buf[consumed:], CLOSE_TAGS, final)
+            if tag is None:
+                return pos, phase
+            return consumed + (len(tag) if tag else 0), phase
         if marker == THINK_OPEN or (marker == THINK_CLOSE and not reasoning):
             return consumed, phase  # stray marker: dropped
         if marker == EOS:

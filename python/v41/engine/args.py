@@ -39,6 +39,8 @@ class EngineArgs:
     seed of requests that bring none. max_n: the most completions (``SamplingParams.n``) one request may ask
     for; a larger ``n`` is refused with ValueError (HTTP 400 / gRPC INVALID_ARGUMENT) before anything is queued.
     load_format: ``auto`` (safetensors) or ``dummy`` (random weights made on the device; benchmarks).
+    hf_overrides: fields replacing those of the checkpoint's ``config.json`` (vLLM's ``--hf-overrides``), checked
+    and applied wherever the config is read (:func:`v41.config.load_config`); None = the file as it is.
 
     Tensor parallelism (one worker process per rank; rank 0 is this process): tensor_parallel_size: ranks
     (1, 2, 4, 8; must divide the heads and ``o_groups``). all_reduce_backend: ``auto`` | ``nccl`` | ``gloo`` |
@@ -76,6 +78,7 @@ class EngineArgs:
     master_port: int | None = None
     threads: int = 1
     max_n: int = DEFAULT_MAX_N
+    hf_overrides: dict | None = None
 
     def resolved_model_impl(self) -> str:
         """``fast`` or ``paged`` (``auto`` resolved as the class docstring says)."""
@@ -116,6 +119,8 @@ class EngineArgs:
             raise ValueError(f"max_cudagraph_capture_size must be positive, got {self.max_cudagraph_capture_size}")
         if self.threads < 1:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
+        if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):
+            raise ValueError(f"hf_overrides must be a JSON object, got {self.hf_overrides!r}")
         if self.numerics not in ("exact", "deployed"):
             raise ValueError(f"numerics must be 'exact' or 'deployed', got {self.numerics!r}")
         if self.model_impl not in MODEL_IMPLS:

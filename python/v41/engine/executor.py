@@ -114,7 +114,7 @@ class TPExecutor:
         if args.device not in ("cpu", "cuda"):
             raise ValueError(f"tensor parallelism places rank r on cuda:r or the CPU: device must be 'cpu' or "
                              f"'cuda', got {args.device!r}")
-        check_tp(load_config(args.model), args.tensor_parallel_size)
+        check_tp(load_config(args.model, args.hf_overrides), args.tensor_parallel_size)
         _check_no_live_engine()
         self.args = args
         infos = rank_infos(args, uuid.uuid4().hex[:12], args.master_port or free_port())

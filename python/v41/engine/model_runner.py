@@ -32,12 +32,12 @@ def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None) -> Step
         from ..models.reference import load
 
         ref = load(args.model, dtype=dtype, device=device, numerics=args.numerics, load_format=args.load_format,
-                   tp=tp)
+                   tp=tp, config_overrides=args.hf_overrides)
         return PagedModel(ref, args.index_scratch_bytes)
     from ..models.fast import load_fast
 
     model = load_fast(args.model, dtype=dtype, device=device, quantization=args.quantization,
-                      load_format=args.load_format, tp=tp)
+                      load_format=args.load_format, tp=tp, config_overrides=args.hf_overrides)
     model.index_scratch_bytes = args.index_scratch_bytes
     return model
 

@@ -39,7 +39,7 @@ def index_scores_ref(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, re
 def index_scores(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_index: Tensor, n_visible: Tensor,
                  rows_per_block: int, n_max: int, scratch_bytes: int = 64 << 20) -> Tensor:
     """:func:`index_scores_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
-    if q.dtype in TRITON_DTYPES and keys.dtype == q.dtype and use_triton(q, keys):
+    if q.dtype in TRITON_DTYPES and keys.dtype == q.dtype and use_triton(q, keys, family="attention"):
         return _scores_triton(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max)
     return index_scores_ref(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, scratch_bytes)
 

@@ -31,7 +31,7 @@ def combine_pairs_ref(y: Tensor, inv: Tensor, top_k: int, extra: Tensor | None =
 
 def combine_pairs(y: Tensor, inv: Tensor, top_k: int, extra: Tensor | None = None) -> Tensor:
     """:func:`combine_pairs_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
-    if y.dtype not in TRITON_DTYPES or inv.numel() == 0 or not use_triton(y):
+    if y.dtype not in TRITON_DTYPES or inv.numel() == 0 or not use_triton(y, family="moe"):
         return combine_pairs_ref(y, inv, top_k, extra)
     t, d = inv.shape[0] // top_k, y.shape[1]
     out = torch.empty(t, d, dtype=y.dtype, device=y.device)
@@ -62,7 +62,7 @@ def grouped_linear(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | N
                    active: Tensor | None = None) -> Tensor:
     """:func:`grouped_linear_ref` as one Triton launch where :func:`.dispatch.use_triton` says so; ``active``: the
     live experts (:class:`.moe_align.PairRouting`), derived from ``offsets`` when not given."""
-    if x.dtype in TRITON_DTYPES and use_triton(x, w.data):
+    if x.dtype in TRITON_DTYPES and use_triton(x, w.data, family="moe"):
         return grouped_linear_triton(x, w, offsets, rows, active=active)
     return grouped_linear_ref(x, w, offsets, rows)
 

@@ -80,7 +80,7 @@ def route_pairs(ids: Tensor, n_experts: int) -> PairRouting:
     :func:`.dispatch.use_triton` says so and the step has at most :data:`ALIGN_MAX_PAIRS` pairs."""
     t, k = ids.shape
     p = t * k
-    if p == 0 or p > ALIGN_MAX_PAIRS or n_experts > ALIGN_MAX_EXPERTS or not use_triton(ids):
+    if p == 0 or p > ALIGN_MAX_PAIRS or n_experts > ALIGN_MAX_EXPERTS or not use_triton(ids, family="moe"):
         return route_pairs_ref(ids, n_experts)
     dev = ids.device
     slots = min(n_experts, p)

@@ -38,7 +38,7 @@ def route(logits: Tensor, bias: Tensor | None, hash_ids: Tensor | None, top_k: i
     """:func:`route_ref` as one Triton launch (one program per token) where :func:`.dispatch.use_triton` says
     so (float32 logits, k ≤ 16)."""
     t, e = logits.shape
-    if not use_triton(logits) or logits.dtype != torch.float32 or top_k > 16 or t == 0:
+    if not use_triton(logits, family="moe") or logits.dtype != torch.float32 or top_k > 16 or t == 0:
         return route_ref(logits, bias, hash_ids, top_k, gate_temp, renorm, scaling)
     ids = torch.empty(t, top_k, dtype=torch.int64, device=logits.device)
     weights = torch.empty(t, top_k, dtype=torch.float32, device=logits.device)

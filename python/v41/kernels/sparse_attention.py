@@ -46,7 +46,7 @@ def sparse_mqa_sink(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tenso
     sources whose caches have q's dtype, d a power of two ≥ 16)."""
     d = q.shape[-1]
     if (q.dtype in TRITON_DTYPES and 1 <= len(sources) <= 2 and d >= 16 and d & (d - 1) == 0
-            and all(c.dtype == q.dtype for c, _ in sources) and use_triton(q)):
+            and all(c.dtype == q.dtype for c, _ in sources) and use_triton(q, family="attention")):
         return _sparse_triton(q, sources, sink, scale)
     return sparse_mqa_sink_ref(q, sources, sink, scale)
 

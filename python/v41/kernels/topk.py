@@ -20,7 +20,7 @@ _LOW32 = 0xFFFFFFFF
 def order_keys(scores: Tensor) -> Tensor:
     """[..., N] float scores → int64 keys (:func:`order_keys_ref`), one Triton launch where
     :func:`.dispatch.use_triton` says so."""
-    if scores.numel() == 0 or scores.dtype != torch.float32 or not use_triton(scores):
+    if scores.numel() == 0 or scores.dtype != torch.float32 or not use_triton(scores, family="attention"):
         return order_keys_ref(scores)
     s = scores.contiguous()
     out = torch.empty(s.shape, dtype=torch.int64, device=s.device)

@@ -53,7 +53,7 @@ def pool_windows(rows: Tensor, valid: Tensor, continues: Tensor, state_row: Tens
                  state: Tensor) -> Tensor:
     """:func:`pool_windows_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
     s, width = rows.shape
-    if s == 0 or value.dtype != torch.float32 or not use_triton(value, state):
+    if s == 0 or value.dtype != torch.float32 or not use_triton(value, state, family="attention"):
         return pool_windows_ref(rows, valid, continues, state_row, value, gate, state)
     c = value.shape[1]
     out = torch.empty(s, 3, c, dtype=torch.float32, device=value.device)

@@ -3,6 +3,8 @@ content and tool calls, answered as one JSON body or an SSE stream.
 
 * Tool choice: ``none`` renders and parses no tools; ``auto`` and ``required`` render and parse all; a named
   function renders only that tool. There is no constrained decoding, so ``required``/named are best effort.
+  As in vLLM, ``auto`` -- also the default when a request brings tools -- needs the server started with
+  ``--enable-auto-tool-choice`` (README.md "Serving"); without it such a request is a 400 naming tool_choice.
 * Chat output is parsed from token ids (``v41.chat.OutputParser``); the token that stopped generation (EOS
   or a stop token id) is not fed to the parser. Stop *strings* are matched by the engine on the raw text
   and end generation, but the parser sees the tokens that held them (known limitation).
@@ -31,11 +33,13 @@ _EFFORT_ALIASES = {"minimal": "low", "medium": "high"}  # OpenAI names the V4.1 
 
 
 class ChatCompletions:
-    """The chat endpoint of ``server``; ``revision``: the chat format revision (None: the model's default)."""
+    """The chat endpoint of ``server``; ``revision``: the chat format revision (None: the model's default);
+    ``auto_tool_choice``: whether ``tool_choice: auto`` is allowed (module docstring)."""
 
-    def __init__(self, server: OpenAIServer, revision: str | None = None):
+    def __init__(self, server: OpenAIServer, revision: str | None = None, auto_tool_choice: bool = False):
         self.server = server
         self._revision = revision
+        self.auto_tool_choice = auto_tool_choice
 
     @property
     def revision(self) -> str:
@@ -75,6 +79,7 @@ class ChatCompletions:
         top_n = req.top_logprobs or 0
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         sp = server.sampling_params(req, max_tokens, top_n if req.logprobs else None)
+        _check_auto_tool_choice(req, self.auto_tool_choice)
         ids, thinking, tools = self.encode_chat(req.messages, req.tools, req.tool_choice, req.reasoning_effort,
                                                 req.chat_template_kwargs, req.thinking, req.response_format)
         server.check_prompt(ids, sp, "messages")
@@ -189,6 +194,15 @@ class ChatChoice:
         content = self.result.content
         return hs.ChatMessageOut(content=None if calls and not content else content,
                                  reasoning_content=self.result.reasoning_content, tool_calls=calls)
+
+
+def _check_auto_tool_choice(req: hs.ChatCompletionRequest, allowed: bool) -> None:
+    """RequestError when ``req`` brings tools with ``tool_choice`` auto (given, or left out) and the server
+    does not allow it (module docstring)."""
+    if req.tools and req.tool_choice in (None, "auto") and not allowed:
+        how = "'auto' (the default when tools are given)" if req.tool_choice is None else "'auto'"
+        raise RequestError(f"tool_choice {how} needs the server started with --enable-auto-tool-choice; otherwise "
+                           f"send tool_choice 'none', 'required' or a named tool", "tool_choice")
 
 
 def _select_tools(tools: list[dict], tool_choice: Any) -> list[dict] | None:

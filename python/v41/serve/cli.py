@@ -1,12 +1,14 @@
 """``v41-serve``: the OpenAI-compatible HTTP server (default) or the gRPC server (``--grpc``) in front of an
 engine-core process.
 
-``v41-serve [--model DIR|HF_REPO_ID] [--grpc] [--host 127.0.0.1] [--port 8000] ...`` (vLLM's flag names).
-``--model`` is a local checkpoint directory, else a Hugging Face repo id fetched with
-``huggingface_hub.snapshot_download`` (``HF_HUB_OFFLINE=1`` uses only the local HF cache); without it the
-embedded tiny V4.1 checkpoint (random weights) is served. Start-up: resolve the model, import the front end,
-start the engine core (:class:`~v41.serve.engine_client.EngineClient`, which waits for the model to load),
-then serve. SIGTERM / SIGINT: stop accepting connections and start draining the engine at once: in-flight
+``v41-serve [MODEL] [--grpc] [--host 127.0.0.1] [--port 8000] ...`` (vLLM's flag names; ``cli_options.py``).
+The model (positional, as in ``vllm serve MODEL``, or ``--model``) is a local checkpoint directory, else a
+Hugging Face repo id fetched with ``huggingface_hub.snapshot_download`` (``HF_HUB_OFFLINE=1`` uses only the
+local HF cache); without one the embedded tiny V4.1 checkpoint (random weights) is served. The flags of other
+engines' launch commands are honoured, refused or warned about as ``compat.py`` says, so a vLLM / SGLang /
+Aphrodite command line starts v41 (README.md "Serving"). Start-up: import the front end, check the flags,
+resolve the model, check its config with ``--hf-overrides``, start the engine core
+(:class:`~v41.serve.engine_client.EngineClient`, which waits for the model to load), then serve. SIGTERM / SIGINT: stop accepting connections and start draining the engine at once: in-flight
 requests may finish for up to ``--shutdown-timeout`` seconds (default 30), then the rest are aborted, so every
 open response still ends properly (an SSE stream with a finish_reason "abort" chunk and ``data: [DONE]``, a
 gRPC call with its ``Complete``) within ``ABORT_FLUSH_S`` more; then the engine process stops and the server
@@ -19,16 +21,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
 from typing import Sequence
 
-PROG = "v41-serve"
+from . import compat
+from .cli_options import DTYPE_ALIASES, PROG, build_parser
+
 log = logging.getLogger("v41.serve")
-DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's spellings
-DTYPES = ("auto", "bfloat16", "float16", "float32", "float64", *DTYPE_ALIASES)
 EMBEDDED_NAME = "v41-tiny"
 # After the aborts at the end of the shutdown timeout: how long open responses get to send their terminal
 # events before the front end cancels what is left.
@@ -37,78 +38,6 @@ ABORT_FLUSH_S = 5.0
 
 class CliError(Exception):
     """A user-facing error: printed as ``v41-serve: error: <message>``, exit status 2."""
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value else None
-
-
-def _parser() -> argparse.ArgumentParser:
-    from ..distributed.runtime import BACKENDS
-    from ..engine.params import DEFAULT_MAX_N
-
-    p = argparse.ArgumentParser(prog=PROG, description="Serve a DeepSeek-V4.1 / V4 checkpoint over OpenAI-"
-                                "compatible HTTP (default) or gRPC (--grpc).")
-    p.add_argument("--model", default=None, metavar="DIR|REPO_ID",
-                   help="checkpoint directory or Hugging Face repo id (default: the embedded tiny V4.1 model, "
-                        "random weights)")
-    p.add_argument("--grpc", action="store_true", help="serve the gRPC API (proto/v41/v1/engine.proto) instead "
-                   "of OpenAI HTTP")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, metavar="NAME",
-                   help="model name clients use (default: --model as given, or v41-tiny)")
-    p.add_argument("--max-model-len", type=int, default=None, metavar="N", help="context limit in tokens")
-    p.add_argument("--max-num-seqs", type=int, default=64, metavar="N", help="running requests per step")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048, metavar="N", help="token budget per step")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
-    p.add_argument("--dtype", choices=DTYPES, default="auto",
-                   help="compute dtype (auto = bfloat16 for the fast model on CUDA, else float32)")
-    p.add_argument("--quantization", "-q", choices=("auto", "none"), default="auto",
-                   help="auto: keep the checkpoint's FP8 / MXFP4 weights packed on the GPU, dequantized in the "
-                        "kernels; none: dequantize them once at load")
-    p.add_argument("--model-impl", choices=("auto", "fast", "paged"), default="auto",
-                   help="fast (production model) or paged (reference modules over the paged cache, CPU parity "
-                        "path); auto = fast, paged for --numerics deployed")
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (decode runs eager)")
-    p.add_argument("--max-cudagraph-capture-size", type=int, default=None, metavar="N",
-                   help="largest decode batch replayed from a CUDA graph (default min(--max-num-seqs, 512))")
-    p.add_argument("--kv-cache-dtype", default="auto", help="only 'auto' (the compute dtype) for now")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
-                   help="tensor-parallel ranks, one process each (GPU r = cuda:r; CPU ranks need --device cpu)")
-    p.add_argument("--all-reduce-backend", default="auto", choices=BACKENDS,
-                   help="collectives between ranks: auto = nccl on CUDA, host shared memory on CPU (gloo across "
-                        "hosts); host and pcie-pull fall back to torch.distributed when their self-test fails")
-    p.add_argument("--nnodes", type=int, default=int(os.environ.get("NNODES", 1)), metavar="N",
-                   help="hosts the tensor-parallel ranks span (env NNODES)")
-    p.add_argument("--node-rank", type=int, default=int(os.environ.get("NODE_RANK", 0)), metavar="R",
-                   help="this host's index; node 0 serves, the others run --headless (env NODE_RANK)")
-    p.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR", "127.0.0.1"), metavar="HOST",
-                   help="address of node 0 for the torch.distributed rendezvous (env MASTER_ADDR)")
-    p.add_argument("--master-port", type=int, default=_env_int("MASTER_PORT"), metavar="PORT",
-                   help="rendezvous port, required with --nnodes > 1 (env MASTER_PORT; default: a free port)")
-    p.add_argument("--headless", action="store_true",
-                   help="run this node's tensor-parallel ranks only (node_rank > 0 of a multi-host engine)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
-    p.add_argument("--max-queue-len", type=int, default=None, metavar="N",
-                   help="requests allowed beyond --max-num-seqs before 429 / RESOURCE_EXHAUSTED (default: no limit)")
-    p.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, metavar="N",
-                   help=f"most completions (n) one request may ask for; more is a 400 / INVALID_ARGUMENT "
-                        f"(default {DEFAULT_MAX_N})")
-    p.add_argument("--numerics", choices=("exact", "deployed"), default="exact")
-    p.add_argument("--load-format", choices=("auto", "dummy"), default="auto")
-    p.add_argument("--kv-cache-bytes", type=int, default=None, metavar="N", help="KV cache budget on CPU")
-    p.add_argument("--block-size", type=int, default=None, metavar="N", help="tokens per KV block")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, metavar="N", help="torch CPU threads of the engine process")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
-                   help="seconds in-flight requests may take to finish after SIGTERM (default 30)")
-    p.add_argument("--startup-timeout", type=float, default=600.0, metavar="S",
-                   help="seconds the engine may take to load the model (default 600)")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    return p
 
 
 # -- model and options -----------------------------------------------------------------------------------------
@@ -138,12 +67,28 @@ def resolve_model(model: str | None) -> tuple[Path, str]:
     return Path(local), model
 
 
-def engine_args(opts: argparse.Namespace, model_dir: Path):
-    """EngineArgs from the flags. Raises CliError for values the engine does not support."""
+def model_argument(opts: argparse.Namespace) -> str | None:
+    """The model given positionally (``v41-serve MODEL``) or with ``--model``; CliError when both differ."""
+    if opts.model_tag is not None and opts.model is not None and opts.model_tag != opts.model:
+        raise CliError(f"the model is given twice ({opts.model_tag} and --model {opts.model}); give it once")
+    return opts.model_tag if opts.model_tag is not None else opts.model
+
+
+def resolved_device(opts: argparse.Namespace) -> str:
+    """``--device``, with ``auto`` resolved (cuda when available)."""
+    if opts.device != "auto":
+        return opts.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def engine_args(opts: argparse.Namespace, model_dir: Path, device: str):
+    """EngineArgs from the flags, with ``--hf-overrides`` checked against the model's config. Raises CliError
+    for values the engine does not support, ConfigError for a config they make invalid."""
+    from ..config import load_config
     from ..engine.args import EngineArgs
 
-    if opts.kv_cache_dtype != "auto":
-        raise CliError(f"--kv-cache-dtype {opts.kv_cache_dtype!r}: only 'auto' is supported for now")
     if not 0 < opts.port < 65536:
         raise CliError(f"--port must be in 1..65535, got {opts.port}")
     if opts.max_queue_len is not None and opts.max_queue_len < 0:
@@ -152,11 +97,8 @@ def engine_args(opts: argparse.Namespace, model_dir: Path):
         raise CliError(f"--threads must be at least 1, got {opts.threads}")
     if not opts.shutdown_timeout >= 0:
         raise CliError(f"--shutdown-timeout must be >= 0, got {opts.shutdown_timeout}")
-    device = opts.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if opts.hf_overrides is not None:
+        load_config(model_dir, opts.hf_overrides)  # fail before starting the engine, naming the field
     kw = dict(model=str(model_dir), max_model_len=opts.max_model_len, max_num_seqs=opts.max_num_seqs,
               max_num_batched_tokens=opts.max_num_batched_tokens, enable_prefix_caching=opts.enable_prefix_caching,
               gpu_memory_utilization=opts.gpu_memory_utilization,
@@ -166,7 +108,7 @@ def engine_args(opts: argparse.Namespace, model_dir: Path):
               load_format=opts.load_format, block_size=opts.block_size, seed=opts.seed,
               tensor_parallel_size=opts.tensor_parallel_size, all_reduce_backend=opts.all_reduce_backend,
               nnodes=opts.nnodes, node_rank=opts.node_rank, master_addr=opts.master_addr,
-              master_port=opts.master_port, threads=opts.threads, max_n=opts.max_n)
+              master_port=opts.master_port, threads=opts.threads, max_n=opts.max_n, hf_overrides=opts.hf_overrides)
     if opts.kv_cache_bytes is not None:
         kw["kv_cache_bytes"] = opts.kv_cache_bytes
     args = EngineArgs(**kw)
@@ -223,11 +165,12 @@ async def _drain(engine, grace_s: float, force: asyncio.Event) -> None:
         await engine.abort_all()  # requests that reached the engine meanwhile (repeats are no-ops)
 
 
-async def _serve_http(engine, opts: argparse.Namespace, name: str) -> None:
+async def _serve_http(engine, opts: argparse.Namespace, name: str, peer: compat.PeerSettings) -> None:
     import uvicorn
 
     build_app = _front_end(False)
-    app = build_app(engine, name)
+    app = build_app(engine, name, chat_revision=peer.chat_revision,
+                    enable_auto_tool_choice=peer.enable_auto_tool_choice)
 
     class Server(uvicorn.Server):
         def capture_signals(self):  # signals are ours (_install_signals): no re-raise at exit
@@ -277,9 +220,9 @@ async def _serve_http(engine, opts: argparse.Namespace, name: str) -> None:
     forced.cancel()
 
 
-async def _serve_grpc(engine, opts: argparse.Namespace, name: str) -> None:
+async def _serve_grpc(engine, opts: argparse.Namespace, name: str, peer: compat.PeerSettings) -> None:
     serve_grpc = _front_end(True)
-    server = await serve_grpc(engine, opts.host, opts.port, name)
+    server = await serve_grpc(engine, opts.host, opts.port, name, chat_revision=peer.chat_revision)
     _print_example(opts, name)
     stop, force = asyncio.Event(), asyncio.Event()
     _install_signals(asyncio.get_running_loop(), stop, force)
@@ -297,13 +240,13 @@ async def _serve_grpc(engine, opts: argparse.Namespace, name: str) -> None:
     term.cancel()
 
 
-async def _serve(engine, opts: argparse.Namespace, name: str) -> None:
+async def _serve(engine, opts: argparse.Namespace, name: str, peer: compat.PeerSettings) -> None:
     scheme = "grpc" if opts.grpc else "http"
     info = engine.info
     log.info("serving %s (%s) as %r on %s://%s:%d; max_model_len %d; kinds %s, %s blocks of %d tokens each",
              engine.model_dir, info["arch"], name, scheme, opts.host, opts.port, engine.max_model_len,
              info["kinds"], info["num_blocks"].get("swa"), info["block_tokens"])
-    await (_serve_grpc(engine, opts, name) if opts.grpc else _serve_http(engine, opts, name))
+    await (_serve_grpc(engine, opts, name, peer) if opts.grpc else _serve_http(engine, opts, name, peer))
 
 
 def _print_example(opts: argparse.Namespace, name: str) -> None:
@@ -319,15 +262,17 @@ def _print_example(opts: argparse.Namespace, name: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``v41-serve`` console script."""
-    opts = _parser().parse_args(argv)
+    opts = build_parser().parse_args(argv)
     logging.basicConfig(level=opts.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .engine_client import EngineClient, EngineStartupError
 
     try:
         _front_end(opts.grpc)  # fail before loading a model
-        model_dir, default_name = resolve_model(opts.model)
-        args = engine_args(opts, model_dir)
+        device = resolved_device(opts)
+        peer = compat.resolve(opts, device)
+        model_dir, default_name = resolve_model(model_argument(opts))
+        args = engine_args(opts, model_dir, device)
     except (CliError, ValueError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -344,14 +289,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Until the engine is up, a signal interrupts start-up (EngineClient kills the half-started process).
     try:
         engine = EngineClient(args, threads=opts.threads, startup_timeout_s=opts.startup_timeout,
-                              max_queue_len=opts.max_queue_len)
+                              max_queue_len=opts.max_queue_len, env=peer.kernel_env)
     except EngineStartupError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     try:
-        asyncio.run(_serve(engine, opts, name))
+        asyncio.run(_serve(engine, opts, name, peer))
     except (CliError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1

@@ -194,7 +194,7 @@ class EngineClient:
 
             from ..config import load_config
 
-            self._cfg = load_config(ready.model_dir)
+            self._cfg = load_config(ready.model_dir, self.args.hf_overrides)
             self._tokenizer = Tokenizer.from_file(ready.tokenizer_path)
         except BaseException as e:
             if isinstance(e, EngineStartupError):  # it reported its failure and is exiting by itself

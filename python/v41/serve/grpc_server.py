@@ -192,12 +192,12 @@ class _Completion:
 class EngineServicer(pb2_grpc.EngineServicer):
     """``v41.v1.Engine`` over an ``EngineProtocol`` engine."""
 
-    def __init__(self, engine, served_model_name: str):
+    def __init__(self, engine, served_model_name: str, chat_revision: str | None = None):
         self.engine = engine
         self.served_model_name = served_model_name
         self.started_s = time.monotonic()
         self._active: set[str] = set()  # request ids of Generate calls in flight
-        self._revision: str | None = None
+        self._revision = chat_revision
 
     # -- Generate ----------------------------------------------------------------------------------------
     async def Generate(self, request, context):
@@ -489,14 +489,16 @@ async def _watch_engine(server: grpc.aio.Server, health_servicer: _EngineHealth)
             return
 
 
-async def serve_grpc(engine, host: str, port: int, served_model_name: str) -> grpc.aio.Server:
+async def serve_grpc(engine, host: str, port: int, served_model_name: str,
+                     chat_revision: str | None = None) -> grpc.aio.Server:
     """Start the gRPC server on ``host:port`` (Engine + Health + reflection) and return it, started.
+    ``chat_revision``: the chat format of chat inputs and parsed outputs (None: the model's; docs/model.md §7.1).
 
     Raises RuntimeError when the address cannot be bound.
     """
     server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-    _add_engine_service(EngineServicer(engine, served_model_name), server)
+    _add_engine_service(EngineServicer(engine, served_model_name, chat_revision), server)
     health_servicer = _EngineHealth(engine)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -45,12 +45,13 @@ from .validation import check_text
 
 
 def build_app(engine: Any, served_model_name: str, *, heartbeat_timeout_s: float = 5.0,
-              chat_revision: str | None = None) -> FastAPI:
+              chat_revision: str | None = None, enable_auto_tool_choice: bool = False) -> FastAPI:
     """The HTTP app serving ``engine`` as model ``served_model_name``. ``heartbeat_timeout_s``: /health
     reports 503 when the engine's ``last_heartbeat_s`` is older than this. ``chat_revision``: chat format
-    revision (``v41``, ``v4-original``, ``v4-0731``; default: from the model's architecture)."""
+    revision (``v41``, ``v4-original``, ``v4-0731``; default: from the model's architecture).
+    ``enable_auto_tool_choice``: allow ``tool_choice: auto`` (``--enable-auto-tool-choice``, as in vLLM)."""
     server = OpenAIServer(engine, served_model_name, heartbeat_timeout_s)
-    chat = ChatCompletions(server, chat_revision)
+    chat = ChatCompletions(server, chat_revision, enable_auto_tool_choice)
     text = TextCompletions(server)
     app = FastAPI(title="v41 OpenAI-compatible server")
     app.state.server = server

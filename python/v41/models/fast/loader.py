@@ -78,13 +78,14 @@ class _Loader:
 
 def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
               quantization: str = "auto", load_format: str = "auto", seed: int = 0,
-              tp: TPGroup | None = None) -> FastModel:
+              tp: TPGroup | None = None, config_overrides: dict | None = None) -> FastModel:
     """Load a V4 / V4.1 checkpoint directory into the fast model on ``device``.
 
     dtype: compute dtype (activations and caches; bfloat16, float16, float32 or float64). quantization: ``auto``
     keeps FP8 / MXFP4 weights packed (dequantized in the kernels), ``none`` dequantizes them once to ``dtype``.
     load_format: ``auto`` (safetensors) or ``dummy`` (random weights made on ``device`` from ``seed``). tp: this
-    rank's group. Raises ValueError (ConfigError, CheckpointError) for bad options, configs or checkpoints,
+    rank's group. config_overrides: fields replacing those of ``config.json`` (:func:`v41.config.load_config`).
+    Raises ValueError (ConfigError, CheckpointError) for bad options, configs or checkpoints,
     FileNotFoundError for a missing directory, ``config.json`` or (Engram) ``tokenizer.json``.
     """
     path = Path(path)
@@ -96,7 +97,7 @@ def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     if load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
-    cfg = load_config(path)
+    cfg = load_config(path, config_overrides)
     rank, world = (tp.rank, tp.world_size) if tp is not None else (0, 1)
     check_tp(cfg, world)
     hasher = engram_hasher(cfg, path / "tokenizer.json")

@@ -32,7 +32,7 @@ def build(cfg: ModelConfig, tokenizer_path: str | Path | None, dtype: torch.dtyp
 
 def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
          numerics: str = "exact", load_format: str = "auto", seed: int = 0,
-         tp: TPGroup | None = None) -> Transformer:
+         tp: TPGroup | None = None, config_overrides: dict | None = None) -> Transformer:
     """Load a V4 or V4.1 checkpoint directory into the reference model.
 
     dtype: compute dtype, float32 or float64 (weights are dequantized into it once). numerics: ``exact`` or
@@ -41,6 +41,7 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str | tor
     tp: the tensor-parallel group (None = one rank): the model holds this rank's shard; the checkpoint reader
     reads only those slices of sharded tensors (quantization-block-aligned, then cut), and dummy weights are
     the slices of the TP=1 dummy weights. Every rank calls ``load`` with the same arguments.
+    config_overrides: fields replacing those of ``config.json`` (:func:`v41.config.load_config`).
     Raises ValueError (ConfigError, CheckpointError) for bad configs or checkpoints (including a config that
     cannot be split over ``tp``), FileNotFoundError for a missing directory, ``config.json`` or (V4.1 with
     Engram layers) ``tokenizer.json``.
@@ -52,7 +53,7 @@ def load(path: str | Path, dtype: torch.dtype = torch.float32, device: str | tor
         raise ValueError(f"dtype must be one of {COMPUTE_DTYPES}, got {dtype}")
     if load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format must be 'auto' or 'dummy', got {load_format!r}")
-    cfg = load_config(path)
+    cfg = load_config(path, config_overrides)
     model = build(cfg, path / "tokenizer.json", dtype, device, tp)
     shards = shard_plan(cfg, model.tp.rank, model.tp.world_size, model.hasher)
     if load_format == "dummy":

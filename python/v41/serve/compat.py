@@ -1,0 +1,150 @@
+"""What the flags of other engines' launch commands do in ``v41-serve`` (issue 18; README.md "Serving").
+
+A user moving from vLLM, SGLang or Aphrodite keeps their command line. Each of those flags is honoured, refused
+with a clear error, or accepted with one warning; none is ignored silently:
+
+* ``--tokenizer-mode`` / ``--tool-call-parser`` / ``--reasoning-parser``: ``deepseek_v41`` or ``deepseek_v4``
+  choose the chat format revision (docs/model.md §7.1) for the prompt encoder and the output parsers (one
+  format for both, so names that disagree are an error); ``auto`` (tokenizer mode) or nothing: the model's.
+* ``--enable-auto-tool-choice``: required for ``tool_choice: auto`` (also the default when a request brings
+  tools), as in vLLM; ``none``, ``required`` and a named tool need nothing.
+* ``--trust-remote-code``: accepted; v41 runs no code from a model repository.
+* ``--hf-overrides``: merged into the config and validated like it (:func:`v41.config.with_overrides`).
+* ``--moe-backend`` / ``--attention-backend``: v41's kernel path of that op family (docs/kernels.md §1 "Choosing
+  a path"): ``auto``, ``torch``, ``triton``; other engines' names select ``auto`` with a warning.
+* ``--attention-config``: ``indexer_tp_shard_min_rows`` (a positive integer) is checked; v41 replicates the
+  indexer on every tensor-parallel rank (docs/architecture.md "TP workers"), so a warning says it has no effect.
+* ``--enable-flashinfer-autotune`` / ``--no-...``, ``--mm-encoder-tp-mode``: no meaning for v41 (no FlashInfer,
+  no vision encoder yet): one warning each.
+* ``--speculative-config``, ``--engram-config``, ``--kv-cache-dtype`` other than ``auto``: not available yet;
+  an error names every such flag at once.
+
+Errors: :class:`FlagError` (a ``ValueError``; ``v41-serve`` exits with status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger("v41.serve")
+
+FORMAT_NAMES = {"deepseek_v41": "v41", "deepseek_v4": "v4-original"}  # flag value -> chat format revision
+_FORMAT_FLAGS = (("--tokenizer-mode", "tokenizer_mode"), ("--tool-call-parser", "tool_call_parser"),
+                 ("--reasoning-parser", "reasoning_parser"))
+KERNEL_FLAGS = {"moe": ("--moe-backend", "moe_backend"), "attention": ("--attention-backend", "attention_backend")}
+# Other engines' backend names (vLLM, SGLang, Aphrodite); matched case-insensitively.
+PEER_BACKENDS = {
+    "moe": ("b12x", "marlin", "cutlass", "deep_gemm", "flashinfer_cutlass", "flashinfer_trtllm", "aiter"),
+    "attention": ("b12x_dsv41", "flashmla", "flashmla_sparse", "flashinfer_mla", "triton_mla", "flash_attn",
+                  "flashinfer", "cutlass_mla"),
+}
+ATTENTION_CONFIG_KEYS = ("indexer_tp_shard_min_rows",)
+_NOT_YET = {
+    "speculative_config": "--speculative-config: speculative decoding is not available yet in v41-serve "
+                          "(docs/speculative-decoding.md)",
+    "engram_config": "--engram-config: Engram host offload is not available yet",
+}
+
+
+class FlagError(ValueError):
+    """A flag v41 cannot honour; the message names it."""
+
+
+@dataclass(frozen=True)
+class PeerSettings:
+    """What the peer flags decided. ``chat_revision``: the chat format (None: the model's);
+    ``kernel_env``: environment of the engine process and its workers; ``enable_auto_tool_choice``."""
+
+    chat_revision: str | None
+    kernel_env: dict[str, str]
+    enable_auto_tool_choice: bool
+
+
+def resolve(opts: argparse.Namespace, device: str) -> PeerSettings:
+    """Check the peer flags of ``opts`` for ``device`` (``cpu``, ``cuda``, ``cuda:N``), log their warnings, and
+    return what they decide. Raises FlagError."""
+    check_not_yet_available(opts)
+    settings = PeerSettings(chat_revision(opts), kernel_env(opts, device), opts.enable_auto_tool_choice)
+    check_attention_config(opts.attention_config)
+    if opts.trust_remote_code:
+        log.info("--trust-remote-code: accepted; v41 runs no code from the model repository")
+    if opts.enable_flashinfer_autotune is not None:
+        flag = "--enable-flashinfer-autotune" if opts.enable_flashinfer_autotune else "--no-enable-flashinfer-autotune"
+        log.warning("%s has no meaning for v41 (it uses no FlashInfer kernels); ignored", flag)
+    if opts.mm_encoder_tp_mode is not None:
+        log.warning("--mm-encoder-tp-mode %s has no meaning for v41 until it serves images (docs/model.md §3.10); "
+                    "ignored", opts.mm_encoder_tp_mode)
+    return settings
+
+
+def check_not_yet_available(opts: argparse.Namespace) -> None:
+    """FlagError naming every given flag whose feature v41 does not have yet."""
+    problems = [why for attr, why in _NOT_YET.items() if getattr(opts, attr) is not None]
+    if opts.kv_cache_dtype != "auto":
+        problems.append(f"--kv-cache-dtype {opts.kv_cache_dtype}: only 'auto' (the compute dtype) is available; "
+                        f"quantized KV caches are not available yet")
+    if problems:
+        raise FlagError("; ".join(problems))
+
+
+def chat_revision(opts: argparse.Namespace) -> str | None:
+    """The chat format revision the format flags choose (None: the model's). FlagError for an unknown name or
+    names that disagree."""
+    chosen: dict[str, str] = {}
+    for flag, attr in _FORMAT_FLAGS:
+        name = getattr(opts, attr)
+        if name is None or (attr == "tokenizer_mode" and name == "auto"):
+            continue
+        if name not in FORMAT_NAMES:
+            known = list(FORMAT_NAMES) + (["auto"] if attr == "tokenizer_mode" else [])
+            raise FlagError(f"{flag} {name!r}: unknown; v41 knows {', '.join(known)}")
+        chosen[flag] = name
+    if len(set(chosen.values())) > 1:
+        given = ", ".join(f"{flag} {name}" for flag, name in chosen.items())
+        raise FlagError(f"{given}: these choose different chat formats, and v41 encodes prompts and parses "
+                        f"outputs in one format; give the same name")
+    return FORMAT_NAMES[next(iter(chosen.values()))] if chosen else None
+
+
+def kernel_env(opts: argparse.Namespace, device: str) -> dict[str, str]:
+    """Environment variables selecting the kernel path of each op family the backend flags name
+    (``kernels/dispatch.py``). FlagError for an unknown name or a path ``device`` cannot run."""
+    from ..kernels.dispatch import FAMILY_ENV, MODES, available_modes
+
+    env: dict[str, str] = {}
+    for family, (flag, attr) in KERNEL_FLAGS.items():
+        name = getattr(opts, attr)
+        if name is None:
+            continue
+        mode = name.lower()
+        if mode in PEER_BACKENDS[family]:
+            log.warning("%s %s: v41 has no such kernels; it runs its own %s path 'auto' (Triton kernels on CUDA, "
+                        "the PyTorch references on CPU)", flag, name, family)
+            mode = "auto"
+        elif mode not in MODES:
+            raise FlagError(f"{flag} {name!r}: unknown; v41's paths are {', '.join(MODES)} (other engines' names "
+                            f"{', '.join(PEER_BACKENDS[family])} select auto)")
+        available = available_modes(device)
+        if mode not in available:
+            raise FlagError(f"{flag} {name!r} cannot run on {device} here (Triton kernels need Triton and a CUDA "
+                            f"device); available: {', '.join(available)}")
+        env[FAMILY_ENV[family]] = mode
+    return env
+
+
+def check_attention_config(config: dict | None) -> None:
+    """Check ``--attention-config`` (FlagError for an unknown key or a bad value) and say what it does."""
+    if config is None:
+        return
+    unknown = [k for k in config if k not in ATTENTION_CONFIG_KEYS]
+    if unknown:
+        raise FlagError(f"--attention-config: unknown key {unknown[0]!r}; v41 knows {', '.join(ATTENTION_CONFIG_KEYS)}")
+    rows = config.get("indexer_tp_shard_min_rows")
+    if rows is not None:
+        if type(rows) is not int or rows < 1:
+            raise FlagError(f"--attention-config: indexer_tp_shard_min_rows must be a positive integer, got {rows!r}")
+        log.warning("--attention-config indexer_tp_shard_min_rows=%d: v41 replicates the indexer on every "
+                    "tensor-parallel rank (docs/architecture.md \"TP workers\"), so no step shards it; the value "
+                    "has no effect", rows)
