@@ -72,8 +72,8 @@ def test_self_distillation_trains_on_the_main_models_own_continuations(tmp_path)
 
 
 def test_acceptance_counts_follow_greedy_verification(tmp_path, monkeypatch):
-    """A drafter that proposes the main model's own greedy continuation is accepted everywhere; the counters
-    of the random drafter obey the verification rule."""
+    """A drafter that proposes the main model's own continuation is accepted everywhere, greedy and sampled
+    (token-wise verification with q = p); the counters of the random drafter obey the verification rule."""
     import copy
 
     from v41.testing.acceptance import measure
@@ -86,15 +86,24 @@ def test_acceptance_counts_follow_greedy_verification(tmp_path, monkeypatch):
     assert all(a >= b for a, b in zip(got["accepted"], got["accepted"][1:]))  # accepted drafts form a prefix
     oracle = model.draft
 
-    def perfect(cache, anchor, **kw):
-        block = oracle(cache, anchor, **kw)
-        c, toks, tok = copy.deepcopy(cache), [], anchor
+    def perfect(cache, anchor, temperature=0.0, generator=None):
+        """Drafts from the main model itself: its argmax, or at a temperature its own samples with its own
+        logits as the draft distribution (q = p: every draft is accepted)."""
+        block = oracle(cache, anchor, temperature, generator)
+        c, toks, logits, tok = copy.deepcopy(cache), [], [], anchor
         for _ in range(k):
-            tok = int(model.forward_chunk(torch.tensor([tok]), c)[-1].argmax())
+            li = model.forward_chunk(torch.tensor([tok]), c)[-1]
+            probs = torch.softmax(li.double() / max(temperature, 1e-9), -1)
+            tok = int(li.argmax()) if temperature <= 0 else int(torch.multinomial(probs, 1, generator=generator))
             toks.append(tok)
-        block.tokens = torch.tensor(toks)
+            logits.append(li)
+        block.tokens, block.logits = torch.tensor(toks), torch.stack(logits)
         return block
 
+    sampled = measure(model, prompts, tokens=12, k=k, temperature=0.7, seed=3)
+    assert sampled["generated"] >= 12 and sampled["pooled_acceptance"] < 1.0  # a random drafter is not q = p
     monkeypatch.setattr(model, "draft", perfect)
     best = measure(model, prompts, tokens=12, k=k)
     assert best["pooled_acceptance"] == 1.0 and best["mean_acceptance_length"] == k + 1
+    best = measure(model, prompts, tokens=12, k=k, temperature=0.7, seed=3)
+    assert best["pooled_acceptance"] == 1.0
