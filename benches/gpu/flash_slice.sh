@@ -10,7 +10,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/transformers-*.whl || exit 1
-export PYTHONPATH=$PWD/python:/tmp/site:$PWD/tests V41_CACHE_DIR=/tmp/v41cache
+export PYTHONPATH=$PWD/python:/tmp/site:$PWD/tests
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c 'import torch; print("torch.cuda.mem_get_info:", torch.cuda.mem_get_info())' | tee -a "$OUT/gpu.txt"

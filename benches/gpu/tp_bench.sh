@@ -11,7 +11,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site V41_CACHE_DIR=/tmp/v41cache
+export PYTHONPATH=/tmp/site
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; WORLD=${WORLD:-2}
 R="$OUT/tp_results.jsonl"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"

@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate a completion with the engine")
     g.add_argument("--model", metavar="DIR", default=None,
-                   help="checkpoint directory (default: the embedded tiny V4.1 model, random weights)")
+                   help="checkpoint directory (default: the embedded tiny V4.1 model, trained for an hour "
+                        "on Python code)")
     g.add_argument("--prompt", required=True, metavar="TEXT", help="prompt text (raw, no chat template)")
     g.add_argument("--max-tokens", type=int, default=64, metavar="N", help="maximum number of new tokens (default 64)")
     g.add_argument("--temperature", type=float, default=0.0, metavar="T",

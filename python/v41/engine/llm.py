@@ -15,7 +15,8 @@ from .prompts import PromptLike, encode_prompt, prompt_cache_salt
 
 
 def model_or_embedded(model: str | None) -> str:
-    """``model`` as a string, or the embedded tiny V4.1 model's directory (made on first use) for None."""
+    """``model`` as a string, or the embedded tiny V4.1 model's directory (shipped with the package,
+    :mod:`v41.testing.embedded`) for None."""
     if model is not None:
         return str(model)
     from ..testing.embedded import embedded_model_dir
@@ -24,8 +25,8 @@ def model_or_embedded(model: str | None) -> str:
 
 
 class LLM:
-    """Offline engine. ``model``: checkpoint directory (None = the embedded tiny V4.1 model, random
-    weights). Other keyword arguments are :class:`EngineArgs` fields (max_model_len, max_num_seqs,
+    """Offline engine. ``model``: checkpoint directory (None = the embedded tiny V4.1 model, trained for
+    an hour on Python code: :mod:`v41.testing.embedded`). Other keyword arguments are :class:`EngineArgs` fields (max_model_len, max_num_seqs,
     max_num_batched_tokens, enable_prefix_caching, dtype, device, kv_cache_bytes, ...)."""
 
     def __init__(self, model: str | None = None, **kwargs: Any):

@@ -2,19 +2,19 @@
 engine-core process.
 
 ``v41-serve [MODEL] [--grpc] [--host 127.0.0.1] [--port 8000] ...`` (vLLM's flag names; ``cli_options.py``).
-The model (positional, as in ``vllm serve MODEL``, or ``--model``) is a local checkpoint directory, else a
-Hugging Face repo id fetched with ``huggingface_hub.snapshot_download`` (``HF_HUB_OFFLINE=1`` uses only the
-local HF cache); without one the embedded tiny V4.1 checkpoint (random weights) is served. The flags of other
-engines' launch commands are honoured, refused or warned about as ``compat.py`` says, so a vLLM / SGLang /
-Aphrodite command line starts v41 (README.md "Serving"). Start-up: import the front end, check the flags,
-resolve the model, check its config with ``--hf-overrides``, start the engine core
-(:class:`~v41.serve.engine_client.EngineClient`, which waits for the model to load), then serve. SIGTERM / SIGINT: stop accepting connections and start draining the engine at once: in-flight
-requests may finish for up to ``--shutdown-timeout`` seconds (default 30), then the rest are aborted, so every
-open response still ends properly (an SSE stream with a finish_reason "abort" chunk and ``data: [DONE]``, a
-gRPC call with its ``Complete``) within ``ABORT_FLUSH_S`` more; then the engine process stops and the server
-exits 0. A second signal skips the wait (aborts at once). Exit status: 0 after a signal, 2 for bad arguments
-or an unusable model, 1 when the engine fails to start or the server fails.
-"""
+The model (positional, as in ``vllm serve MODEL``, or ``--model``) is a local checkpoint directory, else a Hugging
+Face repo id fetched with ``huggingface_hub.snapshot_download`` (``HF_HUB_OFFLINE=1`` uses only the local HF
+cache); without one the embedded tiny V4.1 checkpoint (trained on Python code, :mod:`v41.testing.embedded`) is
+served. The flags of other engines' launch commands are honoured, refused or warned about as ``compat.py`` says, so
+a vLLM / SGLang / Aphrodite command line starts v41 (README.md "Serving"). Start-up: import the front end, check
+the flags, resolve the model, check its config with ``--hf-overrides``, start the engine core
+(:class:`~v41.serve.engine_client.EngineClient`, which waits for the model to load), then serve. SIGTERM / SIGINT:
+stop accepting connections and start draining the engine at once: in-flight requests may finish for up to
+``--shutdown-timeout`` seconds (default 30), then the rest are aborted, so every open response still ends properly
+(an SSE stream with a finish_reason "abort" chunk and ``data: [DONE]``, a gRPC call with its ``Complete``) within
+``ABORT_FLUSH_S`` more; then the engine process stops and the server exits 0. A second signal skips the wait
+(aborts at once). Exit status: 0 after a signal, 2 for bad arguments or an unusable model, 1 when the engine fails
+to start or the server fails. """
 
 from __future__ import annotations
 

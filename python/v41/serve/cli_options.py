@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint directory or Hugging Face repo id, as in `vllm serve MODEL` (or --model)")
     p.add_argument("--model", default=None, metavar="DIR|REPO_ID",
                    help="checkpoint directory or Hugging Face repo id (default: the embedded tiny V4.1 model, "
-                        "random weights)")
+                        "trained for an hour on Python code: no assistant)")
     p.add_argument("--grpc", action="store_true", help="serve the gRPC API (proto/v41/v1/engine.proto) instead "
                    "of OpenAI HTTP")
     p.add_argument("--host", default="127.0.0.1")

@@ -1,65 +1,31 @@
-"""The embedded tiny DeepSeek-V4.1 checkpoint: generated once per user, then reused.
+"""The embedded model: the tiny DeepSeek-V4.1 trained on the CPU with its DSpark drafter (issue 14), shipped inside
+the package so that ``v41 generate``, ``v41-serve`` and ``v41.LLM()`` run without a model given or downloaded.
 
-``embedded_model_dir(seed=0)`` returns a directory in the user cache (``$V41_CACHE_DIR``, else
-``$XDG_CACHE_HOME/v41``, else ``~/.cache/v41``) named after the generator version and the seed, so a new
-generator never reuses an old checkpoint. The checkpoint is written into a temporary directory next to the
-target, a marker file is written last, and the directory is renamed into place; concurrent callers race on
-the rename and the losers delete their copy. Weights are random: the model writes gibberish.
+What it is: the default tiny V4.1 configuration (12 layers, every layer role, 3.1 M parameters, the 1,024-id
+tiny tokenizer) trained for about an hour on two CPU cores on CPython 3.11 standard-library modules
+(:mod:`.corpus`), then its three DSpark drafter stages trained against it on its own continuations. It writes
+Python-shaped text; it is **not** an assistant. The files are a normal checkpoint in the checkpoint formats (FP8
+block-scaled dense weights, MXFP4 experts; ``v41/embedded/``, about 3.5 MB) with the logs of how they were made:
+``train_log.json`` (:mod:`.train`: settings, loss curve, held-out loss before and after quantization),
+``drafter_log.json`` (:mod:`.train_drafter`) and ``acceptance.json`` (:mod:`.acceptance`, greedy and at
+temperature 0.7); benches/RESULTS.md has the figures.
+Random checkpoints for tests come from ``v41 init-tiny`` / :func:`.tiny.make_tiny`, never from here.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from .tiny import GENERATOR_VERSION, make_tiny
-
-ARCH = "deepseek_v41"
-MARKER = ".v41-complete"
-
-
-def cache_dir() -> Path:
-    """The v41 user cache directory (not created)."""
-    env = os.environ.get("V41_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "v41"
+EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "embedded"
+REQUIRED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+            "model.safetensors.index.json")
 
 
-def _is_complete(path: Path) -> bool:
-    return (path / MARKER).is_file()
-
-
-def embedded_model_dir(seed: int = 0) -> Path:
-    """The embedded tiny V4.1 checkpoint for ``seed``, generating it on first use (safe across processes)."""
-    root = cache_dir()
-    final = root / f"tiny-{ARCH}-g{GENERATOR_VERSION}-s{int(seed)}"
-    if _is_complete(final):
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    if final.exists():  # incomplete leftover of some other writer: move it aside atomically, then drop it
-        aside = Path(tempfile.mkdtemp(prefix=f".{final.name}.stale-", dir=root))
-        try:
-            os.rename(final, aside / "old")
-        except OSError:
-            pass  # someone else moved or replaced it
-        shutil.rmtree(aside, ignore_errors=True)
-        if _is_complete(final):
-            return final
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
-    try:
-        make_tiny(tmp, ARCH, seed=int(seed))
-        (tmp / MARKER).write_text(f"generator={GENERATOR_VERSION} seed={int(seed)} arch={ARCH}\n")
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not _is_complete(final):  # not a lost race: a real error
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+def embedded_model_dir() -> Path:
+    """The shipped checkpoint's directory. Raises FileNotFoundError naming what is missing when the install is
+    incomplete (the weights come with the package; nothing is generated or downloaded)."""
+    missing = [name for name in REQUIRED if not (EMBEDDED_DIR / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"the embedded model in {EMBEDDED_DIR} is incomplete (missing {', '.join(missing)}); "
+                                "reinstall v41 or give a model")
+    return EMBEDDED_DIR
