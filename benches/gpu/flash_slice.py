@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from layer_times import layer_kv_bytes, per_layer
+from event_timing import median_ms
+from layer_times import is_routed_expert, layer_kv_bytes, per_layer
 
 V4_FLASH_4L = dict(  # V4-Flash layers 0-3: SWA, SWA, CSA (4), HCA (128); hash-MoE on the first three
     vocab_size=129280, hidden_size=4096, moe_intermediate_size=2048, num_hidden_layers=4, num_attention_heads=64,
@@ -48,18 +49,9 @@ V41_FLASH_SLICE = dict(  # real layers 0, 1, 2, 3, 14, 20, 21, 24, 25 of V4.1-Fl
 
 def ceilings(dev: str) -> dict:
     """Device-to-device copy bandwidth (bytes read + written) and the bf16 matmul rate, by events."""
-    def timed(fn, n=20):
-        fn()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        ts = []
-        for _ in range(n):
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) / 1e3)
-        return statistics.median(ts)
+    def timed(fn):
+        return median_ms(fn, 20) / 1e3
+
     src = torch.randn(1 << 29, device=dev)  # 2 GiB
     dst = torch.empty_like(src)
     copy_s = timed(lambda: dst.copy_(src))
@@ -158,10 +150,9 @@ def weight_bytes(core) -> dict:
     dense = expert = 0
     for name, buf in list(model.named_buffers()) + list(model.named_parameters()):
         n = buf.numel() * buf.element_size()
-        if ".w13." in f".{name}." or ".w2." in f".{name}.":
-            if ".shared" not in name:
-                expert += n
-                continue
+        if is_routed_expert(name):
+            expert += n
+            continue
         if name.startswith("head.") or name.startswith("embed.") or ".engram.table" in name:
             continue  # the head is counted apart; a step reads only its tokens' embedding and Engram rows
         dense += n

@@ -12,23 +12,15 @@ only) plus its KV reads — over the copy bandwidth measured in the same call.
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 
+from event_timing import median_ms
 
-def _replay_ms(graph: torch.cuda.CUDAGraph, reps: int = 50) -> float:
-    graph.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+
+def is_routed_expert(name: str) -> bool:
+    """Whether a fast-model tensor name belongs to the routed experts' packed weights (``w13`` / ``w2``, not the
+    shared expert's)."""
+    return (".w13." in f".{name}." or ".w2." in f".{name}.") and "shared" not in name
 
 
 def _module_bytes(module: torch.nn.Module, touched: float, experts: int) -> tuple[int, float]:
@@ -39,7 +31,7 @@ def _module_bytes(module: torch.nn.Module, touched: float, experts: int) -> tupl
         n = t.numel() * t.element_size()
         if "engram.table" in name:
             continue
-        if (".w13." in f".{name}." or ".w2." in f".{name}.") and "shared" not in name:
+        if is_routed_expert(name):
             routed += n * touched / experts
         else:
             dense += n
@@ -94,7 +86,7 @@ def per_layer(core, batch: int, context: int, copy_gbps: float) -> list[dict]:
         dense, routed = _module_bytes(layer, touched, e)
         floor = 1e3 * (dense + routed + layer_kv_bytes(cfg, plan, batch, context)) / (copy_gbps * 1e9)
         name = plan.attn_type + (f"/{plan.ratio}" if plan.ratio else "") + (" +engram" if plan.engram else "")
-        rows.append({"what": f"layer {plan.layer_id} ({name})", "ms": _replay_ms(graph), "floor_ms": floor})
+        rows.append({"what": f"layer {plan.layer_id} ({name})", "ms": median_ms(graph.replay, 50), "floor_ms": floor})
         del graph
     sel = step_batch.logits_rows
     head_graph = torch.cuda.CUDAGraph()
@@ -103,7 +95,7 @@ def per_layer(core, batch: int, context: int, copy_gbps: float) -> list[dict]:
     with torch.cuda.graph(head_graph):
         model.head(model.norm(x))
     head_bytes = model.head.proj.packed.nbytes
-    rows.append({"what": "final norm + LM head", "ms": _replay_ms(head_graph),
+    rows.append({"what": "final norm + LM head", "ms": median_ms(head_graph.replay, 50),
                  "floor_ms": 1e3 * head_bytes / (copy_gbps * 1e9)})
     for r in rows:
         r["ratio"] = r["ms"] / r["floor_ms"]

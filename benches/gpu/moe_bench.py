@@ -18,6 +18,7 @@ import statistics
 
 import torch
 
+from event_timing import median_ms
 from v41.kernels.moe import grouped_config, grouped_linear_triton
 from v41.kernels.moe_align import align_pairs
 from v41.kernels.packed import PackedWeight
@@ -28,16 +29,7 @@ E, D, I, TOP_K = 256, 4096, 2048, 6
 def copy_bandwidth() -> float:
     src = torch.randn(1 << 29, device="cuda")
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(10):
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    return 2 * src.numel() * 4 / statistics.median(ts)
+    return 2 * src.numel() * 4 / (median_ms(lambda: dst.copy_(src), 10) / 1e3)
 
 
 def mxfp4(n: int, k: int) -> PackedWeight:
@@ -81,18 +73,13 @@ def timed(x, w, routes, cfg, gather: bool) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         grouped_linear_triton(x, w, offsets, rows if gather else None, cfg)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for r, o, _ in routes:
-        rows.copy_(r)
-        offsets.copy_(o)
+
+    def load(i: int) -> None:
+        rows.copy_(routes[i][0])
+        offsets.copy_(routes[i][1])
         torch.cuda.synchronize()
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
+
+    return median_ms(graph.replay, len(routes), before=load, warmup=0)
 
 
 def main() -> None:
