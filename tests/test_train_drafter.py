@@ -16,16 +16,29 @@ from test_train_tiny import _corpus
 
 
 def test_the_teacher_forced_draft_equals_the_oracles_draft(tmp_path):
+    """Three blocks in one batched call, each against the oracle's own draft after its prefix: the batched
+    masks must hide the ring rows after each anchor and the other blocks' rows."""
+    from v41.models.reference.dspark import write_context
+    from v41.models.reference.state import RequestCache
+
     model = loader.load(make_tiny(tmp_path / "m", "deepseek_v41"))
-    ids = torch.tensor([5, 9, 300, 17, 17, 42, 8, 99, 1000, 3, 64, 7])
-    cache = model.new_cache()
-    model.forward_chunk(ids, cache)
-    block = model.draft(cache, anchor=11)
+    ids = torch.tensor([5, 9, 300, 17, 17, 42, 8, 99, 1000, 3, 64, 7, 12, 500, 6, 77, 31, 2, 400, 9])
     k = model.cfg.dspark_block_size
-    tokens = torch.cat([torch.tensor([11]), block.tokens[: k - 1]])  # out_0 = anchor, then its own drafts
-    logits, conf = draft_logits(model, cache, tokens, block.positions)
-    torch.testing.assert_close(logits, block.logits, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(conf, block.confidence, rtol=1e-5, atol=1e-5)
+    _, aux = model.forward_chunk(ids, model.new_cache(), return_aux=True)
+    ring = RequestCache()
+    write_context(model.mtp, aux, torch.arange(ids.shape[0]), ring)
+    tokens, pos, want = [], [], []
+    for p in (3, 9, 13):  # verified prefix ids[: p + 1]; the anchor is ids[p + 1]
+        cache = model.new_cache()
+        model.forward_chunk(ids[: p + 1], cache)
+        block = model.draft(cache, anchor=int(ids[p + 1]))
+        tokens.append(torch.cat([ids[p + 1: p + 2], block.tokens[: k - 1]]))  # out_0 = anchor, then its drafts
+        pos.append(block.positions)
+        want.append(block)
+    logits, conf = draft_logits(model, ring.dspark_kv, torch.stack(tokens), torch.stack(pos))
+    for a, block in enumerate(want):
+        torch.testing.assert_close(logits[a], block.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(conf[a], block.confidence, rtol=1e-4, atol=1e-4)
 
 
 def test_the_drafter_loss_reaches_only_the_drafter(tmp_path):
@@ -57,10 +70,12 @@ def test_self_distillation_trains_on_the_main_models_own_continuations(tmp_path)
 
     model = loader.load(make_tiny(tmp_path / "main", "deepseek_v41"))
     stream = np.arange(3, 60, dtype=np.int64)
-    seqs = continuations(model, stream, count=2, prompt_len=6, length=10, seed=0)
+    seqs = continuations(tmp_path / "main", stream, count=2, prompt_len=6, length=10, seed=0)
     assert [s.shape[0] for s in seqs] == [10, 10]
-    cache = model.new_cache()  # the even sequence is the greedy continuation of its prompt
-    last = model.forward_chunk(seqs[0][:6], cache)[-1]
+    assert continuations(tmp_path / "main", stream, count=2, prompt_len=6, length=10, seed=0)[1].tolist() == \
+        seqs[1].tolist()  # the sampled one is seeded
+    cache = model.new_cache()  # the even sequence is the greedy continuation of its prompt (the oracle's argmax,
+    last = model.forward_chunk(seqs[0][:6], cache)[-1]  # up to near-ties, which a random model does not have)
     for t in seqs[0][6:].tolist():
         assert t == int(last.argmax())
         last = model.forward_chunk(torch.tensor([t]), cache)[-1]

@@ -30,81 +30,95 @@ from tokenizers import Tokenizer
 from torch.nn.utils import parametrize
 
 from ..models.reference import loader
-from ..models.reference.attention import ChunkContext
 from ..models.reference.dspark import write_context
 from ..models.reference.model import Transformer
-from ..models.reference.ops import hc_collapse
+from ..models.reference.ops import hc_collapse, sink_attention, window_visible
 from ..models.reference.state import RequestCache
 from .corpus import MANIFEST, load_corpus, split
 from .train import bake, export, lr_at, quantization_aware, token_stream
 
 
-def draft_logits(model: Transformer, cache: RequestCache, tokens: torch.Tensor, pos: torch.Tensor
+def draft_logits(model: Transformer, ring: list[torch.Tensor], tokens: torch.Tensor, pos: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One draft block, teacher-forced and differentiable: :meth:`Transformer.draft` with ``out_i =
-    tokens[i]`` in the Markov head (``tokens[0]`` is the anchor). tokens, pos: [K] (positions P+1..P+K; the
-    rings of ``cache`` must hold positions ≤ P). Returns (Markov-corrected logits [K, V], confidence logits [K])."""
+    """A draft blocks at once, teacher-forced and differentiable: :meth:`Transformer.draft` for each block,
+    with ``out_i = tokens[a, i]`` in the Markov head (``tokens[a, 0]`` is the anchor).
+
+    ring: per stage the context KV rows [T, hd] of positions 0..T−1 (:func:`write_context`); tokens, pos: [A, K]
+    (block a covers positions P_a+1..P_a+K, P_a + 1 ≤ T). The A·K rows run as one chunk: each row sees the ring
+    rows of its own anchor's window (positions ≤ P_a, as :class:`DSparkAttention` does) and the K rows of its
+    own block, nothing else. Returns (Markov-corrected logits [A, K, V], confidence logits [A, K])."""
     cfg = model.cfg
-    k = tokens.shape[0]
-    ids = torch.cat([tokens[:1], torch.full((k - 1,), cfg.dspark_noise_token_id, dtype=tokens.dtype)])
-    ctx = ChunkContext(pos=pos, token_ids=ids, cache=cache)
+    a, k = tokens.shape
+    ids = tokens.clone()
+    ids[:, 1:] = cfg.dspark_noise_token_id
+    ids, flat_pos = ids.flatten(), pos.flatten()
+    block_of = torch.arange(a).repeat_interleave(k)
+    ring_vis = window_visible((pos[:, 0] - 1).repeat_interleave(k), torch.arange(ring[0].shape[0]),
+                              cfg.sliding_window)
+    visible = torch.cat([ring_vis, block_of[:, None] == block_of[None, :]], dim=1)
+
+    def attend(x: torch.Tensor, s: int) -> torch.Tensor:
+        attn = model.mtp[s].attn
+        q, _ = attn.project_q(x, flat_pos)
+        keys = torch.cat([ring[s], attn.window_kv(x, flat_pos)], dim=0)
+        return attn.output(sink_attention(q, keys, visible, attn.attn_sink, attn.head_dim ** -0.5), flat_pos)
+
     h = model.embed(ids).unsqueeze(1).repeat(1, cfg.hc_mult, 1)
-    pre_mix = torch.zeros(k, cfg.hc_mult, dtype=h.dtype)
+    pre_mix = torch.zeros(a * k, cfg.hc_mult, dtype=h.dtype)
     pre_mix[:, 0] = 1
-    for stage in model.mtp:
-        h, pre_mix = stage(h, pre_mix, ids, lambda x, a=stage.attn: a(x, ctx))
+    for s, stage in enumerate(model.mtp):
+        h, pre_mix = stage(h, pre_mix, ids, lambda x, s=s: attend(x, s))
     last = model.mtp[-1]
     y = hc_collapse(h, pre_mix)
-    e = last.markov_head.embed.weight[tokens]
+    e = last.markov_head.embed.weight[tokens.flatten()]
     logits = model.head(last.norm(y)) + last.markov_head.head(e)
-    return logits, last.confidence_head.proj(torch.cat([y, e], dim=-1))[:, 0]
+    conf = last.confidence_head.proj(torch.cat([y, e], dim=-1))[:, 0]
+    return logits.view(a, k, -1), conf.view(a, k)
 
 
-def sequence_loss(model: Transformer, ids: torch.Tensor, anchors: np.ndarray) -> tuple[torch.Tensor, dict]:
+def sequence_loss(model: Transformer, ids: torch.Tensor, anchors: np.ndarray,
+                  teacher: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict]:
     """Drafter loss of one sequence ``ids`` [T] at verified positions ``anchors`` (each P ≤ T − K − 2), and
-    the greedy acceptance counts per block position (module docstring)."""
+    the greedy acceptance counts per block position (module docstring). ``teacher``: the frozen main model's
+    (log-probabilities [T, V], aux streams [T, n·D]) of ``ids`` when already computed (:func:`teacher_of`)."""
     k = model.cfg.dspark_block_size
-    with torch.no_grad():
-        target, aux = model.forward_chunk(ids, model.new_cache(), return_aux=True)
-    teacher = torch.log_softmax(target.float(), dim=-1)
+    log_p, aux = teacher if teacher is not None else teacher_of(model, ids)
     cache = RequestCache()
     write_context(model.mtp, aux, torch.arange(ids.shape[0]), cache)
-    loss = torch.zeros(())
-    accepted = np.zeros(k, dtype=np.int64)
-    for p in anchors:
-        pos = torch.arange(p + 1, p + 1 + k)
-        logits, conf = draft_logits(model, cache, ids[p + 1: p + 1 + k], pos)
-        t = teacher[p + 1: p + 1 + k]
-        ce = -(t.exp() * torch.log_softmax(logits.float(), dim=-1)).sum(dim=-1)
-        agree = (logits.argmax(dim=-1) == t.argmax(dim=-1)).cumprod(dim=0)
-        bce = F.binary_cross_entropy_with_logits(conf.float(), agree.float(), reduction="none")
-        loss = loss + (ce + bce).sum()
-        accepted += agree.numpy()
-    return loss / (len(anchors) * k), {"accepted": accepted, "blocks": len(anchors)}
+    starts = torch.as_tensor(np.asarray(anchors), dtype=torch.int64)[:, None] + 1 + torch.arange(k)  # [A, K]
+    logits, conf = draft_logits(model, cache.dspark_kv, ids[starts], starts)
+    t = log_p[starts]
+    ce = -(t.exp() * torch.log_softmax(logits.float(), dim=-1)).sum(dim=-1)
+    agree = (logits.argmax(dim=-1) == t.argmax(dim=-1)).cumprod(dim=1)
+    bce = F.binary_cross_entropy_with_logits(conf.float(), agree.float(), reduction="none")
+    return (ce + bce).mean(), {"accepted": agree.sum(dim=0).numpy(), "blocks": len(anchors)}
 
 
 @torch.no_grad()
-def continuations(model: Transformer, stream: np.ndarray, count: int, prompt_len: int, length: int,
+def teacher_of(model: Transformer, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The frozen main model on ``ids`` [T]: (next-token log-probabilities [T, V] fp32, aux streams [T, n·D])."""
+    target, aux = model.forward_chunk(ids, model.new_cache(), return_aux=True)
+    return torch.log_softmax(target.float(), dim=-1), aux
+
+
+def continuations(model_dir: Path, stream: np.ndarray, count: int, prompt_len: int, length: int,
                   seed: int) -> list[torch.Tensor]:
     """The main model's own text: ``count`` sequences of a corpus prompt (``prompt_len`` tokens at a seeded
     random offset) followed by ``length − prompt_len`` generated tokens, greedy for even i and sampled at
-    temperature 0.7 for odd i (what the drafter must predict when serving)."""
+    temperature 0.7 (seed ``seed + i``) for odd i: what the drafter must predict when serving. Generated in
+    one batch by the engine (:class:`v41.LLM` on the CPU, EOS ignored); the teacher distributions come from
+    the oracle afterwards (:func:`teacher_of`), so a near-tie the engine breaks the other way costs nothing."""
+    from ..engine.llm import LLM
+    from ..engine.params import SamplingParams
+
     rng = np.random.default_rng(seed)
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(count):
-        o = int(rng.integers(0, len(stream) - prompt_len))
-        ids = torch.from_numpy(stream[o: o + prompt_len].copy())
-        cache = model.new_cache()
-        last = model.forward_chunk(ids, cache)[-1]
-        toks = ids.tolist()
-        while len(toks) < length:
-            t = int(last.argmax()) if i % 2 == 0 else int(torch.multinomial(torch.softmax(last / 0.7, -1), 1,
-                                                                              generator=g))
-            toks.append(t)
-            last = model.forward_chunk(torch.tensor([t]), cache)[-1]
-        out.append(torch.tensor(toks))
-    return out
+    prompts = [stream[o: o + prompt_len].tolist() for o in rng.integers(0, len(stream) - prompt_len, size=count)]
+    params = [SamplingParams(temperature=0.0 if i % 2 == 0 else 0.7, seed=seed + i, ignore_eos=True,
+                             max_tokens=length - prompt_len) for i in range(count)]
+    with LLM(str(model_dir), device="cpu", max_num_seqs=64, max_model_len=max(256, length),
+             enable_prefix_caching=False) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [torch.tensor(p + list(o.outputs[0].token_ids)) for p, o in zip(prompts, outs)]
 
 
 def train_drafter(main: Path, out: Path, *, steps: int, minutes: float, seq_len: int, batch: int, anchors: int,
@@ -127,7 +141,8 @@ def train_drafter(main: Path, out: Path, *, steps: int, minutes: float, seq_len:
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     rng = np.random.default_rng(seed)
     k = model.cfg.dspark_block_size
-    pool = continuations(model, stream, self_distill, prompt_len, seq_len, seed) if self_distill else None
+    pool = continuations(main, stream, self_distill, prompt_len, seq_len, seed) if self_distill else None
+    teachers = [teacher_of(model, ids) for ids in pool] if pool else None  # the main model is frozen
     first = prompt_len - 1 if pool else seq_len // 4  # anchors inside the generated part of a continuation
     record = {"main": str(main), "seed": seed, "seq_len": seq_len, "batch": batch, "anchors": anchors, "lr": lr,
               "block_size": k, "self_distill": self_distill, "prompt_len": prompt_len, "curve": []}
@@ -140,7 +155,8 @@ def train_drafter(main: Path, out: Path, *, steps: int, minutes: float, seq_len:
         with parametrize.cached():
             for o in rng.integers(0, len(pool) if pool else len(stream) - seq_len, size=batch):
                 ids = pool[o] if pool else torch.from_numpy(stream[o: o + seq_len])
-                loss, stats = sequence_loss(model, ids, rng.integers(first, seq_len - k - 1, size=anchors))
+                loss, stats = sequence_loss(model, ids, rng.integers(first, seq_len - k - 1, size=anchors),
+                                            teachers[o] if pool else None)
                 (loss / batch).backward()
                 total += float(loss.detach()) / batch
                 accepted += stats["accepted"]
