@@ -88,7 +88,7 @@ class Scheduler:
     """Request scheduler with KV block pools per cache kind and a radix prefix cache.
 
     ``layout``: one dict per cache kind, in the order used for block tables:
-    ``{"name": "swa" | "ckv{r}" | "idx{r}", "tokens_per_block": B, "tokens_per_entry": r,
+    ``{"name": "swa" | "dspark" | "ckv{r}" | "idx{r}", "tokens_per_block": B, "tokens_per_entry": r,
     "window_tokens": W | None, "num_blocks": N}`` (all kinds share ``B``, the prefix-cache page), plus
     optionally ``{"name": "cstate", "state_rows": rows}`` (one row per running request).
 

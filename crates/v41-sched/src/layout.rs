@@ -97,19 +97,19 @@ fn validate_kind(kind: &CacheKind) -> Result<(), SchedError> {
         )));
     }
     match (name, kind.window_tokens) {
-        ("swa", None) => Err(invalid("kind 'swa' needs window_tokens")),
-        ("swa", Some(0)) => Err(invalid("kind 'swa': window_tokens must be > 0")),
-        ("swa", Some(_)) if kind.tokens_per_entry != 1 => {
-            Err(invalid("kind 'swa' must have tokens_per_entry = 1"))
+        ("swa" | "dspark", None) => Err(invalid(format!("kind '{name}' needs window_tokens"))),
+        ("swa" | "dspark", Some(0)) => Err(invalid(format!("kind '{name}': window_tokens must be > 0"))),
+        ("swa" | "dspark", Some(_)) if kind.tokens_per_entry != 1 => {
+            Err(invalid(format!("kind '{name}' must have tokens_per_entry = 1")))
         }
-        ("swa", Some(_)) => Ok(()),
+        ("swa" | "dspark", Some(_)) => Ok(()),
         _ => {
             let ratio = ratio_suffix(name, "ckv")
                 .or_else(|| ratio_suffix(name, "idx"))
                 .or_else(|| ratio_suffix(name, "cov"));
             match ratio {
                 None => Err(invalid(format!(
-                    "unknown cache kind name '{name}' (expected swa, ckv{{r}}, idx{{r}}, cov{{r}} or cstate)"
+                    "unknown cache kind name '{name}' (expected swa, dspark, ckv{{r}}, idx{{r}}, cov{{r}} or cstate)"
                 ))),
                 Some(r) if r != kind.tokens_per_entry => Err(invalid(format!(
                     "kind '{name}': tokens_per_entry ({}) must equal its ratio {r}",
@@ -244,6 +244,9 @@ mod tests {
         assert!(Layout::new(vec![kind("ckv4", 64, 2, None)], None).is_err());
         assert!(Layout::new(vec![kind("ckv04", 64, 4, None)], None).is_err());
         assert!(Layout::new(vec![kind("swa", 64, 1, None)], None).is_err());
+        assert!(Layout::new(vec![kind("dspark", 64, 1, None)], None).is_err());
+        assert!(Layout::new(vec![kind("dspark", 64, 2, Some(8))], None).is_err());
+        assert!(Layout::new(vec![kind("swa", 64, 1, Some(8)), kind("dspark", 64, 1, Some(8))], None).is_ok());
         assert!(Layout::new(vec![kind("idx4", 64, 4, Some(8))], None).is_err());
         assert!(Layout::new(
             vec![kind("swa", 64, 1, Some(8)), kind("swa", 64, 1, Some(8))],

@@ -5,6 +5,7 @@ compression ratio divides; a kind stores ``block_tokens / tokens_per_entry`` row
 layer. Kinds:
 
 * ``swa``: every backbone layer's sliding-window K=V rows (one per token).
+* ``dspark`` (speculative decoding only): each DSpark stage's sliding-window context K=V rows (one per token).
 * ``ckv{r}`` / ``idx{r}``: compressed KV and index keys at ratio r, owned by the layers that write them
   (V4.1 KV sources; V4 compressing / CSA layers).
 * ``cov{r}`` (V4 CSA only): per closed window the A-half rows (kv and gated score, main and indexer
@@ -81,11 +82,18 @@ def default_block_tokens(cfg: ModelConfig) -> int:
 
 
 def build_layout(cfg: ModelConfig, block_tokens: int | None = None, lookahead_tokens: int = 0) -> CacheLayout:
-    """The cache layout of ``cfg``. Raises ValueError if ``block_tokens`` is not a multiple of every ratio."""
+    """The cache layout of ``cfg``. ``lookahead_tokens``: draft tokens a verify step computes beyond the committed
+    length (speculative decoding; docs/speculative-decoding.md §2 "Plan"): the windowed kinds keep that many more
+    positions, and the DSpark drafter's context rings join as kind ``dspark`` (one K=V row per position per
+    stage, layers ``num_hidden_layers + s``). Raises ValueError if ``block_tokens`` is not a multiple of every
+    ratio."""
     block_tokens = block_tokens or default_block_tokens(cfg)
     hd, di = cfg.head_dim, cfg.index_head_dim
     layers = range(cfg.num_hidden_layers)
     kinds = [KindSpec("swa", 1, cfg.sliding_window + lookahead_tokens, (hd,), tuple(layers))]
+    if lookahead_tokens:
+        stages = tuple(cfg.num_hidden_layers + s for s in range(cfg.num_nextn_predict_layers))
+        kinds.append(KindSpec("dspark", 1, cfg.sliding_window + lookahead_tokens, (hd,), stages))
     states: list[StateSpec] = []
     for r in sorted({p.ratio for p in cfg.plan if p.ratio > 0}):
         if block_tokens % r:

@@ -79,6 +79,12 @@ class EngineArgs:
     threads: int = 1
     max_n: int = DEFAULT_MAX_N
     hf_overrides: dict | None = None
+    speculative_config: object = None
+
+    def lookahead_tokens(self) -> int:
+        """Draft tokens a verify step computes beyond the committed length (speculative decoding), else 0."""
+        spec = self.speculative_config
+        return int(spec.num_speculative_tokens) if spec is not None else 0
 
     def resolved_model_impl(self) -> str:
         """``fast`` or ``paged`` (``auto`` resolved as the class docstring says)."""

@@ -28,7 +28,8 @@ from .output import delta_output
 from .params import RequestOutput, SamplingParams
 from .prompts import validate_request
 from .request import Sequence
-from .sampler import Sampler, SamplingState, compute_prompt_logprobs
+from .sampler import Sampler, SamplingState, compute_prompt_logprobs, gather_logprobs
+from .spec_decode import SpecDecoder
 
 log = logging.getLogger("v41.engine")
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -68,6 +69,8 @@ class EngineCore:
             max_model_len=self.max_model_len, long_prefill_token_threshold=args.long_prefill_token_threshold,
             enable_prefix_caching=args.enable_prefix_caching)
         self.sampler = Sampler(self.cfg.eos_token_ids)
+        k = args.lookahead_tokens()
+        self.spec = SpecDecoder(k, self.executor, self.sampler) if k else None
         # draws the sampling key of requests that bring no seed (reproducible engine runs when args.seed is set)
         self._seeds = random.Random(args.seed) if args.seed is not None else random.SystemRandom()
         self.seqs: dict[int, Sequence] = {}
@@ -109,6 +112,8 @@ class EngineCore:
         ids = [int(t) for t in prompt_token_ids]
         max_tokens = validate_request(ids, params, priority, cache_salt, self.cfg.vocab_size, self.max_model_len,
                                       self.args.max_n)
+        if self.spec is not None:
+            self.spec.check_params(params)
         seqs: list[Sequence] = []
         try:
             for i in range(params.n):
@@ -119,7 +124,8 @@ class EngineCore:
                 salt = (f"\x00prompt-logprobs-{sid}" if p.prompt_logprobs is not None
                         else f"user:{cache_salt}" if cache_salt else None)
                 if i == 0 or not self.args.enable_prefix_caching:
-                    self.scheduler.add_request(sid, ids, max_tokens, priority=priority, cache_salt=salt)
+                    self.scheduler.add_request(sid, ids, max_tokens, priority=priority, cache_salt=salt,
+                                               lookahead=self.spec.k if self.spec else 0)
                 seqs.append(Sequence(
                     request_id=request_id, index=i, seq_id=sid, prompt=prompt, prompt_token_ids=ids, params=p,
                     sampling=SamplingState.create(p, ids, seed=self._seeds.getrandbits(64)),
@@ -182,21 +188,32 @@ class EngineCore:
                 self._prompt_logprobs(seq, logits[[row_of[x] for x in prompt_rows[r]]], int(plan.start_pos[r]))
         sampling = [(r, seqs[r]) for r in range(len(seqs)) if sample_rows[r] is not None]
         sampled_lists: dict[int, list[int]] = {sid: [] for sid in req_ids}
+        accepted: dict[int, int] = {sid: 0 for sid in req_ids}
         finished_now = []
-        if sampling:
-            rows = [row_of[sample_rows[r]] for r, _ in sampling]
+        plain = [(r, s) for r, s in sampling if len(sample_rows[r]) == 1]
+        if plain:
+            rows = [row_of[sample_rows[r][0]] for r, _ in plain]
             picked = logits if rows == list(range(logits.shape[0])) else logits[rows]  # a decode step: all rows
-            out = self.sampler(picked, [s.sampling for _, s in sampling])
-            lps = out.row_logprobs([s.sampling for _, s in sampling], self._decode_token)
-            for (r, seq), tok, lp in zip(sampling, out.sampled_token_ids.tolist(), lps):
-                if seq.finished:
-                    continue
-                self._commit(seq, tok, lp)
-                sampled_lists[seq.seq_id] = [tok]
-                touched.add(seq.request_id)
-                if seq.finished:
-                    finished_now.append(seq)
-        self.scheduler.update_from_output(req_ids, [sampled_lists[s] for s in req_ids])
+            out = self.sampler(picked, [s.sampling for _, s in plain])
+            lps = out.row_logprobs([s.sampling for _, s in plain], self._decode_token)
+            for (r, seq), tok, lp in zip(plain, out.sampled_token_ids.tolist(), lps):
+                if not seq.finished:
+                    sampled_lists[seq.seq_id] = [tok]
+                    self._commit_all(seq, [tok], [lp], touched, finished_now)
+        for r, seq in sampling:
+            if len(sample_rows[r]) > 1 and not seq.finished:  # k drafts verified: commit the accepted ones, then
+                verify_logits = logits[[row_of[x] for x in sample_rows[r]]]  # the target's token
+                toks = self.spec.verify(seq, verify_logits)
+                sampled_lists[seq.seq_id], accepted[seq.seq_id] = toks, len(toks) - 1
+                self._commit_all(seq, toks, self._row_logprobs(seq, verify_logits, toks), touched, finished_now)
+        drafts = None
+        if self.spec is not None:
+            going = [(r, s) for r, s in sampling if not s.finished]
+            new = self.spec.draft([s for _, s in going], [int(plan.table_rows[r]) for r, _ in going])
+            by_id = {s.seq_id: d for (_, s), d in zip(going, new)}
+            drafts = [by_id.get(sid) for sid in req_ids]
+        self.scheduler.update_from_output(req_ids, [sampled_lists[s] for s in req_ids],
+                                          [accepted[s] for s in req_ids], drafts)
         for seq in finished_now:
             if seq.seq_id in self.scheduler:
                 self.scheduler.finish_request(seq.seq_id)
@@ -204,21 +221,23 @@ class EngineCore:
             for child in self._deferred.pop(seq.seq_id, []):
                 if not child.finished:
                     self.scheduler.add_request(child.seq_id, child.prompt_token_ids, child.max_tokens,
-                                               priority=child.priority, cache_salt=child.salt)
+                                               priority=child.priority, cache_salt=child.salt,
+                                               lookahead=self.spec.k if self.spec else 0)
         return touched
 
     def _host_step(self, plan, seqs: list[Sequence]):
-        """The step's host plan from the scheduler's, plus per request the row to sample (or None) and the rows
-        whose logits score prompt tokens (prompt_logprobs). Engram rows are hashed here from committed ids."""
+        """The step's host plan from the scheduler's, plus per request the rows to sample (the last row, or the
+        k + 1 verify rows of k drafts; None) and the rows whose logits score prompt tokens (prompt_logprobs).
+        Engram rows are hashed here from committed ids."""
         counts = plan.num_scheduled.astype(np.int64)
         first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         token_ids = plan.token_ids.astype(np.int64)
         sample_rows, prompt_rows, rows = [], [], []
-        for a, n, p, seq, do in zip(first.tolist(), counts.tolist(), plan.start_pos.tolist(), seqs,
-                                    plan.do_sample.tolist()):
-            sample_rows.append(a + n - 1 if do else None)
+        for a, n, p, seq, do, k in zip(first.tolist(), counts.tolist(), plan.start_pos.tolist(), seqs,
+                                       plan.do_sample.tolist(), plan.num_draft_tokens.tolist()):
+            sample_rows.append(list(range(a + n - 1 - k, a + n)) if do else None)
             if do:
-                rows.append(a + n - 1)
+                rows += sample_rows[-1]
             if seq.prompt_logprobs is not None and p < len(seq.prompt_token_ids) - 1:
                 last = min(p + n, len(seq.prompt_token_ids) - 1)
                 prompt_rows.append(list(range(a, a + last - p)))
@@ -252,6 +271,26 @@ class EngineCore:
         for pos, entry in enumerate(entries[1:], start=start + 1):
             if pos == len(seq.prompt_logprobs):
                 seq.prompt_logprobs.append(entry)
+
+    def _row_logprobs(self, seq: Sequence, logits: torch.Tensor, toks: list[int]) -> list:
+        """Logprob entries of ``toks`` committed from verify rows ``logits`` [≥ len(toks), V] (the raw model
+        distribution, as the sampler reports), or Nones when the request asked for none."""
+        n = seq.params.logprobs
+        if n is None:
+            return [None] * len(toks)
+        lp = torch.log_softmax(logits[: len(toks)].float(), dim=-1)
+        return gather_logprobs(lp, torch.tensor(toks), n).to_dicts([n] * len(toks), self._decode_token)
+
+    def _commit_all(self, seq: Sequence, toks: list[int], lps: list, touched: set[str],
+                    finished_now: list[Sequence]) -> None:
+        """Commit ``toks`` in order until the sequence stops (the rest is dropped unstreamed)."""
+        for tok, lp in zip(toks, lps):
+            if seq.finished:
+                return
+            self._commit(seq, tok, lp)
+            touched.add(seq.request_id)
+            if seq.finished:
+                finished_now.append(seq)
 
     def _commit(self, seq: Sequence, tok: int, lp) -> None:
         """Append one sampled token and decide whether the sequence stops (EOS, stop id, stop string,

@@ -52,6 +52,10 @@ class LocalExecutor:
         """Logits [N, vocab] of ``step.logits_rows`` (with ``step.return_aux``: and the DSpark aux states)."""
         return self.runner.execute(step)
 
+    def draft(self, table_rows, anchors, positions):
+        """One DSpark draft pass (:meth:`ModelRunner.draft`)."""
+        return self.runner.draft(table_rows, anchors, positions)
+
     def shutdown(self) -> None:
         pass
 
@@ -180,6 +184,13 @@ class TPExecutor:
         with self._lock:
             self._send("step", step.encode())
             return self.runner.execute(step)
+
+    def draft(self, table_rows, anchors, positions):
+        """Broadcast a DSpark draft pass (every rank runs its shard of the stages), run rank 0's part; returns
+        what :meth:`ModelRunner.draft` does."""
+        with self._lock:
+            self._send("draft", *(a.astype("<i8").tobytes() for a in (table_rows, anchors, positions)))
+            return self.runner.draft(table_rows, anchors, positions)
 
     def shutdown(self) -> None:
         """Tell the workers to exit, join (kill after a timeout), close the runtime. Safe to call twice; also

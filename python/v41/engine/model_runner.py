@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from ..distributed.group import SINGLE, TPGroup
+from ..models.fast.dspark import DraftBatch
 from ..models.protocol import StepModel
 from .args import EngineArgs
 from .block_tables import DeviceBlockTables
@@ -25,9 +27,13 @@ CAPTURABLE_GROUPS = ("single", "torch-nccl")  # host shared memory and PCIe pull
 
 
 def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None) -> StepModel:
-    """The step model ``args`` describe (this rank's shard with ``tp``) on ``device``."""
+    """The step model ``args`` describe (this rank's shard with ``tp``) on ``device``. Raises ValueError for
+    speculative decoding on the paged bridge (the drafter lives in the fast model)."""
     dtype = args.torch_dtype()
+    lookahead = args.lookahead_tokens()
     if args.resolved_model_impl() == "paged":
+        if lookahead:
+            raise ValueError("speculative decoding runs on the fast model: use model_impl 'fast' (--model-impl fast)")
         from ..models.paged import PagedModel
         from ..models.reference import load
 
@@ -37,7 +43,8 @@ def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None) -> Step
     from ..models.fast import load_fast
 
     model = load_fast(args.model, dtype=dtype, device=device, quantization=args.quantization,
-                      load_format=args.load_format, tp=tp, config_overrides=args.hf_overrides)
+                      load_format=args.load_format, tp=tp, config_overrides=args.hf_overrides,
+                      lookahead_tokens=lookahead)
     model.index_scratch_bytes = args.index_scratch_bytes
     return model
 
@@ -92,3 +99,21 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.fits(step):
             return self.graphs.run(step)
         return self.model.forward(self.buffers.load(step), step.return_aux)
+
+    @torch.no_grad()
+    def draft(self, table_rows: np.ndarray, anchors: np.ndarray, positions: np.ndarray):
+        """One DSpark draft pass for B requests (their block-table rows, anchor tokens and anchor positions n,
+        int64 [B] each): (base logits [B·K, V] float32, collapsed hidden [B·K, D]) of the blocks
+        ``[anchor, noise × (K − 1)]`` at ``n .. n + K − 1`` (:meth:`v41.models.fast.model.FastModel.draft`)."""
+        k = self.cfg.dspark_block_size
+        b = anchors.shape[0]
+        ids = np.full((b, k), self.cfg.dspark_noise_token_id, dtype=np.int64)
+        ids[:, 0] = anchors
+        pos = positions.astype(np.int64)[:, None] + np.arange(k, dtype=np.int64)[None, :]
+        dev = torch.device(self.device)
+        rows = torch.from_numpy(table_rows.astype(np.int64)).to(dev)
+        batch = DraftBatch(token_ids=torch.from_numpy(ids.reshape(-1)).to(dev),
+                           positions=torch.from_numpy(pos.reshape(-1)).to(dev),
+                           req_index=torch.arange(b, device=dev).repeat_interleave(k),
+                           block_table=self.tables.tables["dspark"].index_select(0, rows))
+        return self.model.draft(batch)

@@ -49,6 +49,7 @@ class Sequence:
     sent_tokens: int = 0  # what the engine has already reported (output deltas)
     sent_chars: int = 0
     sent_prompt_logprobs: int = 0
+    draft: list[int] = field(default_factory=list)  # speculative drafts the next step verifies (engine/spec_decode)
 
     @property
     def output_token_ids(self) -> list[int]:

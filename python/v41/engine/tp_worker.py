@@ -9,6 +9,7 @@ import logging
 import sys
 
 import msgpack
+import numpy as np
 import torch
 
 from ..distributed.runtime import RankInfo, Runtime
@@ -39,6 +40,8 @@ def worker_main(args: EngineArgs, info: RankInfo, log_level: int = logging.INFO)
             op, *rest = msgpack.unpackb(data, raw=False)
             if op == "step":
                 runner.execute(HostStep.decode(rest[0]))
+            elif op == "draft":
+                runner.draft(*(np.frombuffer(b, dtype="<i8") for b in rest))
             elif op == "cache":
                 _init_cache(runner, runtime, rest)
             elif op == "shutdown":

@@ -16,9 +16,14 @@ from ...cache.layout import CacheLayout, KindSpec, StateSpec, build_layout
 from ...config import ModelConfig
 
 
-def fast_layout(cfg: ModelConfig, block_tokens: int | None = None) -> CacheLayout:
-    """The fast model's layout: the bridge's kinds with the fast row shapes of ``cov{r}`` and the state rows."""
-    base = build_layout(cfg, block_tokens)
+def fast_layout(cfg: ModelConfig, block_tokens: int | None = None, lookahead_tokens: int = 0) -> CacheLayout:
+    """The fast model's layout: the bridge's kinds with the fast row shapes of ``cov{r}`` and the state rows.
+
+    ``lookahead_tokens`` k > 0 (speculative decoding, :func:`build_layout`): a V4.1 ratio-2 state row becomes a
+    ring of :func:`state_ring_size` triples ``[R, 3, head_dim]``, slot ``window mod R`` holding the open-window
+    triple of that window's even position, so that a verify step that is rolled back to any position of its
+    window can resume from the ring (docs/speculative-decoding.md §2 "Rollback copies nothing")."""
+    base = build_layout(cfg, block_tokens, lookahead_tokens)
     hd, di = cfg.head_dim, cfg.index_head_dim
     kinds = tuple(KindSpec(k.name, k.tokens_per_entry, k.window_tokens, (3, hd + di), k.layers)
                   if k.name.startswith("cov") else k for k in base.kinds)
@@ -26,8 +31,16 @@ def fast_layout(cfg: ModelConfig, block_tokens: int | None = None) -> CacheLayou
     for s in base.states:
         plan = cfg.plan[s.layer]
         csa_v4 = not cfg.is_v41 and plan.attn_type == "csa"
-        states.append(StateSpec(s.layer, (3, 2 * (hd + di) if csa_v4 else hd)))
+        row = (3, 2 * (hd + di) if csa_v4 else hd)
+        states.append(StateSpec(s.layer, (state_ring_size(lookahead_tokens), *row) if lookahead_tokens else row))
     return CacheLayout(base.block_tokens, kinds, tuple(states))
+
+
+def state_ring_size(lookahead_tokens: int) -> int:
+    """Ring slots of a ratio-2 state row for verify steps of ``1 + lookahead_tokens`` tokens: a power of two
+    above the windows such a step touches (vLLM sizes it ``2^ceil(log2(K + 2))``; a ring that is too short lets a
+    later window of the same step overwrite the one a rollback resumes from)."""
+    return 1 << (lookahead_tokens + 2 - 1).bit_length()
 
 
 class FastCache:

@@ -30,6 +30,11 @@ class Segments:
     it closes); continues [S] the window began before this step (its triple is in the state row); closes [S]
     the segment's last token closes the window; last_row [S]; state_row [S] the request's state row; keep_row
     [S] where the segment's open triple goes (its state row, or the reserved dummy row when it closes).
+
+    ``ring`` R > 0 (ratio 2 under speculative decoding, :func:`.cache.fast_layout`): state rows are rings of R
+    slots, flat row ``state_row·R + window mod R``; every segment that opens one of its request's last R windows
+    of the step keeps its first token's triple there (``keep_row``), whether the step closes that window or not,
+    so a rolled-back verify step finds the triple of the window it resumes in.
     """
 
     ratio: int
@@ -42,9 +47,10 @@ class Segments:
     last_row: Tensor
     state_row: Tensor
     keep_row: Tensor
+    ring: int = 0
 
     @classmethod
-    def build(cls, batch: StepBatch, ratio: int, dummy_state_row: int) -> "Segments":
+    def build(cls, batch: StepBatch, ratio: int, dummy_state_row: int, ring: int = 0) -> "Segments":
         seg = batch.segments[ratio]
         valid = seg >= 0
         rows = seg.clamp(min=0)
@@ -56,19 +62,32 @@ class Segments:
         seg_ok = valid[:, 0]
         closes = seg_ok & (batch.positions[last] % ratio == ratio - 1)
         state_row = batch.state_rows[req]
-        dummy = torch.full_like(state_row, dummy_state_row)
-        return cls(ratio=ratio, rows=rows, valid=valid, req=req, window=pos_first // ratio,
-                   continues=seg_ok & (pos_first % ratio != 0), closes=closes, last_row=last,
-                   state_row=torch.where(seg_ok, state_row, dummy),
+        dummy = torch.full_like(state_row, dummy_state_row * max(1, ring))
+        window = pos_first // ratio
+        continues = seg_ok & (pos_first % ratio != 0)
+        if ring:
+            slot = state_row * ring + window % ring
+            recent = window > (batch.seq_lens[req] - 1) // ratio - ring  # one writer per ring slot
+            return cls(ratio=ratio, rows=rows, valid=valid, req=req, window=window, continues=continues,
+                       closes=closes, last_row=last, state_row=torch.where(seg_ok, slot, dummy),
+                       keep_row=torch.where(seg_ok & ~continues & recent, slot, dummy), ring=ring)
+        return cls(ratio=ratio, rows=rows, valid=valid, req=req, window=window, continues=continues,
+                   closes=closes, last_row=last, state_row=torch.where(seg_ok, state_row, dummy),
                    keep_row=torch.where(seg_ok & ~closes, state_row, dummy))
 
 
 def pool_step(seg: Segments, value: Tensor, gate: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Pool this step's rows per segment, continue windows from ``state`` [rows, 3, C] (fp32), and store the
-    open windows' triples back into it (after every segment has read its own: :mod:`v41.kernels.window_pool`).
-    Returns the segments' full-window triples (m, s, a) [S, C]."""
-    out = pool_windows(seg.rows, seg.valid, seg.continues, seg.state_row, value, gate, state)
-    state.index_copy_(0, seg.keep_row, out)
+    """Pool this step's rows per segment, continue windows from ``state`` [rows, 3, C] (fp32; [rows, R, 3, C]
+    rings with ``seg.ring``), and store the open windows' triples back into it (after every segment has read its
+    own: :mod:`v41.kernels.window_pool`). Returns the segments' full-window triples (m, s, a) [S, C]."""
+    flat = state.view(-1, *state.shape[-2:])
+    out = pool_windows(seg.rows, seg.valid, seg.continues, seg.state_row, value, gate, flat)
+    if seg.ring:  # the first token's own triple (m, s, a) = (g, 1, v): what a window holds after one token
+        first = seg.rows[:, 0]
+        g = gate[first]
+        flat.index_copy_(0, seg.keep_row, torch.stack([g, torch.ones_like(g), value[first]], dim=1).to(flat.dtype))
+    else:
+        flat.index_copy_(0, seg.keep_row, out)
     return out[:, 0], out[:, 1], out[:, 2]
 
 

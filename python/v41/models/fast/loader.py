@@ -4,7 +4,7 @@
 The model is built on the meta device and every tensor is then set from the checkpoint (or random, with
 ``load_format="dummy"``), already sharded for this rank (:func:`v41.models.sharding.shard_plan`). Routed experts
 are stacked per layer as ``w13 [E, 2·I_r, D]`` (w1 over w3) and ``w2 [E, D, I_r]``; the shared expert's w1/w3 are
-fused the same way. DSpark stages (``mtp.*``) are not part of the fast model yet and are read past.
+fused the same way. DSpark stages (``mtp.*``) are loaded when the model speculates (``lookahead_tokens``), else read past.
 """
 
 from __future__ import annotations
@@ -78,13 +78,16 @@ class _Loader:
 
 def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
               quantization: str = "auto", load_format: str = "auto", seed: int = 0,
-              tp: TPGroup | None = None, config_overrides: dict | None = None) -> FastModel:
+              tp: TPGroup | None = None, config_overrides: dict | None = None,
+              lookahead_tokens: int = 0) -> FastModel:
     """Load a V4 / V4.1 checkpoint directory into the fast model on ``device``.
 
     dtype: compute dtype (activations and caches; bfloat16, float16, float32 or float64). quantization: ``auto``
     keeps FP8 / MXFP4 weights packed (dequantized in the kernels), ``none`` dequantizes them once to ``dtype``.
     load_format: ``auto`` (safetensors) or ``dummy`` (random weights made on ``device`` from ``seed``). tp: this
     rank's group. config_overrides: fields replacing those of ``config.json`` (:func:`v41.config.load_config`).
+    lookahead_tokens: draft tokens per verify step (speculative decoding): > 0 loads the DSpark stages
+    (``mtp.*``, :mod:`.dspark`) and sizes the cache for them; 0 reads past them.
     Raises ValueError (ConfigError, CheckpointError) for bad options, configs or checkpoints,
     FileNotFoundError for a missing directory, ``config.json`` or (Engram) ``tokenizer.json``.
     """
@@ -104,9 +107,9 @@ def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str
     primes = {lid: list(hasher.primes[lid]) for lid in cfg.engram_layer_ids} if hasher else None
     device = torch.device(device)
     with torch.device("meta"):
-        model = FastModel(cfg, dtype, device, primes, tp)
+        model = FastModel(cfg, dtype, device, primes, tp, lookahead_tokens)
     reader = DummyReader(cfg, device, seed) if load_format == "dummy" else PackedReader(path, cfg)
-    if isinstance(reader, PackedReader):
+    if isinstance(reader, PackedReader) and model.drafter is None:
         reader.used.update(n for n in reader.tensors if n.startswith("mtp."))
     ld = _Loader(reader, shard_plan(cfg, rank, world, hasher), dtype, device, quantization == "auto")
     _load(ld, model)
@@ -125,17 +128,30 @@ def _load(ld: _Loader, model: FastModel) -> None:
     if not cfg.is_v41:
         for attr in ("fn", "base", "scale"):
             ld.tensor(model.hc_head, attr, f"hc_head_{attr}")
-    d = cfg.hidden_size
     for plan, block in zip(cfg.plan, model.layers):
         p = f"layers.{plan.layer_id}."
-        for norm in ("attn_norm", "ffn_norm"):
-            ld.tensor(getattr(block, norm), "weight", f"{p}{norm}.weight")
-        for sub in ("attn", "ffn"):
-            for attr in ("fn", "base", "scale"):
-                ld.tensor(getattr(block, f"hc_{sub}"), attr, f"{p}hc_{sub}_{attr}")
-        ld.modules(block.attn, f"{p}attn.")
-        ld.moe(block.ffn, f"{p}ffn.", d, block.ffn.w2.shape[2])
+        _load_block(ld, block, p, cfg.hidden_size)
         if plan.engram:
             eng = block.engram
             eng.set_table(ld.weight(f"{p}engram.embed.weight", (eng.row1 - eng.row0, eng.head_dim)).to(ld.device))
             ld.modules(eng, f"{p}engram.")
+    if model.drafter is not None:
+        for s, stage in enumerate(model.drafter.stages):
+            p = f"mtp.{s}."
+            _load_block(ld, stage, p, cfg.hidden_size)
+            if s == 0:
+                ld.linear(stage.main_proj, f"{p}main_proj.weight")
+            for name in ("main_norm", "norm", "markov_head", "confidence_head"):
+                if hasattr(stage, name):
+                    ld.modules(getattr(stage, name), f"{p}{name}.")
+
+
+def _load_block(ld: _Loader, block: nn.Module, p: str, d: int) -> None:
+    """Norms, mHC seams, attention and MoE of a backbone layer or DSpark stage under prefix ``p``."""
+    for norm in ("attn_norm", "ffn_norm"):
+        ld.tensor(getattr(block, norm), "weight", f"{p}{norm}.weight")
+    for sub in ("attn", "ffn"):
+        for attr in ("fn", "base", "scale"):
+            ld.tensor(getattr(block, f"hc_{sub}"), attr, f"{p}hc_{sub}_{attr}")
+    ld.modules(block.attn, f"{p}attn.")
+    ld.moe(block.ffn, f"{p}ffn.", d, block.ffn.w2.shape[2])

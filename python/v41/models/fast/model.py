@@ -17,34 +17,15 @@ from ..protocol import StepBatch
 from .attention import FastAttention, StepContext, make_rope, window_slots
 from .attention_v4 import V4Attention
 from .attention_v41 import CSA2Attention
-from .cache import FastCache, fast_layout
+from .cache import FastCache, fast_layout, state_ring_size
 from .compress import Segments
+from .dspark import DraftBatch, FastDrafter
 from .engram import FastEngram
 from .heads import Embedding, LMHead
 from .layers import RMSNorm
-from .mhc import HcHead, HcSeam, collapse, expand
+from .block import FastBlock
+from .mhc import HcHead, collapse
 from .moe import FastMoE
-
-
-class FastBlock(nn.Module):
-    """A decoder layer: ``attn_norm``, ``ffn_norm``, the two mHC seams, attention, MoE and (V4.1) Engram."""
-
-    def __init__(self, cfg: ModelConfig, attn: FastAttention, ffn: FastMoE, delayed: bool):
-        super().__init__()
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hc_attn, self.hc_ffn = HcSeam(cfg), HcSeam(cfg)
-        self.attn, self.ffn, self.delayed = attn, ffn, delayed
-
-    def forward(self, h: Tensor, pre_mix: Tensor, token_ids: Tensor, ctx: StepContext) -> tuple[Tensor, Tensor]:
-        """h [T, hc, D], pre_mix [T, hc] float32 (V4.1's carried pre-mix) → (h', the FFN pre-mix)."""
-        pre_a, post_a, comb_a = self.hc_attn(h)
-        x = collapse(h, pre_mix if self.delayed else pre_a)
-        h = expand(h, self.attn(self.attn_norm(x), ctx), post_a, comb_a)
-        pre_f, post_f, comb_f = self.hc_ffn(h)
-        x = collapse(h, pre_a if self.delayed else pre_f)
-        h = expand(h, self.ffn(self.ffn_norm(x), token_ids), post_f, comb_f)
-        return h, pre_f
 
 
 class FastModel(nn.Module):
@@ -56,7 +37,7 @@ class FastModel(nn.Module):
     """
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str,
-                 primes: dict[int, list[int]] | None = None, tp: TPGroup | None = None):
+                 primes: dict[int, list[int]] | None = None, tp: TPGroup | None = None, lookahead_tokens: int = 0):
         super().__init__()
         self.tp = tp or SINGLE
         check_tp(cfg, self.tp.world_size)
@@ -88,10 +69,12 @@ class FastModel(nn.Module):
         self.ropes = {key: make_rope(cfg, key, self.device, dtype) for key in ("base", "compress")}
         self.segment_ratios = sorted({p.ratio for p in cfg.plan if p.ratio > 1 and p.owns_compressor})
         self.cache: FastCache | None = None
+        self.lookahead_tokens = lookahead_tokens
+        self.drafter = FastDrafter(cfg, self.tp, self.ropes["base"], self.head) if lookahead_tokens else None
 
     # -- cache ---------------------------------------------------------------------------------------------------
     def cache_layout(self, block_tokens: int | None = None):
-        return fast_layout(self.cfg, block_tokens)
+        return fast_layout(self.cfg, block_tokens, self.lookahead_tokens)
 
     def init_cache(self, num_blocks: int, num_state_rows: int, block_tokens: int) -> None:
         """Allocate the paged cache on the model's device (one padding block and state row beyond the given
@@ -107,14 +90,20 @@ class FastModel(nn.Module):
         return StepContext(
             batch=batch, cache=cache, ropes=self.ropes, rope=rope,
             window_slots=window_slots(batch, cache, self.cfg.sliding_window),
-            segments={r: Segments.build(batch, r, cache.dummy_state_row) for r in self.segment_ratios},
+            segments={r: Segments.build(batch, r, cache.dummy_state_row, self._ring(r)) for r in self.segment_ratios},
             n_max={r: batch.max_seq_len // r for r in ratios},
             n_visible={r: (batch.positions + 1) // r for r in ratios})
+
+    def _ring(self, ratio: int) -> int:
+        """Ring slots of the state rows of ``ratio`` (0 = plain rows): V4.1 ratio 2 when speculating."""
+        return state_ring_size(self.lookahead_tokens) if self.lookahead_tokens and ratio == 2 else 0
 
     @torch.no_grad()
     def forward(self, batch: StepBatch, return_aux: bool = False):
         """Logits [N, vocab] (float32; float64 for a float64 model) of ``batch.logits_rows``; with ``return_aux``
-        also the DSpark aux states [T, n_targets·D] (mean of the copies entering each target layer) or None."""
+        also the DSpark aux states [T, n_targets·D] (mean of the copies entering each target layer) or None.
+        With the drafter (``lookahead_tokens`` > 0) every token's drafter context rows are written too
+        (:meth:`.dspark.FastDrafter.write_context`)."""
         cfg = self.cfg
         ctx = self.prepare(batch)
         t = batch.num_tokens
@@ -129,9 +118,20 @@ class FastModel(nn.Module):
             if plan.dspark_target:
                 aux.append(h.mean(dim=1))
             h, pre_mix = layer(h, pre_mix, batch.token_ids, ctx)
+        if self.drafter is not None:
+            self.drafter.write_context(torch.cat(aux, dim=-1), *ctx.rope["base"], self.cache,
+                                       batch.slot_mapping["dspark"])
         sel = batch.logits_rows
         x = collapse(h[sel], pre_mix[sel]) if cfg.is_v41 else self.hc_head(h[sel])
         logits = self.head(self.norm(x))
         if return_aux:
             return logits, (torch.cat(aux, dim=-1) if aux else None)
         return logits
+
+    @torch.no_grad()
+    def draft(self, batch: DraftBatch) -> tuple[Tensor, Tensor]:
+        """One DSpark draft pass (:meth:`.dspark.FastDrafter.forward`): (base logits [B·K, V] float32, collapsed
+        hidden [B·K, D]). Raises RuntimeError when the model was built without its drafter."""
+        if self.drafter is None:
+            raise RuntimeError("the fast model was loaded without its DSpark drafter (lookahead_tokens = 0)")
+        return self.drafter(batch, self.embed, self.cache)

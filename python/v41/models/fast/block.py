@@ -1,0 +1,34 @@
+"""A decoder block of the fast model: attention and MoE sub-layers joined by the two mHC seams (docs/model.md
+§3.2 for V4.1's delayed pre-mix, §4 for V4's own pre-mix). The backbone layers and the DSpark stages use it."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from ...config import ModelConfig
+from .attention import FastAttention
+from .layers import RMSNorm
+from .mhc import HcSeam, collapse, expand
+from .moe import FastMoE
+
+
+class FastBlock(nn.Module):
+    """A decoder layer: ``attn_norm``, ``ffn_norm``, the two mHC seams, attention, MoE and (V4.1) Engram."""
+
+    def __init__(self, cfg: ModelConfig, attn: FastAttention, ffn: FastMoE, delayed: bool):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hc_attn, self.hc_ffn = HcSeam(cfg), HcSeam(cfg)
+        self.attn, self.ffn, self.delayed = attn, ffn, delayed
+
+    def forward(self, h: Tensor, pre_mix: Tensor, token_ids: Tensor, ctx) -> tuple[Tensor, Tensor]:
+        """h [T, hc, D], pre_mix [T, hc] float32 (V4.1's carried pre-mix) → (h', the FFN pre-mix). ``ctx``: what
+        the attention reads (a target step's :class:`~.attention.StepContext`, a draft pass's context)."""
+        pre_a, post_a, comb_a = self.hc_attn(h)
+        x = collapse(h, pre_mix if self.delayed else pre_a)
+        h = expand(h, self.attn(self.attn_norm(x), ctx), post_a, comb_a)
+        pre_f, post_f, comb_f = self.hc_ffn(h)
+        x = collapse(h, pre_a if self.delayed else pre_f)
+        h = expand(h, self.ffn(self.ffn_norm(x), token_ids), post_f, comb_f)
+        return h, pre_f
