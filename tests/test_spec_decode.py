@@ -1,0 +1,96 @@
+"""DSpark speculative decoding in the engine (issue 15; docs/speculative-decoding.md §6): greedy speculation gives
+the oracle's greedy tokens whatever the draft length, chunking, prefix hits and preemption, and the engine's
+drafts are the reference drafter's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from v41.engine.llm import LLM
+from v41.engine.params import SamplingParams
+from v41.models.reference import loader
+from v41.testing.embedded import embedded_model_dir
+
+from engine_helpers import assert_same_tokens, reference_greedy
+
+PROMPTS = ["def main(args):\n    ", "import os\nimport sys\n\n", "The scheduler plans one step", "class Foo:\n"]
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    return loader.load(embedded_model_dir())
+
+
+def spec_llm(k: int, **kwargs) -> LLM:
+    return LLM(None, speculative_config=SimpleNamespace(num_speculative_tokens=k), **kwargs)
+
+
+_ORACLE_RUNS: dict[tuple, tuple[list[int], int]] = {}
+
+
+def check_against_oracle(oracle, llm: LLM, prompts: list[str], max_tokens: int) -> None:
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+                        use_tqdm=False)
+    for out in outs:
+        key = (tuple(out.prompt_token_ids), max_tokens)
+        if key not in _ORACLE_RUNS:  # the oracle decodes token by token: once per prompt for the whole module
+            _ORACLE_RUNS[key] = reference_greedy(oracle, list(out.prompt_token_ids), max_tokens)
+        want, tie = _ORACLE_RUNS[key]
+        assert_same_tokens(list(out.outputs[0].token_ids), want, tie)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_speculation_gives_the_oracles_tokens(oracle, k):
+    check_against_oracle(oracle, spec_llm(k, max_num_seqs=4), PROMPTS, 32)
+
+
+def test_speculation_with_chunked_prefill_prefix_hits_and_preemption(oracle):
+    """Chunks of 7 tokens (the verify rows share the budget), a shared prefix computed once, and a pool so small
+    that requests are preempted and recompute (their drafter rings included)."""
+    base = "def load(path):\n    with open(path) as f:\n        return f.read()\n\n"
+    prompts = [base + "def save(", base + "class Store:\n", base + "import json\n"]
+    llm = spec_llm(5, max_num_seqs=3, max_num_batched_tokens=7, long_prefill_token_threshold=7, block_size=8)
+    check_against_oracle(oracle, llm, prompts[:1], 24)
+    check_against_oracle(oracle, llm, prompts[1:], 24)  # hits the first prompt's cached blocks
+    assert llm.engine.stats()["prefix_hit_rate"] > 0
+    small = spec_llm(5, max_num_seqs=3, num_kv_blocks=6, block_size=8)
+    check_against_oracle(oracle, small, prompts, 32)
+    assert small.engine.stats()["num_preemptions"] > 0
+
+
+def test_engine_drafts_are_the_reference_drafters(oracle, monkeypatch):
+    """Every draft block the engine proposes equals the oracle's DSpark block (greedy) for the committed prefix,
+    up to a slot where the oracle's own top-2 margin is a near-tie."""
+    from v41.engine import spec_decode
+
+    seen = []
+    real = spec_decode.SpecDecoder.draft
+
+    def record(self, seqs, table_rows):
+        rows = real(self, seqs, table_rows)
+        seen.extend((list(s.prompt_token_ids) + list(s.output_token_ids), r) for s, r in zip(seqs, rows))
+        return rows
+
+    monkeypatch.setattr(spec_decode.SpecDecoder, "draft", record)
+    spec_llm(5, max_num_seqs=2).generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                                         use_tqdm=False)
+    assert len(seen) >= 6
+    for tokens, drafts in seen:
+        cache = oracle.new_cache()
+        oracle.forward_chunk(torch.tensor(tokens[:-1]), cache)
+        block = oracle.draft(cache, anchor=tokens[-1])
+        want = block.tokens.tolist()[: len(drafts)]
+        for i, (got, ref) in enumerate(zip(drafts, want)):
+            if got != ref:
+                top2 = block.logits[i].topk(2).values
+                assert (top2[0] - top2[1]) / block.logits[i].norm() < 2e-4, (tokens, drafts, want)
+                break
+
+
+def test_speculation_refuses_sampled_requests_for_now():
+    llm = spec_llm(3, max_num_seqs=2)
+    with pytest.raises(ValueError, match="greedy"):
+        llm.generate(["x"], SamplingParams(temperature=0.7, max_tokens=4), use_tqdm=False)
