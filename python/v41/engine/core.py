@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 
 from .. import _native
 from ..cache import blocks_for_budget
+from ..config import load_config
 from ..models.engram_loader import engram_hasher
 from .args import EngineArgs
 from .context_limit import cap_max_model_len
@@ -29,6 +30,7 @@ from .params import RequestOutput, SamplingParams
 from .prompts import validate_request
 from .request import Sequence
 from .sampler import Sampler, SamplingState, compute_prompt_logprobs
+from .spec_stats import SpecDecodeStats
 
 log = logging.getLogger("v41.engine")
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -40,11 +42,18 @@ class EngineCore:
     ``add_request`` validates and enqueues; ``step`` advances every scheduled sequence by one step and returns
     what is new for each request that changed (delta :class:`RequestOutput` s, :mod:`.output`); ``abort_request``
     ends a request now.
-    Errors: ValueError for bad requests (the message says what is wrong); nothing is enqueued then.
+    Errors: ValueError for bad requests (the message says what is wrong); nothing is enqueued then. At
+    construction: ValueError for bad options, ``speculative_config`` included (checked against the checkpoint
+    before any weight is loaded: :meth:`~v41.engine.spec_config.SpeculativeConfig.check`).
     """
 
     def __init__(self, args: EngineArgs):
         args.validate()
+        if args.speculative_config is not None:
+            args.speculative_config.check(load_config(args.model, args.hf_overrides), args.tensor_parallel_size)
+            # issue 15: removed when the engine speculates
+            raise ValueError("speculative decoding (speculative_config) is not built yet in the engine: drop the "
+                             "option (docs/speculative-decoding.md)")
         self.args = args
         dtype = args.torch_dtype()
         self.executor = make_executor(args)
@@ -74,6 +83,7 @@ class EngineCore:
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count(1)
         self._deferred: dict[int, list[Sequence]] = {}
+        self._spec_done = SpecDecodeStats()  # the counts of every sequence that has left self.seqs
         log.info("engine ready: %d blocks of %d tokens per kind, kinds %s", num_blocks, layout.block_tokens,
                  [k.name for k in layout.kinds])
 
@@ -292,6 +302,8 @@ class EngineCore:
         if out.finished:
             for s in seqs:
                 self.seqs.pop(s.seq_id, None)
+                if s.spec_decode is not None:
+                    self._spec_done.merge(s.spec_decode)
             del self.requests[request_id]
         return out
 
@@ -300,5 +312,23 @@ class EngineCore:
         self.executor.shutdown()
 
     def stats(self) -> dict:
-        """Scheduler statistics (running, waiting, blocks per kind, prefix hit rate)."""
-        return self.scheduler.stats()
+        """Scheduler statistics (running, waiting, blocks per kind, prefix hit rate), and while speculating
+        ``spec_decode``: :meth:`spec_decode_stats` as :meth:`SpecDecodeStats.to_dict`."""
+        stats = self.scheduler.stats()
+        spec = self.spec_decode_stats()
+        if spec is not None:
+            stats["spec_decode"] = spec.to_dict()
+        return stats
+
+    def spec_decode_stats(self) -> SpecDecodeStats | None:
+        """The speculative-decoding counts of every sequence since start, finished (aborted included) and
+        running: each counted once, and the totals only grow. None when ``args.speculative_config`` is None.
+        O(running sequences · K)."""
+        if self.args.speculative_config is None:
+            return None
+        total = SpecDecodeStats.empty(self.args.speculative_config.num_speculative_tokens)
+        total.merge(self._spec_done)
+        for s in self.seqs.values():
+            if s.spec_decode is not None:
+                total.merge(s.spec_decode)
+        return total
