@@ -37,7 +37,10 @@ SEED_FLAGS = [
                              '"moe_backend":"b12x","attention_backend":"B12X_DSV41","draft_sample_method":'
                              '"probabilistic","rejection_sample_method":"block","enable_adaptive_verification":false}'),
 ]
-NOT_YET = ("--engram-config", "--kv-cache-dtype", "--speculative-config")  # their own issues
+NOT_YET = ("--engram-config", "--kv-cache-dtype")  # their own issues
+# Parsed and checked by v41-serve; the seed's K = 7 exceeds the tiny checkpoint's DSpark block of 5 and its draft
+# TP 4 needs TP 4, so the CPU run of the seed's command leaves it out.
+SEED_CHECKPOINT_ONLY = ("--speculative-config",)
 NO_MEANING_WARNINGS = ("--moe-backend b12x", "--attention-backend B12X_DSV41", "indexer_tp_shard_min_rows=2048",
                        "--no-enable-flashinfer-autotune", "--mm-encoder-tp-mode data")
 
@@ -69,12 +72,23 @@ def test_seed_command_names_every_flag_not_available_yet_at_once(capsys):
     err = capsys.readouterr().err
     assert err.startswith("v41-serve: error: ") and all(flag in err for flag in NOT_YET), err
     assert "not available yet" in err and err.count("v41-serve: error") == 1
+    assert "--speculative-config" not in err  # the seed's speculative config parses
+
+
+def test_seed_speculative_config_parses_and_its_kernel_keys_warn(caplog):
+    seed = dict(SEED_FLAGS)["--speculative-config"]
+    with caplog.at_level(logging.WARNING, logger="v41.serve"):
+        compat.check_speculative_config(opts("--speculative-config", seed).speculative_config)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2 and "moe_backend b12x" in warnings[0] and "attention_backend B12X_DSV41" in warnings[1]
+    with pytest.raises(compat.FlagError, match="--speculative-config: moe_backend 'fastest' unknown"):
+        compat.check_speculative_config({"num_speculative_tokens": 1, "moe_backend": "fastest"})
 
 
 def test_seed_command_starts_v41_and_answers_a_chat(ckpt, tmp_path):
     # Replaced: the model (tiny checkpoint, positional as in the seed), TP 1, the CPU, and the context (1,048,576
     # tokens of the tiny model's CPU cache are ~4.5 GB); dropped: the flags of features not available yet.
-    flags = argv(SEED_FLAGS, drop=NOT_YET, tensor_parallel_size="1", max_model_len="4096")
+    flags = argv(SEED_FLAGS, drop=NOT_YET + SEED_CHECKPOINT_ONLY, tensor_parallel_size="1", max_model_len="4096")
     with serve(ckpt, tmp_path / "serve.log", *flags, positional=True) as srv:
         assert [m["id"] for m in httpx.get(f"{srv.base}/v1/models").json()["data"]] == ["deepseek-v41"]
         msgs = [{"role": "user", "content": "Weather in Paris?"}]
@@ -115,7 +129,12 @@ def test_format_flags_choose_the_served_chat_format(ckpt, tmp_path):
     (["--hf-overrides", '{"head_dtype": "bfloat16"}'], ["head_dtype: v41 computes the LM head in float32"]),
     (["--max-cudagraph-capture-size", "0"], ["max_cudagraph_capture_size must be positive"]),
     (["--kv-cache-dtype", "fp8_e4m3"], ["--kv-cache-dtype fp8_e4m3", "not available yet"]),
-    (["--speculative-config", "{}"], ["--speculative-config", "not available yet"]),
+    (["--speculative-config", "{}"], ["--speculative-config", "num_speculative_tokens is required"]),
+    (["--speculative-config", '{"num_speculative_tokens": 2, "k": 1}'], ["unknown key 'k'", "num_speculative_tokens"]),
+    (["--speculative-config", '{"num_speculative_tokens": 7}'], ["num_speculative_tokens 7 exceeds",
+                                                                  "dspark_block_size 5"]),
+    (["--speculative-config", '{"num_speculative_tokens": 5, "draft_tensor_parallel_size": 4}'],
+     ["draft_tensor_parallel_size 4 must be 1 or the target's tensor_parallel_size (1)"]),
 ])
 def test_bad_flags_exit_2_naming_the_flag(ckpt, capsys, monkeypatch, args, words):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

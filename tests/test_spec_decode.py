@@ -4,7 +4,6 @@ drafts are the reference drafter's."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,7 +24,7 @@ def oracle():
 
 
 def spec_llm(k: int, **kwargs) -> LLM:
-    return LLM(None, speculative_config=SimpleNamespace(num_speculative_tokens=k), **kwargs)
+    return LLM(None, speculative_config={"method": "dspark", "num_speculative_tokens": k}, **kwargs)
 
 
 _ORACLE_RUNS: dict[tuple, tuple[list[int], int]] = {}
@@ -94,3 +93,18 @@ def test_speculation_refuses_sampled_requests_for_now():
     llm = spec_llm(3, max_num_seqs=2)
     with pytest.raises(ValueError, match="greedy"):
         llm.generate(["x"], SamplingParams(temperature=0.7, max_tokens=4), use_tqdm=False)
+
+
+def test_the_trained_drafter_is_accepted_and_counted():
+    """The counts of speculative-decoding.md §5 on real drafts: every step verifies K drafts, the shipped drafter
+    gets some accepted, and the committed tokens are 1 + accepted per verify step (no stop cut here)."""
+    k = 4
+    out = spec_llm(k, max_num_seqs=2).generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=40,
+                                                                           ignore_eos=True), use_tqdm=False)
+    for o in out:
+        stats = o.outputs[0].spec_decode
+        assert stats.num_draft_tokens == k * stats.num_drafts and stats.verified_per_position == [stats.num_drafts] * k
+        assert stats.num_accepted_tokens == sum(stats.accepted_per_position) > 0
+        assert stats.accepted_per_position == sorted(stats.accepted_per_position, reverse=True)  # a prefix is accepted
+        # the first token comes from the prefill; each verify step commits 1 + a (the last may be cut by max_tokens)
+        assert 1 + stats.num_drafts + stats.num_accepted_tokens >= 40 > stats.num_drafts + stats.num_accepted_tokens

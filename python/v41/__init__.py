@@ -1,7 +1,8 @@
 """v41: Rust-accelerated inference engine for DeepSeek-V4.1 / DeepSeek-V4.
 
 Public API (imported lazily, so ``import v41`` stays cheap): :class:`LLM` (offline generation),
-:class:`AsyncEngine` (streaming), :class:`SamplingParams`, :class:`RequestOutput`, :class:`EngineArgs`.
+:class:`AsyncEngine` (streaming), :class:`SamplingParams`, :class:`RequestOutput`, :class:`EngineArgs`,
+:class:`SpeculativeConfig` (``speculative_config=``), :class:`SpecDecodeStats` (``CompletionOutput.spec_decode``).
 """
 
 from importlib import import_module
@@ -19,6 +20,8 @@ _EXPORTS = {
     "RequestOutput": "v41.engine.params",
     "CompletionOutput": "v41.engine.params",
     "EngineArgs": "v41.engine.args",
+    "SpeculativeConfig": "v41.engine.spec_config",
+    "SpecDecodeStats": "v41.engine.spec_stats",
 }
 __all__ = ["__version__", *_EXPORTS]
 

@@ -242,8 +242,8 @@ async fn run_batch(
                 .push((t.last_token_s - first) / (t.completion_tokens - 1) as f64);
         }
         if let Some(s) = &t.spec {
-            r.drafted_tokens += u64::from(s.drafted_tokens);
-            r.accepted_tokens += u64::from(s.accepted_tokens);
+            r.drafted_tokens += s.drafted_tokens;
+            r.accepted_tokens += s.accepted_tokens;
             if s.mean_acceptance_length > 0.0 {
                 r.spec_tokens += t.completion_tokens as f64;
                 r.spec_steps += t.completion_tokens as f64 / s.mean_acceptance_length;

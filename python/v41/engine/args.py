@@ -8,6 +8,7 @@ import torch
 
 from ..distributed.runtime import check_backend
 from .params import DEFAULT_MAX_N
+from .spec_config import SpeculativeConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
            "float64": torch.float64}
@@ -41,6 +42,11 @@ class EngineArgs:
     load_format: ``auto`` (safetensors) or ``dummy`` (random weights made on the device; benchmarks).
     hf_overrides: fields replacing those of the checkpoint's ``config.json`` (vLLM's ``--hf-overrides``), checked
     and applied wherever the config is read (:func:`v41.config.load_config`); None = the file as it is.
+    speculative_config: speculative decoding with the checkpoint's DSpark drafter, as a
+    :class:`~v41.engine.spec_config.SpeculativeConfig`, a dict or a JSON object string (vLLM's
+    ``speculative_config``); parsed into a SpeculativeConfig when the EngineArgs is made (ValueError naming the
+    key), checked against the checkpoint by ``EngineCore`` (:meth:`SpeculativeConfig.check`); None = no
+    speculation.
 
     Tensor parallelism (one worker process per rank; rank 0 is this process): tensor_parallel_size: ranks
     (1, 2, 4, 8; must divide the heads and ``o_groups``). all_reduce_backend: ``auto`` | ``nccl`` | ``gloo`` |
@@ -79,12 +85,16 @@ class EngineArgs:
     threads: int = 1
     max_n: int = DEFAULT_MAX_N
     hf_overrides: dict | None = None
-    speculative_config: object = None
+    speculative_config: SpeculativeConfig | None = None
+
+    def __post_init__(self) -> None:
+        # dict / JSON text (keyword callers, asdict + JSON across the engine-process boundary) → the typed object
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
 
     def lookahead_tokens(self) -> int:
         """Draft tokens a verify step computes beyond the committed length (speculative decoding), else 0."""
         spec = self.speculative_config
-        return int(spec.num_speculative_tokens) if spec is not None else 0
+        return spec.num_speculative_tokens if spec is not None else 0
 
     def resolved_model_impl(self) -> str:
         """``fast`` or ``paged`` (``auto`` resolved as the class docstring says)."""

@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 
 from .. import _native
 from ..cache import blocks_for_budget
+from ..config import load_config
 from ..models.engram_loader import engram_hasher
 from .args import EngineArgs
 from .context_limit import cap_max_model_len
@@ -30,6 +31,7 @@ from .prompts import validate_request
 from .request import Sequence
 from .sampler import Sampler, SamplingState, compute_prompt_logprobs, gather_logprobs
 from .spec_decode import SpecDecoder
+from .spec_stats import SpecDecodeStats
 
 log = logging.getLogger("v41.engine")
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -41,11 +43,15 @@ class EngineCore:
     ``add_request`` validates and enqueues; ``step`` advances every scheduled sequence by one step and returns
     what is new for each request that changed (delta :class:`RequestOutput` s, :mod:`.output`); ``abort_request``
     ends a request now.
-    Errors: ValueError for bad requests (the message says what is wrong); nothing is enqueued then.
+    Errors: ValueError for bad requests (the message says what is wrong); nothing is enqueued then. At
+    construction: ValueError for bad options, ``speculative_config`` included (checked against the checkpoint
+    before any weight is loaded: :meth:`~v41.engine.spec_config.SpeculativeConfig.check`).
     """
 
     def __init__(self, args: EngineArgs):
         args.validate()
+        if args.speculative_config is not None:
+            args.speculative_config.check(load_config(args.model, args.hf_overrides), args.tensor_parallel_size)
         self.args = args
         dtype = args.torch_dtype()
         self.executor = make_executor(args)
@@ -77,6 +83,7 @@ class EngineCore:
         self.requests: dict[str, list[Sequence]] = {}
         self._ids = itertools.count(1)
         self._deferred: dict[int, list[Sequence]] = {}
+        self._spec_done = SpecDecodeStats()  # the counts of every sequence that has left self.seqs
         log.info("engine ready: %d blocks of %d tokens per kind, kinds %s", num_blocks, layout.block_tokens,
                  [k.name for k in layout.kinds])
 
@@ -133,7 +140,7 @@ class EngineCore:
                                                  p.include_stop_str_in_output),
                     prompt_logprobs=[] if p.prompt_logprobs is not None else None,
                     logprobs=[] if p.logprobs is not None else None, max_tokens=max_tokens, salt=salt,
-                    priority=priority))
+                    priority=priority, spec_decode=SpecDecodeStats.empty(self.spec.k) if self.spec else None))
         except ValueError:
             for s in seqs:
                 if s.seq_id in self.scheduler:
@@ -205,6 +212,7 @@ class EngineCore:
                 verify_logits = logits[[row_of[x] for x in sample_rows[r]]]  # the target's token
                 toks = self.spec.verify(seq, verify_logits)
                 sampled_lists[seq.seq_id], accepted[seq.seq_id] = toks, len(toks) - 1
+                seq.spec_decode.add_block(len(sample_rows[r]) - 1, len(toks) - 1)  # before any stop cuts it
                 self._commit_all(seq, toks, self._row_logprobs(seq, verify_logits, toks), touched, finished_now)
         drafts = None
         if self.spec is not None:
@@ -331,6 +339,8 @@ class EngineCore:
         if out.finished:
             for s in seqs:
                 self.seqs.pop(s.seq_id, None)
+                if s.spec_decode is not None:
+                    self._spec_done.merge(s.spec_decode)
             del self.requests[request_id]
         return out
 
@@ -339,5 +349,23 @@ class EngineCore:
         self.executor.shutdown()
 
     def stats(self) -> dict:
-        """Scheduler statistics (running, waiting, blocks per kind, prefix hit rate)."""
-        return self.scheduler.stats()
+        """Scheduler statistics (running, waiting, blocks per kind, prefix hit rate), and while speculating
+        ``spec_decode``: :meth:`spec_decode_stats` as :meth:`SpecDecodeStats.to_dict`."""
+        stats = self.scheduler.stats()
+        spec = self.spec_decode_stats()
+        if spec is not None:
+            stats["spec_decode"] = spec.to_dict()
+        return stats
+
+    def spec_decode_stats(self) -> SpecDecodeStats | None:
+        """The speculative-decoding counts of every sequence since start, finished (aborted included) and
+        running: each counted once, and the totals only grow. None when ``args.speculative_config`` is None.
+        O(running sequences · K)."""
+        if self.args.speculative_config is None:
+            return None
+        total = SpecDecodeStats.empty(self.args.speculative_config.num_speculative_tokens)
+        total.merge(self._spec_done)
+        for s in self.seqs.values():
+            if s.spec_decode is not None:
+                total.merge(s.spec_decode)
+        return total

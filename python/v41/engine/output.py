@@ -1,8 +1,9 @@
 """Outputs as per-request deltas (docs/architecture.md §3a): each step the engine core reports, for every request that changed,
 only what is new since its previous report — new text, token ids and logprobs of each completion, new prompt
-logprobs — so a step costs O(new tokens), never a copy of everything generated so far. Every consumer (the
-offline ``LLM``, ``AsyncEngine`` streams, the engine-core process) takes this one format; the ones that need
-whole results add the deltas up with :class:`OutputAccumulator`.
+logprobs — so a step costs O(new tokens), never a copy of everything generated so far. Speculative-decoding
+counters (``CompletionOutput.spec_decode``) are the exception: a snapshot of the cumulative counts, O(K). Every
+consumer (the offline ``LLM``, ``AsyncEngine`` streams, the engine-core process) takes this one format; the ones
+that need whole results add the deltas up with :class:`OutputAccumulator`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from .request import Sequence
 def delta_output(seqs: list[Sequence]) -> RequestOutput:
     """What is new for one request (its n sequences, by completion index) since the last call, and marks it sent.
     ``prompt_token_ids`` is the request's own list (not copied: do not mutate it); ``cumulative_logprob`` and the
-    finish / stop reasons are the current values; the request is finished when every sequence is."""
+    finish / stop reasons and ``spec_decode`` (a copy) are the current values; the request is finished when every
+    sequence is."""
     seqs = sorted(seqs, key=lambda s: s.index)
     first = seqs[0]
     outputs = []
@@ -27,7 +29,8 @@ def delta_output(seqs: list[Sequence]) -> RequestOutput:
             index=s.index, text=text[s.sent_chars:], token_ids=s.output_token_ids[s.sent_tokens:],
             cumulative_logprob=s.cumulative_logprob,
             logprobs=None if s.logprobs is None else s.logprobs[s.sent_tokens:],
-            finish_reason=s.finish_reason, stop_reason=s.stop_reason))
+            finish_reason=s.finish_reason, stop_reason=s.stop_reason,
+            spec_decode=None if s.spec_decode is None else s.spec_decode.copy()))
         s.sent_chars, s.sent_tokens = len(text), n_tok
     plp = None
     if first.prompt_logprobs is not None:

@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from .spec_stats import SpecDecodeStats
+
 SAMPLING_EPS = 1e-5  # temperature below this is greedy (vLLM's _SAMPLING_EPS)
 MAX_LOGPROBS = 20  # most alternatives one token may ask for (vLLM's default max_logprobs, OpenAI's cap)
 MAX_ABS_PENALTY = 2.0  # presence/frequency penalties live in [-2, 2] (OpenAI, vLLM)
@@ -240,7 +242,9 @@ class CompletionOutput:
     the sampled tokens' logprobs (None unless logprobs were requested); ``logprobs``: per token, or None;
     ``finish_reason``: "stop" (EOS, stop id or stop string), "length" (max_tokens / max_model_len),
     "abort", or None while running; ``stop_reason``: the matched stop string or stop token id, None for
-    EOS, length, abort or while running.
+    EOS, length, abort or while running. ``spec_decode``: the completion's speculative-decoding counters so far
+    (:class:`~v41.engine.spec_stats.SpecDecodeStats`; cumulative in every delta output, like the finish reason,
+    so the last output holds the completion's totals); None when the engine does not speculate.
     """
 
     index: int
@@ -250,6 +254,7 @@ class CompletionOutput:
     logprobs: SampleLogprobs | None
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
+    spec_decode: SpecDecodeStats | None = None
 
     def finished(self) -> bool:
         """True once ``finish_reason`` is set."""

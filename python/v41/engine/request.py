@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from .detokenizer import IncrementalDetokenizer
 from .params import Logprob, SamplingParams
 from .sampler import SamplingState
+from .spec_stats import SpecDecodeStats
 
 
 @dataclass
@@ -20,7 +21,9 @@ class Sequence:
     priority: its scheduling priority (lower runs first). num_cached_tokens: prompt tokens its first
     admission took from the prefix cache. ``*_time``: ``time.time()`` of its arrival, first scheduling, first
     and last sampled token and end (vLLM ``RequestMetrics``).
-    finish_reason / stop_reason: set once, when the sequence ends.
+    finish_reason / stop_reason: set once, when the sequence ends. spec_decode: its speculative-decoding
+    counters while the engine speculates (``SpecDecodeStats.empty(K)`` at admission, ``add_block`` per verify
+    step; :mod:`.spec_stats`), None otherwise.
     """
 
     request_id: str
@@ -50,6 +53,7 @@ class Sequence:
     sent_chars: int = 0
     sent_prompt_logprobs: int = 0
     draft: list[int] = field(default_factory=list)  # speculative drafts the next step verifies (engine/spec_decode)
+    spec_decode: SpecDecodeStats | None = None
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -84,8 +84,9 @@ def resolved_device(opts: argparse.Namespace) -> str:
 
 
 def engine_args(opts: argparse.Namespace, model_dir: Path, device: str):
-    """EngineArgs from the flags, with ``--hf-overrides`` checked against the model's config. Raises CliError
-    for values the engine does not support, ConfigError for a config they make invalid."""
+    """EngineArgs from the flags, with ``--hf-overrides`` and ``--speculative-config`` checked against the model's
+    config. Raises CliError for values the engine does not support (a speculative config the checkpoint cannot
+    serve included), ConfigError for a config they make invalid."""
     from ..config import load_config
     from ..engine.args import EngineArgs
 
@@ -108,12 +109,15 @@ def engine_args(opts: argparse.Namespace, model_dir: Path, device: str):
               load_format=opts.load_format, block_size=opts.block_size, seed=opts.seed,
               tensor_parallel_size=opts.tensor_parallel_size, all_reduce_backend=opts.all_reduce_backend,
               nnodes=opts.nnodes, node_rank=opts.node_rank, master_addr=opts.master_addr,
-              master_port=opts.master_port, threads=opts.threads, max_n=opts.max_n, hf_overrides=opts.hf_overrides)
+              master_port=opts.master_port, threads=opts.threads, max_n=opts.max_n, hf_overrides=opts.hf_overrides,
+              speculative_config=opts.speculative_config)
     if opts.kv_cache_bytes is not None:
         kw["kv_cache_bytes"] = opts.kv_cache_bytes
-    args = EngineArgs(**kw)
     try:
+        args = EngineArgs(**kw)
         args.validate()
+        if args.speculative_config is not None:  # before the engine starts: K, the drafter, the draft TP size
+            args.speculative_config.check(load_config(model_dir, opts.hf_overrides), args.tensor_parallel_size)
     except ValueError as e:
         raise CliError(str(e)) from None
     return args

@@ -131,6 +131,8 @@ def _add_peer_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mm-encoder-tp-mode", choices=("weights", "data"), default=None,
                    help="no meaning for v41 until vision exists: accepted with a warning")
     g.add_argument("--speculative-config", type=json_object, default=None, metavar="JSON",
-                   help="not available yet (speculative decoding, docs/speculative-decoding.md)")
+                   help="speculative decoding with the checkpoint's DSpark drafter, e.g. '{\"method\": \"dspark\", "
+                        "\"num_speculative_tokens\": 5}'; keys: draft_tensor_parallel_size, draft_sample_method, "
+                        "rejection_sample_method, enable_adaptive_verification (docs/speculative-decoding.md)")
     g.add_argument("--engram-config", type=json_object, default=None, metavar="JSON",
                    help="not available yet (Engram host offload)")

@@ -16,8 +16,12 @@ with a clear error, or accepted with one warning; none is ignored silently:
   indexer on every tensor-parallel rank (docs/architecture.md "TP workers"), so a warning says it has no effect.
 * ``--enable-flashinfer-autotune`` / ``--no-...``, ``--mm-encoder-tp-mode``: no meaning for v41 (no FlashInfer,
   no vision encoder yet): one warning each.
-* ``--speculative-config``, ``--engram-config``, ``--kv-cache-dtype`` other than ``auto``: not available yet;
-  an error names every such flag at once.
+* ``--speculative-config``: parsed into :class:`v41.engine.spec_config.SpeculativeConfig` (an unknown key, a
+  wrong type or value is an error naming it) and handed to the engine, which checks it against the checkpoint;
+  the seed's drafter kernel keys ``moe_backend`` / ``attention_backend`` name a path like the backend flags and
+  get one warning each: v41's drafter runs the target's kernel paths.
+* ``--engram-config``, ``--kv-cache-dtype`` other than ``auto``: not available yet; an error names every such
+  flag at once.
 
 Errors: :class:`FlagError` (a ``ValueError``; ``v41-serve`` exits with status 2).
 """
@@ -42,8 +46,6 @@ PEER_BACKENDS = {
 }
 ATTENTION_CONFIG_KEYS = ("indexer_tp_shard_min_rows",)
 _NOT_YET = {
-    "speculative_config": "--speculative-config: speculative decoding is not available yet in v41-serve "
-                          "(docs/speculative-decoding.md)",
     "engram_config": "--engram-config: Engram host offload is not available yet",
 }
 
@@ -68,6 +70,7 @@ def resolve(opts: argparse.Namespace, device: str) -> PeerSettings:
     check_not_yet_available(opts)
     settings = PeerSettings(chat_revision(opts), kernel_env(opts, device), opts.enable_auto_tool_choice)
     check_attention_config(opts.attention_config)
+    check_speculative_config(opts.speculative_config)
     if opts.trust_remote_code:
         log.info("--trust-remote-code: accepted; v41 runs no code from the model repository")
     if opts.enable_flashinfer_autotune is not None:
@@ -132,6 +135,29 @@ def kernel_env(opts: argparse.Namespace, device: str) -> dict[str, str]:
                             f"device); available: {', '.join(available)}")
         env[FAMILY_ENV[family]] = mode
     return env
+
+
+def check_speculative_config(config: dict | None) -> None:
+    """Parse ``--speculative-config`` (FlagError naming the flag and the key) and warn once for each drafter
+    kernel key: the drafter runs the target's kernel paths. FlagError for a kernel name no engine uses."""
+    from ..engine.spec_config import SpeculativeConfig
+    from ..kernels.dispatch import MODES
+
+    try:
+        spec = SpeculativeConfig.parse(config)
+    except ValueError as e:
+        raise FlagError(f"--speculative-config: {e}") from None
+    if spec is None:
+        return
+    for family, key in (("moe", "moe_backend"), ("attention", "attention_backend")):
+        name = getattr(spec, key)
+        if name is None:
+            continue
+        if name.lower() not in (*MODES, *PEER_BACKENDS[family]):
+            raise FlagError(f"--speculative-config: {key} {name!r} unknown; v41's paths are {', '.join(MODES)} "
+                            f"(other engines' names {', '.join(PEER_BACKENDS[family])})")
+        log.warning("--speculative-config %s %s: v41's drafter runs the target's %s kernel path (%s); ignored", key,
+                    name, family, KERNEL_FLAGS[family][0])
 
 
 def check_attention_config(config: dict | None) -> None:

@@ -85,9 +85,10 @@ class EngineProtocol(Protocol):
     ``stats()``: scheduler stats — ``running``, ``waiting``, ``blocks`` ({kind: {used, cached, free, total}}:
     ``used`` counts every held block, ``cached`` those held only by the prefix cache; ``metrics.kv_blocks``),
     ``prefix_query_tokens``, ``prefix_hit_tokens``, ``prefix_hit_rate``, ``prefix_cached_pages``,
-    ``num_preemptions`` — plus ``engine`` ({pid, model_dir, max_model_len, num_steps, num_requests, uptime_s,
-    stale}). ``stale`` is True when a long step kept the engine from answering and the figures are those of
-    the last step.
+    ``num_preemptions``, ``spec_decode`` while the engine speculates (``SpecDecodeStats.to_dict`` of every
+    sequence since start: ``EngineCore.spec_decode_stats``) — plus ``engine`` ({pid, model_dir, max_model_len,
+    num_steps, num_requests, uptime_s, stale}). ``stale`` is True when a long step kept the engine from answering
+    and the figures are those of the last step.
 
     ``last_heartbeat_s``: ``time.monotonic()`` of the engine loop's last sign of life. It stays fresh (within
     about a second) while the engine is alive, also through a long prefill, and freezes when the engine is dead

@@ -34,7 +34,6 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import zmq
@@ -137,14 +136,7 @@ class EngineLoop:
     @staticmethod
     def _delta(out) -> dict:
         """A delta RequestOutput of the engine core → its wire dict (:mod:`v41.serve.messages`)."""
-        outputs = [{"index": c.index, "text": c.text, "token_ids": list(c.token_ids),
-                    "cumulative_logprob": c.cumulative_logprob,
-                    "logprobs": None if c.logprobs is None else [m._lp_to_wire(e) for e in c.logprobs],
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in out.outputs]
-        plp = None if out.prompt_logprobs is None else [m._lp_to_wire(e) for e in out.prompt_logprobs]
-        return {"request_id": out.request_id, "prompt_logprobs": plp, "outputs": outputs, "finished": out.finished,
-                "num_cached_tokens": out.num_cached_tokens,
-                "metrics": None if out.metrics is None else asdict(out.metrics)}
+        return m.output_to_dict(out, with_prompt=False)
 
     # -- stats ---------------------------------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ..engine.params import CompletionOutput, RequestOutput, SamplingParams
+from ..engine.spec_stats import SpecDecodeStats
 from . import http_schema as hs
 from .errors import ClientDisconnected
 from .metrics import ServerMetrics
@@ -34,6 +35,7 @@ class Generation:
         self.request_ids = [rid for rid, _ in subs]
         self.prompt_ids = [p["prompt_token_ids"] for _, p in subs]
         self.cached_tokens = [0] * len(subs)
+        self._spec: dict[tuple[int, int], SpecDecodeStats] = {}  # (prompt, completion index) → latest counts
         self._trackers = [metrics.track(arrival_s) for _ in subs]
         self._finished = [False] * len(subs)
         self._failed = [False] * len(subs)
@@ -73,6 +75,9 @@ class Generation:
         self._trackers[i].on_output(item)
         self._finished[i] = self._finished[i] or item.finished
         self.cached_tokens[i] = max(self.cached_tokens[i], item.num_cached_tokens)
+        for c in item.outputs:
+            if c.spec_decode is not None:  # cumulative: the latest replaces the previous
+                self._spec[i, c.index] = c.spec_decode
         return i, item
 
     async def next(self) -> tuple[int, RequestOutput] | None:
@@ -137,13 +142,21 @@ class Generation:
                     log.debug("abort of %s failed", self.request_ids[i], exc_info=True)
 
     def usage(self, choices) -> hs.Usage:
-        """Token counts of the prompts and of ``choices`` (chat or text completion states)."""
+        """Token counts of the prompts and of ``choices`` (chat or text completion states), and the
+        speculative-decoding counts of every completion so far (None when the engine reported none)."""
         prompt = sum(len(ids) for ids in self.prompt_ids)
         completion = sum(len(st.ids) for st in choices)
         reasoning = sum(getattr(st, "reasoning_tokens", 0) for st in choices)
+        spec = None
+        if self._spec:
+            total = SpecDecodeStats()
+            for stats in self._spec.values():
+                total.merge(stats)
+            spec = hs.SpecDecodeUsage(**total.to_dict())
         return hs.Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                         prompt_tokens_details=hs.PromptTokensDetails(cached_tokens=sum(self.cached_tokens)),
-                        completion_tokens_details=hs.CompletionTokensDetails(reasoning_tokens=reasoning))
+                        completion_tokens_details=hs.CompletionTokensDetails(reasoning_tokens=reasoning),
+                        spec_decode=spec)
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -42,6 +42,7 @@ from grpc_reflection.v1alpha import reflection
 from ..chat import OutputParser, encode_chat
 from ..chat.formats import DEFAULT_REVISION_BY_MODEL_TYPE
 from ..engine.params import CompletionOutput, RequestOutput, SamplingParams
+from ..engine.spec_stats import SpecDecodeStats
 from .errors import INTERNAL, error_message, error_status
 from .grpc_gen import load as _load_stubs
 from .metrics import kv_blocks
@@ -360,9 +361,10 @@ class EngineServicer(pb2_grpc.EngineServicer):
             extra.update(logprobs=st.logprobs, prompt_logprobs=st.prompt_logprobs)
         if c.cumulative_logprob is not None:
             extra["cumulative_logprob"] = c.cumulative_logprob
+        if c.spec_decode is not None:  # cumulative: the terminal output holds the completion's totals
+            extra["spec_decode"] = spec_decode_to_proto(c.spec_decode)
         return pb2.Complete(finish_reason=finish_reason, usage=self._usage(out, st), token_ids=st.token_ids,
-                            text="".join(st.text), timings=timings, spec_decode=pb2.SpecDecodeStats(),
-                            index=c.index, **matched, **parsed, **extra)
+                            text="".join(st.text), timings=timings, index=c.index, **matched, **parsed, **extra)
 
     async def _abort_quietly(self, rid: str) -> None:
         try:
@@ -383,6 +385,7 @@ class EngineServicer(pb2_grpc.EngineServicer):
     async def GetModelInfo(self, request, context):
         e, cfg, info = self.engine, self.engine.cfg, _engine_info(self.engine)
         kinds = info.get("kinds") or list((await self._stats()).get("blocks", {}))
+        spec = (info.get("engine_args") or {}).get("speculative_config") or {}
         return pb2.ModelInfo(
             served_model_name=self.served_model_name, model_path=str(e.model_dir), architecture=cfg.arch,
             max_context_length=e.max_model_len, vocab_size=cfg.vocab_size, eos_token_ids=list(cfg.eos_token_ids),
@@ -390,6 +393,7 @@ class EngineServicer(pb2_grpc.EngineServicer):
             tokenizer_sha256=_tokenizer_sha256(e), kv_block_size=info.get("block_tokens", 0),
             capabilities=pb2.Capabilities(
                 prefix_caching=bool(info.get("enable_prefix_caching")), chunked_prefill=True,
+                speculative_method=spec.get("method", ""), max_draft_tokens=spec.get("num_speculative_tokens", 0),
                 reasoning_parser=cfg.arch, tool_parser="dsml", chat=True, vision=SUPPORTS_VISION, cache_kinds=kinds),
             default_sampling_params_json=json.dumps(dataclasses.asdict(SamplingParams())))
 
@@ -405,11 +409,13 @@ class EngineServicer(pb2_grpc.EngineServicer):
     @_guarded
     async def GetLoads(self, request, context):
         s = await self._stats()
+        spec = s.get("spec_decode")  # the engine's counts since start, present while it speculates
         return pb2.Loads(
             running=s.get("running", 0), waiting=s.get("waiting", 0),
             caches=[pb2.CacheUsage(kind=k, used_blocks=v["used"], cached_blocks=v["cached"], free_blocks=v["free"],
                                    total_blocks=v["total"]) for k, v in kv_blocks(s).items()],
-            prefix_hit_rate=s.get("prefix_hit_rate", 0.0), num_preemptions=s.get("num_preemptions", 0))
+            prefix_hit_rate=s.get("prefix_hit_rate", 0.0), num_preemptions=s.get("num_preemptions", 0),
+            spec_decode=None if spec is None else spec_decode_to_proto(SpecDecodeStats.from_dict(spec)))
 
     async def _stats(self) -> dict:
         s = self.engine.stats()
@@ -438,6 +444,15 @@ class EngineServicer(pb2_grpc.EngineServicer):
         skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
         return pb2.DetokenizeResponse(
             text=self.engine.tokenizer.decode(list(request.token_ids), skip_special_tokens=skip))
+
+
+def spec_decode_to_proto(stats: SpecDecodeStats):
+    """``v41.v1.SpecDecodeStats`` of ``stats`` (the derived figures 0 where they are undefined)."""
+    return pb2.SpecDecodeStats(
+        drafted_tokens=stats.num_draft_tokens, accepted_tokens=stats.num_accepted_tokens,
+        mean_acceptance_length=stats.mean_acceptance_length or 0.0, num_drafts=stats.num_drafts,
+        accepted_per_position=stats.accepted_per_position, verified_per_position=stats.verified_per_position,
+        acceptance_rate=stats.acceptance_rate or 0.0)
 
 
 # ---------------------------------------------------------------------------------------------- engine facts

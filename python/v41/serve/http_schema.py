@@ -153,12 +153,31 @@ class CompletionTokensDetails(BaseModel):
     reasoning_tokens: int = 0
 
 
+class SpecDecodeUsage(BaseModel):
+    """Speculative-decoding counts of one HTTP request, every completion of every prompt added up
+    (:class:`v41.engine.spec_stats.SpecDecodeStats`; docs/speculative-decoding.md "Metrics"). Per position: [K],
+    0-based. ``acceptance_rate`` (accepted / draft tokens, pooled) and ``mean_acceptance_length``
+    (1 + accepted / drafts) are null before any draft."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_position: list[int]
+    verified_per_position: list[int]
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+
+
 class Usage(BaseModel):
+    """OpenAI's usage, plus vLLM's token details and ``spec_decode`` (None, left out of stream chunks, when the
+    engine does not speculate)."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
     completion_tokens_details: CompletionTokensDetails | None = None
+    spec_decode: SpecDecodeUsage | None = None
 
 
 class ToolCallFunctionOut(BaseModel):

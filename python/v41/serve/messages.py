@@ -29,6 +29,7 @@ import msgpack
 import zmq
 
 from ..engine.params import CompletionOutput, Logprob, RequestMetrics, RequestOutput, SamplingParams
+from ..engine.spec_stats import SpecDecodeStats
 
 HEARTBEAT_INTERVAL_S = 0.5
 
@@ -215,14 +216,17 @@ def completion_to_dict(c: CompletionOutput) -> dict:
     return {"index": c.index, "text": c.text, "token_ids": list(c.token_ids),
             "cumulative_logprob": c.cumulative_logprob,
             "logprobs": None if c.logprobs is None else [_lp_to_wire(e) for e in c.logprobs],
-            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+            "spec_decode": None if c.spec_decode is None else c.spec_decode.to_dict()}
 
 
 def completion_from_dict(d: dict) -> CompletionOutput:
     return CompletionOutput(index=d["index"], text=d["text"], token_ids=d["token_ids"],
                             cumulative_logprob=d["cumulative_logprob"],
                             logprobs=None if d["logprobs"] is None else [_lp_from_wire(e) for e in d["logprobs"]],
-                            finish_reason=d["finish_reason"], stop_reason=d["stop_reason"])
+                            finish_reason=d["finish_reason"], stop_reason=d["stop_reason"],
+                            spec_decode=None if d.get("spec_decode") is None
+                            else SpecDecodeStats.from_dict(d["spec_decode"]))
 
 
 def output_to_dict(out: RequestOutput, with_prompt: bool = True) -> dict:

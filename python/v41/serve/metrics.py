@@ -11,6 +11,13 @@ engine's ``stats()`` at every scrape. All times are seconds.
 KV blocks of each cache kind are split by holder (:func:`kv_blocks`): *used* by running requests (some may be
 shared with the prefix cache), *cached* (held only by the prefix cache: evictable, so an idle server shows 0
 used), free. ``v41_kv_cache_usage_ratio`` is used / total, as vLLM's KV usage (evictable blocks count as free).
+
+Speculative decoding (docs/speculative-decoding.md "Metrics"), vLLM's counters under the ``v41_`` prefix:
+``v41_spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``, ``..._num_accepted_tokens_total`` and
+``..._num_accepted_tokens_per_pos_total{position}`` (position 0-based, as vLLM's). They follow the engine's
+cumulative counts (``stats()["spec_decode"]``: every sequence since start, running ones included): each scrape
+adds what those counts grew by since the previous one, so every verify step is counted exactly once (a running
+request's steps as they happen, not again when it ends). They stay 0 while the engine does not speculate.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import time
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..engine.params import RequestOutput
+from ..engine.spec_stats import SpecDecodeStats
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                       20.0, 40.0, 80.0, 160.0, 640.0)
@@ -32,6 +40,8 @@ METRIC_NAMES = (
     "v41_num_requests_running", "v41_num_requests_waiting", "v41_kv_cache_usage_ratio",
     "v41_kv_cache_used_blocks", "v41_kv_cache_cached_blocks", "v41_kv_cache_total_blocks",
     "v41_prefix_cache_hit_rate", "v41_prompt_tokens_total", "v41_generation_tokens_total", "v41_engine_alive",
+    "v41_spec_decode_num_drafts_total", "v41_spec_decode_num_draft_tokens_total",
+    "v41_spec_decode_num_accepted_tokens_total", "v41_spec_decode_num_accepted_tokens_per_pos_total",
 )
 
 
@@ -67,6 +77,15 @@ class ServerMetrics:
         self.prompt_tokens = Counter("v41_prompt_tokens", "Prompt tokens of accepted requests.", registry=r)
         self.generation_tokens = Counter("v41_generation_tokens", "Generated tokens.", registry=r)
         self.alive = Gauge("v41_engine_alive", "1 while the engine is alive and making progress.", registry=r)
+        self.spec_drafts = Counter("v41_spec_decode_num_drafts", "Speculative verify steps with at least one draft "
+                                   "token.", registry=r)
+        self.spec_draft_tokens = Counter("v41_spec_decode_num_draft_tokens", "Draft tokens verified.", registry=r)
+        self.spec_accepted_tokens = Counter("v41_spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                                            registry=r)
+        self.spec_accepted_per_pos = Counter("v41_spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted "
+                                             "at each position of the draft block (0-based).", ["position"],
+                                             registry=r)
+        self._spec_seen = SpecDecodeStats()  # the engine's counts at the previous scrape
 
     def track(self, arrival_s: float | None = None) -> RequestTracker:
         """A tracker for one engine request that arrived at ``arrival_s`` (``time.monotonic``; default now)."""
@@ -77,7 +96,8 @@ class ServerMetrics:
 
     def update_engine(self, stats: dict | None, alive: bool) -> None:
         """Refresh the engine gauges from a ``stats()`` dict (running, waiting, blocks{kind: used/cached/free/
-        total}, prefix_hit_rate); None leaves them as they are."""
+        total}, prefix_hit_rate) and advance the spec-decode counters (``spec_decode``, when the engine
+        speculates); None leaves them as they are."""
         self.alive.set(1.0 if alive else 0.0)
         if not stats:
             return
@@ -91,6 +111,22 @@ class ServerMetrics:
             self.kv_total.labels(kind=kind).set(total)
         if stats.get("prefix_hit_rate") is not None:
             self.prefix_hit_rate.set(stats["prefix_hit_rate"])
+        if stats.get("spec_decode") is not None:
+            self._advance_spec_decode(SpecDecodeStats.from_dict(stats["spec_decode"]))
+
+    def _advance_spec_decode(self, total: SpecDecodeStats) -> None:
+        """Add to the spec-decode counters what the engine's cumulative counts ``total`` grew by since the last
+        call (module doc)."""
+        grown = total.since(self._spec_seen)
+        counts = (grown.num_drafts, grown.num_draft_tokens, grown.num_accepted_tokens, *grown.accepted_per_position)
+        if min(counts) < 0:  # an older snapshot than the last one (a stale stats fallback): nothing new in it
+            return
+        self._spec_seen = total
+        self.spec_drafts.inc(grown.num_drafts)
+        self.spec_draft_tokens.inc(grown.num_draft_tokens)
+        self.spec_accepted_tokens.inc(grown.num_accepted_tokens)
+        for position, n in enumerate(grown.accepted_per_position):
+            self.spec_accepted_per_pos.labels(position=str(position)).inc(n)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
