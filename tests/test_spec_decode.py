@@ -55,7 +55,7 @@ def test_speculation_with_chunked_prefill_prefix_hits_and_preemption(oracle):
     check_against_oracle(oracle, llm, prompts[:1], 24)
     check_against_oracle(oracle, llm, prompts[1:], 24)  # hits the first prompt's cached blocks
     assert llm.engine.stats()["prefix_hit_rate"] > 0
-    small = spec_llm(5, max_num_seqs=3, num_kv_blocks=6, block_size=8)
+    small = spec_llm(5, max_num_seqs=3, num_kv_blocks=10, block_size=8)  # one request needs 9 blocks per kind
     check_against_oracle(oracle, small, prompts, 32)
     assert small.engine.stats()["num_preemptions"] > 0
 
@@ -96,15 +96,16 @@ def test_speculation_refuses_sampled_requests_for_now():
 
 
 def test_the_trained_drafter_is_accepted_and_counted():
-    """The counts of speculative-decoding.md §5 on real drafts: every step verifies K drafts, the shipped drafter
-    gets some accepted, and the committed tokens are 1 + accepted per verify step (no stop cut here)."""
+    """The counts of speculative-decoding.md §5 on real drafts: a step verifies K drafts (fewer only where
+    max_tokens leaves less room), the shipped drafter gets some accepted, and each verify step commits 1 + a."""
     k = 4
     out = spec_llm(k, max_num_seqs=2).generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=40,
                                                                            ignore_eos=True), use_tqdm=False)
     for o in out:
         stats = o.outputs[0].spec_decode
-        assert stats.num_draft_tokens == k * stats.num_drafts and stats.verified_per_position == [stats.num_drafts] * k
+        v = stats.verified_per_position
+        assert v[0] == stats.num_drafts and v[-1] >= stats.num_drafts - 1 and stats.num_draft_tokens == sum(v)
         assert stats.num_accepted_tokens == sum(stats.accepted_per_position) > 0
         assert stats.accepted_per_position == sorted(stats.accepted_per_position, reverse=True)  # a prefix is accepted
         # the first token comes from the prefill; each verify step commits 1 + a (the last may be cut by max_tokens)
-        assert 1 + stats.num_drafts + stats.num_accepted_tokens >= 40 > stats.num_drafts + stats.num_accepted_tokens
+        assert 1 + stats.num_drafts + stats.num_accepted_tokens >= 40 > stats.num_drafts + stats.num_accepted_tokens - k
