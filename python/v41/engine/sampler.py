@@ -88,6 +88,13 @@ class SamplingState:
         """Position of the last known token: the row that samples the next one computes it."""
         return len(self.prompt_token_ids) + len(self.output_token_ids) - 1
 
+    def extended(self, token_ids: Sequence[int]) -> SamplingState:
+        """This request with ``token_ids`` appended to its output: a hypothesised continuation, e.g. the drafts
+        a verify row assumes (docs/speculative-decoding.md §3e). Shares the prompt's cached id tensor."""
+        view = SamplingState(self.params, self.prompt_token_ids, self.seed, [*self.output_token_ids, *token_ids])
+        view._prompt_ids_cpu = self._prompt_ids_cpu
+        return view
+
     def seen_token_ids(self) -> Tensor:
         """Prompt + output ids, [P + O] int64 on the CPU (the prompt part is converted once)."""
         if self._prompt_ids_cpu is None:
@@ -238,7 +245,7 @@ class Sampler:
 
         Greedy rows take the argmax of this. Errors: ``ValueError`` for a ``logit_bias`` id outside [0, V).
         """
-        if not any(_has_processor(s) for s in states):
+        if not any(has_processor(s) for s in states):
             return logits.float()
         x = logits.float().clone()
         self._apply_logit_bias(x, states)
@@ -293,7 +300,7 @@ class Sampler:
 # --------------------------------------------------------------------- steps 3-4
 
 
-def _has_processor(s: SamplingState) -> bool:
+def has_processor(s: SamplingState) -> bool:
     """Whether any of steps 1-4 changes this row's logits."""
     p = s.params
     return bool(p.logit_bias or len(s.output_token_ids) < p.min_tokens or p.repetition_penalty != 1.0
