@@ -89,10 +89,21 @@ def test_engine_drafts_are_the_reference_drafters(oracle, monkeypatch):
                 break
 
 
-def test_speculation_refuses_sampled_requests_for_now():
-    llm = spec_llm(3, max_num_seqs=2)
-    with pytest.raises(ValueError, match="greedy"):
-        llm.generate(["x"], SamplingParams(temperature=0.7, max_tokens=4), use_tqdm=False)
+@pytest.mark.parametrize("method", ["block", "token"])
+def test_seeded_sampled_speculation_is_batch_invariant(method):
+    """KF-14 under speculation (docs/speculative-decoding.md §6.6): a seeded sampled request gives the same text
+    alone and beside other requests (other slots, other drafts accepted around it); another seed differs."""
+    llm = LLM(None, max_num_seqs=4, speculative_config={"num_speculative_tokens": 4,
+                                                        "rejection_sample_method": method})
+    sp = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=24, ignore_eos=True)
+    alone = llm.generate([PROMPTS[0]], sp, use_tqdm=False)[0].outputs[0]
+    others = [SamplingParams(temperature=0.8, seed=s, max_tokens=20, ignore_eos=True) for s in (1, 2)]
+    mixed = llm.generate([PROMPTS[2], PROMPTS[0], PROMPTS[3]], [others[0], sp, others[1]], use_tqdm=False)
+    assert mixed[1].outputs[0].token_ids == alone.token_ids
+    assert alone.spec_decode.num_drafts > 0
+    other_seed = llm.generate([PROMPTS[0]], SamplingParams(temperature=0.8, top_p=0.95, seed=8, max_tokens=24,
+                                                           ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    assert other_seed.token_ids != alone.token_ids
 
 
 def test_the_trained_drafter_is_accepted_and_counted():

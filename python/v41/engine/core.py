@@ -75,8 +75,8 @@ class EngineCore:
             max_model_len=self.max_model_len, long_prefill_token_threshold=args.long_prefill_token_threshold,
             enable_prefix_caching=args.enable_prefix_caching)
         self.sampler = Sampler(self.cfg.eos_token_ids)
-        k = args.lookahead_tokens()
-        self.spec = SpecDecoder(k, self.executor, self.sampler) if k else None
+        spec = args.speculative_config
+        self.spec = SpecDecoder(spec, self.executor, self.sampler) if spec is not None else None
         # draws the sampling key of requests that bring no seed (reproducible engine runs when args.seed is set)
         self._seeds = random.Random(args.seed) if args.seed is not None else random.SystemRandom()
         self.seqs: dict[int, Sequence] = {}
@@ -119,8 +119,6 @@ class EngineCore:
         ids = [int(t) for t in prompt_token_ids]
         max_tokens = validate_request(ids, params, priority, cache_salt, self.cfg.vocab_size, self.max_model_len,
                                       self.args.max_n)
-        if self.spec is not None:
-            self.spec.check_params(params)
         seqs: list[Sequence] = []
         try:
             for i in range(params.n):
@@ -207,13 +205,19 @@ class EngineCore:
                 if not seq.finished:
                     sampled_lists[seq.seq_id] = [tok]
                     self._commit_all(seq, [tok], [lp], touched, finished_now)
-        for r, seq in sampling:
-            if len(sample_rows[r]) > 1 and not seq.finished:  # k drafts verified: commit the accepted ones, then
-                verify_logits = logits[[row_of[x] for x in sample_rows[r]]]  # the target's token
-                toks = self.spec.verify(seq, verify_logits)
+        verifying = [(r, s) for r, s in sampling if len(sample_rows[r]) > 1 and not s.finished]
+        if verifying:  # k drafts verified: commit the accepted ones, then the target's token
+            rows = [[row_of[x] for x in sample_rows[r]] for r, _ in verifying]
+            verify_logits = logits[[x for rr in rows for x in rr]]
+            counts = [len(rr) - 1 for rr in rows]
+            commits = self.spec.verify([s for _, s in verifying], verify_logits, counts)
+            first = 0
+            for (r, seq), toks, c in zip(verifying, commits, counts):
                 sampled_lists[seq.seq_id], accepted[seq.seq_id] = toks, len(toks) - 1
-                seq.spec_decode.add_block(len(sample_rows[r]) - 1, len(toks) - 1)  # before any stop cuts it
-                self._commit_all(seq, toks, self._row_logprobs(seq, verify_logits, toks), touched, finished_now)
+                seq.spec_decode.add_block(c, len(toks) - 1)  # before any stop cuts it
+                lps = self._row_logprobs(seq, verify_logits[first:first + c + 1], toks)
+                self._commit_all(seq, toks, lps, touched, finished_now)
+                first += c + 1
         drafts = None
         if self.spec is not None:
             going = [(r, s) for r, s in sampling if not s.finished]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from torch import Tensor
+
 from .detokenizer import IncrementalDetokenizer
 from .params import Logprob, SamplingParams
 from .sampler import SamplingState
@@ -53,6 +55,7 @@ class Sequence:
     sent_chars: int = 0
     sent_prompt_logprobs: int = 0
     draft: list[int] = field(default_factory=list)  # speculative drafts the next step verifies (engine/spec_decode)
+    draft_q: Tensor | None = None  # [k, V] float32 on the device: the law each draft was drawn from
     spec_decode: SpecDecodeStats | None = None
 
     @property

@@ -3,14 +3,12 @@ verification of the drafts the next step computed.
 
 Per step, for a decoding request with k drafts the target computes ``[x0, d_1..d_k]`` at ``n..n+k`` (the
 scheduler planned them; every computed token's drafter context rows are written inside the target forward).
-:meth:`SpecDecoder.verify` turns the k + 1 rows of logits into the tokens to commit: the accepted drafts
-``d_1..d_a`` and one more token ``y`` (greedy verification: ``a`` = the first i whose draft differs from the
-target's choice, ``y`` = the target's choice at row a). Then :meth:`SpecDecoder.draft` runs one drafter pass for
-every request that sampled, from its new anchor (the last committed token, at position ``n' = n + a + 1``), and
-draws the next k drafts slot by slot through the Markov head; the scheduler receives them with the commit.
-
-Greedy rows only so far: sampled (temperature > 0) requests are refused by :meth:`SpecDecoder.check_params`
-until token-wise / block verification land.
+:meth:`SpecDecoder.verify` turns the k + 1 rows of logits of every such request into the tokens to commit: the
+accepted drafts ``d_1..d_a`` and one more token ``y`` (:class:`~.spec_verify.SpecVerifier`: greedy, token-wise
+or block verification, keyed draws). Then :meth:`SpecDecoder.draft` runs one drafter pass for every request
+that sampled, from its new anchor (the last committed token, at position ``n' = n + a + 1``), and draws the next
+k drafts slot by slot through the Markov head, keeping each draft's law ``Q`` for the next verification; the
+scheduler receives the drafts with the commit.
 """
 
 from __future__ import annotations
@@ -20,51 +18,64 @@ import torch
 from torch import Tensor
 
 from .request import Sequence
-from .sampler import Sampler, SamplingState
+from .sampler import Sampler
+from .spec_config import SpeculativeConfig
+from .spec_verify import SpecVerifier
 
 
 class SpecDecoder:
-    """Drafting and verification for ``k`` drafts per step. ``executor``: the engine's executor (its ``draft``
-    pass and its rank-0 drafter heads); ``sampler``: the engine's sampler (processors of the target rows)."""
+    """Drafting and verification under ``config`` (its K, draft sampling and verification methods).
+    ``executor``: the engine's executor (its ``draft`` pass and its rank-0 drafter heads); ``sampler``: the
+    engine's sampler (the processors of the target rows)."""
 
-    def __init__(self, k: int, executor, sampler: Sampler):
-        self.k, self.executor, self.sampler = k, executor, sampler
+    def __init__(self, config: SpeculativeConfig, executor, sampler: Sampler):
+        self.k = config.num_speculative_tokens
+        self.method = config.rejection_sample_method
+        self.greedy_drafts = config.draft_sample_method == "greedy"
+        self.executor, self.verifier = executor, SpecVerifier(sampler)
         self.drafter = executor.runner.model.drafter
 
-    def check_params(self, params) -> None:
-        """Raise ValueError for sampling parameters speculation does not serve yet."""
-        if not params.is_greedy:
-            raise ValueError("speculative decoding serves greedy requests (temperature 0) so far")
-
-    def verify(self, seq: Sequence, logits: Tensor) -> list[int]:
-        """Tokens to commit for ``seq`` from its k + 1 verify rows ``logits`` [k + 1, V] (row j scores the token
-        after ``[x0, d_1..d_j]``): the accepted drafts, then the target's token. Greedy verification: row j's
-        choice is the plain sampler's greedy choice (processors included) given the tokens before it."""
-        drafts = seq.draft[: logits.shape[0] - 1]
-        st = seq.sampling
-        rows = [SamplingState(st.params, st.prompt_token_ids, st.seed, st.output_token_ids + drafts[:j])
-                for j in range(len(drafts) + 1)]
-        choice = self.sampler.penalized_logits(logits.float(), rows).argmax(dim=-1).tolist()
-        a = 0
-        while a < len(drafts) and drafts[a] == choice[a]:
-            a += 1
-        return drafts[:a] + [choice[a]]
+    def verify(self, seqs: list[Sequence], logits: Tensor, counts: list[int]) -> list[list[int]]:
+        """Tokens to commit per sequence: the accepted drafts, then ``y``. ``logits`` [Σ (k_r + 1), V]: each
+        sequence's verify rows ``[x0, d_1..d_{k_r}]`` in order (``counts`` = k_r ≥ 1, its drafts are
+        ``seq.draft[:k_r]`` drawn from ``seq.draft_q[:k_r]``)."""
+        k = max(counts)
+        drafts = torch.zeros(len(seqs), k, dtype=torch.int64)
+        q = logits.new_zeros(len(seqs), k, logits.shape[-1], dtype=torch.float32)
+        for r, (seq, c) in enumerate(zip(seqs, counts)):
+            drafts[r, :c] = torch.tensor(seq.draft[:c])
+            q[r, :c] = seq.draft_q[:c]
+        drafts = drafts.to(logits.device)
+        states = [s.sampling for s in seqs]
+        target = self.verifier.target_probs(logits, states, drafts, counts)
+        accepted, token = self.verifier.verify(self.method, target, drafts, q, counts, states)
+        return [seq.draft[:a] + [y] for seq, a, y in zip(seqs, accepted.tolist(), token.tolist())]
 
     def draft(self, seqs: list[Sequence], table_rows: list[int]) -> list[list[int]]:
-        """The next ``k`` drafts of each sequence (greedy through the Markov head), also kept in ``seq.draft``.
-        ``table_rows``: each sequence's block-table row."""
+        """The next ``k`` drafts of each sequence, also kept in ``seq.draft`` with their laws in ``seq.draft_q``
+        [k, V]. ``table_rows``: each sequence's block-table row. Drafts are sampled per the config
+        (``probabilistic``: keyed draws from the processed drafter distribution; ``greedy``: its argmax)."""
         if not seqs:
             return []
         anchors = np.array([s.output_token_ids[-1] for s in seqs], dtype=np.int64)
-        positions = np.array([s.sampling.position for s in seqs], dtype=np.int64)
-        base, _ = self.executor.draft(np.asarray(table_rows, dtype=np.int64), anchors, positions)
+        positions = [s.sampling.position for s in seqs]
+        base, _ = self.executor.draft(np.asarray(table_rows, dtype=np.int64), anchors,
+                                      np.asarray(positions, dtype=np.int64))
         base = base.view(len(seqs), -1, base.shape[-1])
         out = torch.from_numpy(anchors).to(base.device)
-        drafts = []
+        states = [s.sampling for s in seqs]
+        drafts, laws = [], []
         for i in range(self.k):
-            out = (base[:, i] + self.drafter.markov_logits(out)).argmax(dim=-1)
+            logits = base[:, i] + self.drafter.markov_logits(out)
+            if self.greedy_drafts:
+                out = logits.argmax(dim=-1)
+                law = torch.nn.functional.one_hot(out, logits.shape[-1]).float()
+            else:
+                out, law = self.verifier.draft(logits, states, positions, i)
             drafts.append(out)
+            laws.append(law)
         rows = torch.stack(drafts, dim=1).tolist()
-        for seq, row in zip(seqs, rows):
-            seq.draft = row
+        law = torch.stack(laws, dim=1)
+        for r, (seq, row) in enumerate(zip(seqs, rows)):
+            seq.draft, seq.draft_q = row, law[r]
         return rows
