@@ -89,11 +89,19 @@ def test_a_checkpoint_without_dspark_stages_is_refused(tmp_path, arch, overrides
 
 def test_draft_tp_must_be_one_or_the_target_tp(v41_dir):
     cfg = load_config(v41_dir)
-    for dtp in (None, 1, 4):
+    for dtp in (None, 4):
         SpeculativeConfig(5, draft_tensor_parallel_size=dtp).check(cfg, 4)
+    SpeculativeConfig(5, draft_tensor_parallel_size=1).check(cfg, 1)
     with pytest.raises(ValueError, match=r"draft_tensor_parallel_size 2 must be 1 or the target's "
                                          r"tensor_parallel_size \(4\)"):
         SpeculativeConfig(5, draft_tensor_parallel_size=2).check(cfg, 4)
+    with pytest.raises(ValueError, match="the drafter shards like the target for now; use 4"):  # not built yet
+        SpeculativeConfig(5, draft_tensor_parallel_size=1).check(cfg, 4)
+
+
+def test_adaptive_verification_is_refused_until_built(v41_dir):
+    with pytest.raises(ValueError, match="adaptive verification is not built yet"):
+        SpeculativeConfig(5, enable_adaptive_verification=True).check(load_config(v41_dir), 1)
 
 
 # -- EngineArgs and the engine ------------------------------------------------------------------------------------

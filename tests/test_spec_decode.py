@@ -120,3 +120,10 @@ def test_the_trained_drafter_is_accepted_and_counted():
         assert stats.accepted_per_position == sorted(stats.accepted_per_position, reverse=True)  # a prefix is accepted
         # the first token comes from the prefill; each verify step commits 1 + a (the last may be cut by max_tokens)
         assert 1 + stats.num_drafts + stats.num_accepted_tokens >= 40 > stats.num_drafts + stats.num_accepted_tokens - k
+
+
+@pytest.mark.timeout(300)
+def test_speculation_over_two_tp_ranks_gives_the_oracles_tokens(oracle):
+    """§6.7: the drafter's stages shard like the target's over TP = 2 CPU ranks; greedy output is the oracle's."""
+    with spec_llm(3, max_num_seqs=2, tensor_parallel_size=2, all_reduce_backend="host") as llm:
+        check_against_oracle(oracle, llm, PROMPTS[:2], 32)

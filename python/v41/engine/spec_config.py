@@ -101,7 +101,8 @@ class SpeculativeConfig:
     def check(self, cfg: ModelConfig, tensor_parallel_size: int) -> None:
         """Check the options against the checkpoint ``cfg`` served at ``tensor_parallel_size`` ranks. Raises
         ValueError when the checkpoint has no DSpark draft stages, when K exceeds its ``dspark_block_size``
-        (naming both numbers), or when ``draft_tensor_parallel_size`` is neither 1 nor ``tensor_parallel_size``."""
+        (naming both numbers), when ``draft_tensor_parallel_size`` is neither 1 nor ``tensor_parallel_size``, and
+        (not built yet) for a drafter on fewer ranks than the target or adaptive verification."""
         if not cfg.has_dspark:
             raise ValueError(
                 f"speculative_config.method 'dspark' needs a checkpoint with DSpark draft stages, and this one has "
@@ -117,6 +118,12 @@ class SpeculativeConfig:
         if dtp is not None and dtp not in (1, tensor_parallel_size):
             raise ValueError(f"speculative_config.draft_tensor_parallel_size {dtp} must be 1 or the target's "
                              f"tensor_parallel_size ({tensor_parallel_size})")
+        if self.draft_tp(tensor_parallel_size) != tensor_parallel_size:  # issue 15: a replicated drafter
+            raise ValueError(f"speculative_config.draft_tensor_parallel_size {dtp}: the drafter shards like the "
+                             f"target for now; use {tensor_parallel_size} (or leave it out)")
+        if self.enable_adaptive_verification:  # issue 15: the start-up cost profile and per-request prefixes
+            raise ValueError("speculative_config.enable_adaptive_verification: adaptive verification is not built "
+                             "yet; leave it false (every step verifies num_speculative_tokens drafts)")
 
     def draft_tp(self, tensor_parallel_size: int) -> int:
         """Ranks the drafter runs on when the target runs on ``tensor_parallel_size`` (None resolved)."""
