@@ -233,6 +233,12 @@ def test_greedy_drafted_eos_counts_only_when_the_target_takes_it(method):
     assert y.tolist() == [7, 7]
 
 
+def _draft_block(sv: SpecVerifier, drafter: torch.Tensor, states, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """k drafts per request from the same drafter logits [n, V] at every slot: (drafts [n, k], Q [n, k, V])."""
+    ds, qs = zip(*(sv.draft(drafter, states, [s.position for s in states], j) for j in range(k)))
+    return torch.stack(ds, 1), torch.stack(qs, 1)
+
+
 @pytest.mark.parametrize("method", ["token", "block"])
 def test_sampled_eos_draft_is_rejected_while_min_tokens_masks_it(method):
     n, k = 4000, 3
@@ -240,12 +246,7 @@ def test_sampled_eos_draft_is_rejected_while_min_tokens_masks_it(method):
     sv = SpecVerifier(Sampler([EOS]))
     drafter = torch.zeros(n, V)
     drafter[:, EOS] = 3.0  # Q(EOS) ≈ 0.57 at every slot
-    ds, qs = [], []
-    for j in range(k):
-        d, q = sv.draft(drafter, states, [s.position for s in states], j)
-        ds.append(d)
-        qs.append(q)
-    d, q = torch.stack(ds, 1), torch.stack(qs, 1)
+    d, q = _draft_block(sv, drafter, states, k)
     target = torch.zeros(k + 1, V)
     target[:, EOS] = 2.0
     p = sv.target_probs(target.repeat(n, 1), states, d, [k] * n)
@@ -272,12 +273,7 @@ def test_sampled_end_rate_matches_the_target_eos_probability(method):
     sv = SpecVerifier(Sampler([EOS]))
     drafter = torch.zeros(n, V)
     drafter[:, EOS] = 2.5
-    ds, qs = [], []
-    for j in range(k):
-        d, q = sv.draft(drafter, states, [s.position for s in states], j)
-        ds.append(d)
-        qs.append(q)
-    d, q = torch.stack(ds, 1), torch.stack(qs, 1)
+    d, q = _draft_block(sv, drafter, states, k)
     target = torch.zeros(k + 1, V)
     target[:, EOS] = 1.0
     p = sv.target_probs(target.repeat(n, 1), states, d, [k] * n)

@@ -103,7 +103,7 @@ class ModelRunner:
     @torch.no_grad()
     def draft(self, table_rows: np.ndarray, anchors: np.ndarray, positions: np.ndarray):
         """One DSpark draft pass for B requests (their block-table rows, anchor tokens and anchor positions n,
-        int64 [B] each): (base logits [B·K, V] float32, collapsed hidden [B·K, D]) of the blocks
+        int64 [B] each): the base logits [B·K, V] float32 of the blocks
         ``[anchor, noise × (K − 1)]`` at ``n .. n + K − 1`` (:meth:`v41.models.fast.model.FastModel.draft`)."""
         k = self.cfg.dspark_block_size
         b = anchors.shape[0]

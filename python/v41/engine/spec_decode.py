@@ -59,7 +59,7 @@ class SpecDecoder:
             return []
         anchors = np.array([s.output_token_ids[-1] for s in seqs], dtype=np.int64)
         positions = [s.sampling.position for s in seqs]
-        base, _ = self.executor.draft(np.asarray(table_rows, dtype=np.int64), anchors,
+        base = self.executor.draft(np.asarray(table_rows, dtype=np.int64), anchors,
                                       np.asarray(positions, dtype=np.int64))
         base = base.view(len(seqs), -1, base.shape[-1])
         out = torch.from_numpy(anchors).to(base.device)

@@ -8,9 +8,9 @@ Three draft stages (``mtp.0..S-1``), each a delayed-mHC block with window attent
   unreachable: a draft block only reads positions before its anchor, which are committed.
 * **Draft** (:meth:`FastDrafter.forward`): per request, the block ``[anchor, noise × (K − 1)]`` at positions
   ``n .. n + K − 1``; its queries see the stage's context rows of positions ``n − W .. n − 1`` (``W`` =
-  ``sliding_window``) and every row of their own block (non-causal). Returns the base logits and the collapsed
-  hidden state; the Markov head and the confidence logit (:meth:`FastDrafter.markov_logits`,
-  :meth:`FastDrafter.confidence`) follow draft by draft, because each reads the previous draft.
+  ``sliding_window``) and every row of their own block (non-causal). Returns the base logits; the Markov head
+  (:meth:`FastDrafter.markov_logits`) follows draft by draft, because it reads the previous draft. The confidence
+  head is loaded with the checkpoint but unused until adaptive verification is built.
 
 Under tensor parallelism the stages shard like backbone layers (heads, experts); ``main_*``, ``norm`` and the
 Markov and confidence heads are replicated, the base logits all-gathered, so every rank computes the same drafts.
@@ -159,8 +159,8 @@ class FastDrafter(nn.Module):
             scatter_rows(cache.tensors["dspark"][attn.plan.layer_id], slots, attn.kv_rows(main_x, cos, sin),
                          cache.dummy_slot("dspark"))
 
-    def forward(self, batch: DraftBatch, embed: nn.Module, cache: FastCache) -> tuple[Tensor, Tensor]:
-        """One draft pass: (base logits [B·K, V] float32, collapsed hidden y [B·K, D])."""
+    def forward(self, batch: DraftBatch, embed: nn.Module, cache: FastCache) -> Tensor:
+        """One draft pass: the base logits [B·K, V] float32 (before the Markov term)."""
         cfg, k = self.cfg, self.cfg.dspark_block_size
         w = cfg.sliding_window
         pos, req = batch.positions, batch.req_index
@@ -180,17 +180,10 @@ class FastDrafter(nn.Module):
         pre_mix[:, 0] = 1
         for stage in self.stages:
             h, pre_mix = stage(h, pre_mix, batch.token_ids, ctx)
-        y = collapse(h, pre_mix)
-        return self._head[0](self.last.norm(y)), y
+        return self._head[0](self.last.norm(collapse(h, pre_mix)))
 
     def markov_logits(self, out: Tensor) -> Tensor:
         """The Markov term [B, V] float32 of the previous outputs ``out`` [B] (the anchor for slot 0)."""
         mh = self.last.markov_head
         e = mh.embed.weight[out]
         return mh.head(e, torch.promote_types(e.dtype, torch.float32))
-
-    def confidence(self, y: Tensor, out: Tensor) -> Tensor:
-        """Raw confidence logits [B] of slot rows ``y`` [B, D] whose previous outputs are ``out`` [B]."""
-        e = self.last.markov_head.embed.weight[out]
-        x = torch.cat([y.to(e.dtype), e], dim=-1)
-        return self.last.confidence_head.proj(x, torch.promote_types(x.dtype, torch.float32))[:, 0]
