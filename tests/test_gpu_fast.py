@@ -1,9 +1,12 @@
 """The fast path on a GPU (skipped without CUDA; run on the device machine by ``benches/gpu/flash_slice.sh``):
 every Triton kernel vs its reference in bf16 and float32 (fresh random inputs, poisoned outputs); the fast engine
 on CUDA gives the CPU engine's greedy tokens (tiny models, float32); CUDA-graph replay gives eager's tokens and
-logits at every captured size, padded batches included; a decode step makes no host synchronisation."""
+logits at every captured size, padded batches included; speculation replays verify and draft graphs and gives
+the eager tokens; a decode step makes no host synchronisation."""
 
 from __future__ import annotations
+
+import gc
 
 import pytest
 import torch
@@ -77,6 +80,51 @@ def test_graph_replay_equals_eager_at_every_captured_size(tmp_path, arch):
             outs = [run.execute(step).float() for run in runners]
             assert torch.equal(outs[0].argmax(-1), outs[1].argmax(-1)), r
             assert ((outs[0] - outs[1]).norm(dim=-1) / outs[1].norm(dim=-1)).max() < 1e-2, r
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_speculation_replays_verify_and_draft_graphs_and_gives_the_eager_tokens(temperature):
+    """The embedded model with its trained drafter, K = 3: verify steps (4 rows per request, padded batches) and
+    draft passes replay graphs, and give the tokens of the eager speculative engine (seeded when sampled), which
+    for greedy requests are the plain engine's."""
+    spec = {"num_speculative_tokens": 3}
+    plain = _generate(temperature, {})
+    eager = _generate(temperature, {"speculative_config": spec, "enforce_eager": True})
+    graphs = _generate(temperature, {"speculative_config": spec}, expect_graphs=True)
+    assert graphs == eager
+    if temperature == 0.0:
+        assert graphs == plain
+
+
+def _generate(temperature: float, extra: dict, expect_graphs: bool = False) -> list[list[int]]:
+    """Token ids of three prompts from the embedded model (float32) built with ``extra`` options; with
+    ``expect_graphs`` the verify and draft graphs must have replayed and drafts have been accepted."""
+    from v41 import LLM, SamplingParams
+
+    prompts = ["def main(args):\n    ", "import os\nimport sys\n\n", "class Foo:\n"]
+    gc.collect()  # earlier engines hold their caches until collected
+    torch.cuda.empty_cache()
+    llm = LLM(None, device="cuda", dtype="float32", gpu_memory_utilization=0.2, **extra)
+    replays = {"verify": 0, "draft": 0}
+    if expect_graphs:
+        runner = llm.engine.executor.runner
+        assert runner.graphs.query_tokens == 4 and runner.draft_graphs is not None
+        for key, obj in (("verify", runner.graphs), ("draft", runner.draft_graphs)):
+            obj.run = _counting(obj.run, replays, key)
+    sp = SamplingParams(temperature=temperature, max_tokens=40, ignore_eos=True, seed=3)
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    if expect_graphs:
+        assert replays["verify"] >= 5 and replays["draft"] >= 5, replays
+        assert sum(o.outputs[0].spec_decode.num_accepted_tokens for o in outs) > 0
+    llm.engine.shutdown()
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _counting(fn, counts: dict, key: str):
+    def wrapped(*args):
+        counts[key] += 1
+        return fn(*args)
+    return wrapped
 
 
 def test_decode_step_makes_no_host_synchronisation(tmp_path):

@@ -46,6 +46,20 @@ def test_greedy_speculation_gives_the_oracles_tokens(oracle, k):
     check_against_oracle(oracle, spec_llm(k, max_num_seqs=4), PROMPTS, 32)
 
 
+def test_greedy_speculation_with_processors_gives_the_plain_engines_tokens():
+    """Greedy requests with a repetition penalty or min_tokens verify through the processed target rows, the
+    others through the raw argmax: in one batch, each request gets the plain engine's greedy tokens."""
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.5),
+              SamplingParams(temperature=0, max_tokens=24, min_tokens=12),
+              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, frequency_penalty=0.7),
+              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)]
+    plain = LLM(None, max_num_seqs=4).generate(PROMPTS, params, use_tqdm=False)
+    spec = spec_llm(3, max_num_seqs=4).generate(PROMPTS, params, use_tqdm=False)
+    for p, s in zip(plain, spec):
+        assert list(s.outputs[0].token_ids) == list(p.outputs[0].token_ids)
+    assert len(set(tuple(p.outputs[0].token_ids) for p in plain)) == 4
+
+
 def test_speculation_with_chunked_prefill_prefix_hits_and_preemption(oracle):
     """Chunks of 7 tokens (the verify rows share the budget), a shared prefix computed once, and a pool so small
     that requests are preempted and recompute (their drafter rings included)."""

@@ -37,7 +37,7 @@ class InputBuffers:
                  ratios: list[int], engram_cols: dict[int, int]):
         self.device = torch.device(device)
         self.ratios = list(ratios)
-        self.tables = tables
+        self.tables, self.engram_cols = tables, dict(engram_cols)
         per_token = 4 + len(tables.widths) + sum(engram_cols.values())
         per_req = 4 + 3 * 2 * len(tables.widths)  # diffs: about two changed entries per kind and request
         segs = sum((2 * max_reqs + max_tokens // r + 1) * r for r in self.ratios)

@@ -1,6 +1,7 @@
 """One rank's model runner: loads the step model (the fast model, or the paged parity bridge), owns its cache,
 the persistent input buffers and the decode CUDA graphs, and runs each :class:`~.host_step.HostStep` (docs/architecture.md §2
-``engine/model_runner``): a decode-only step that fits a captured size replays its graph, anything else runs eager.
+``engine/model_runner``): a step whose requests each compute at most ``1 + K`` tokens (``K`` speculative tokens, 0
+without speculation) and that fits a captured size replays its graph, anything else runs eager.
 
 Rank 0 (:mod:`.executor`) and every tensor-parallel worker (:mod:`.tp_worker`) build the same runner from the same
 :class:`~.args.EngineArgs`, so every rank fills its own buffers from the same host plan.
@@ -12,13 +13,15 @@ import logging
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from ..distributed.group import SINGLE, TPGroup
-from ..models.fast.dspark import DraftBatch
 from ..models.protocol import StepModel
 from .args import EngineArgs
 from .block_tables import DeviceBlockTables
-from .cuda_graph import CudaGraphRunner, GraphInputs, capture_sizes
+from .cuda_graph import CudaGraphRunner, capture_sizes
+from .draft_graph import DraftGraphs, draft_pass
+from .graph_inputs import GraphInputs
 from .host_step import HostStep
 from .input_buffers import InputBuffers
 
@@ -49,6 +52,14 @@ def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None) -> Step
     return model
 
 
+def graph_sizes(max_capture_tokens: int, max_num_seqs: int, query_tokens: int) -> list[int]:
+    """Batch sizes (requests) to capture: :func:`~.cuda_graph.capture_sizes` up to ``max_num_seqs`` whose
+    ``size · query_tokens`` rows fit ``max_capture_tokens`` (vLLM counts capture sizes in tokens too; at least
+    size 1). Verify graphs (``query_tokens = 1 + K``) return logits for every row, hence the token cap."""
+    sizes = [s for s in capture_sizes(min(max_capture_tokens, max_num_seqs)) if s * query_tokens <= max_capture_tokens]
+    return sizes or [1]
+
+
 class ModelRunner:
     """The model of one rank plus its cache and input buffers. ``execute(step)`` → float32 logits [N, vocab] of
     ``step.logits_rows`` (and the DSpark aux states with ``step.return_aux``)."""
@@ -59,6 +70,7 @@ class ModelRunner:
         self.cfg = self.model.cfg
         self.buffers: InputBuffers | None = None
         self.graphs: CudaGraphRunner | None = None
+        self.draft_graphs: DraftGraphs | None = None
 
     def cache_layout(self, block_tokens: int | None = None):
         return self.model.cache_layout(block_tokens)
@@ -74,14 +86,23 @@ class ModelRunner:
         self.tables = DeviceBlockTables(widths, self.args.max_num_seqs, self.device)
         self.buffers = InputBuffers(self.device, self.args.max_num_batched_tokens, self.args.max_num_seqs,
                                     self.tables, self.model.segment_ratios, engram)
+        self.max_model_len = max_model_len
         if self._capture_wanted():
-            cap = min(self.args.max_cudagraph_capture_size or 512, self.args.max_num_seqs)
-            sizes = capture_sizes(cap)
-            static = {k: torch.full((sizes[-1], w), -1, dtype=torch.int64, device=self.device)
-                      for k, w in widths.items()}
-            self.graphs = CudaGraphRunner(self.model, sizes, lambda size: GraphInputs(
-                size, self.tables, static, engram, self.model.segment_ratios, max_model_len,
-                self.model.cache.dummy_state_row, torch.device(self.device)))
+            k = self.args.lookahead_tokens()
+            sizes = graph_sizes(self.args.max_cudagraph_capture_size or 512, self.args.max_num_seqs, 1 + k)
+            self.graphs = self.make_graphs(sizes, 1 + k)
+            if k:
+                self.draft_graphs = DraftGraphs(self.model, self.tables, sizes, k, torch.device(self.device))
+
+    def make_graphs(self, sizes: list[int], query_tokens: int, capture: bool = True) -> CudaGraphRunner:
+        """Graphs (``capture`` False: their static inputs run eagerly) of ``sizes`` requests × ``query_tokens``
+        rows over this runner's cache and tables (after :meth:`init_cache`)."""
+        static = {k: torch.full((sizes[-1], w), -1, dtype=torch.int64, device=self.device)
+                  for k, w in self.tables.widths.items()}
+        engram = self.buffers.engram_cols
+        return CudaGraphRunner(self.model, sizes, lambda size: GraphInputs(
+            size, self.tables, static, engram, self.model.segment_ratios, self.max_model_len,
+            self.model.cache.dummy_state_row, torch.device(self.device), query_tokens=query_tokens), capture)
 
     def _capture_wanted(self) -> bool:
         if self.args.enforce_eager or not str(self.device).startswith("cuda"):
@@ -101,19 +122,13 @@ class ModelRunner:
         return self.model.forward(self.buffers.load(step), step.return_aux)
 
     @torch.no_grad()
-    def draft(self, table_rows: np.ndarray, anchors: np.ndarray, positions: np.ndarray):
+    def draft(self, table_rows: np.ndarray, anchors: np.ndarray, positions: np.ndarray) -> tuple[Tensor, Tensor]:
         """One DSpark draft pass for B requests (their block-table rows, anchor tokens and anchor positions n,
-        int64 [B] each): the base logits [B·K, V] float32 of the blocks
-        ``[anchor, noise × (K − 1)]`` at ``n .. n + K − 1`` (:meth:`v41.models.fast.model.FastModel.draft`)."""
-        k = self.cfg.dspark_block_size
-        b = anchors.shape[0]
-        ids = np.full((b, k), self.cfg.dspark_noise_token_id, dtype=np.int64)
-        ids[:, 0] = anchors
-        pos = positions.astype(np.int64)[:, None] + np.arange(k, dtype=np.int64)[None, :]
+        int64 [B] each): base logits [B, K, V] float32 and greedy drafts [B, k] int64
+        (:func:`.draft_graph.draft_pass`), replayed from a graph when one fits."""
+        if self.draft_graphs is not None and self.draft_graphs.fits(anchors.shape[0]):
+            return self.draft_graphs.run(table_rows, anchors, positions)
         dev = torch.device(self.device)
-        rows = torch.from_numpy(table_rows.astype(np.int64)).to(dev)
-        batch = DraftBatch(token_ids=torch.from_numpy(ids.reshape(-1)).to(dev),
-                           positions=torch.from_numpy(pos.reshape(-1)).to(dev),
-                           req_index=torch.arange(b, device=dev).repeat_interleave(k),
-                           block_table=self.tables.tables["dspark"].index_select(0, rows))
-        return self.model.draft(batch)
+        rows, ids, pos = (torch.from_numpy(np.asarray(a, dtype=np.int64)).to(dev)
+                          for a in (table_rows, anchors, positions))
+        return draft_pass(self.model, self.tables, rows, ids, pos, self.args.lookahead_tokens())

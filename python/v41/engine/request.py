@@ -55,7 +55,7 @@ class Sequence:
     sent_chars: int = 0
     sent_prompt_logprobs: int = 0
     draft: list[int] = field(default_factory=list)  # speculative drafts the next step verifies (engine/spec_decode)
-    draft_q: Tensor | None = None  # [k, V] float32 on the device: the law each draft was drawn from
+    draft_q: Tensor | None = None  # [k, V] float32 on the device: the law each draft was drawn from (None: one-hot)
     spec_decode: SpecDecodeStats | None = None
 
     @property

@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 from .request import Sequence
-from .sampler import Sampler
+from .sampler import Sampler, has_processor
 from .spec_config import SpeculativeConfig
-from .spec_verify import SpecVerifier
+from .spec_verify import SpecVerifier, to_device
 
 
 class SpecDecoder:
@@ -38,44 +38,65 @@ class SpecDecoder:
     def verify(self, seqs: list[Sequence], logits: Tensor, counts: list[int]) -> list[list[int]]:
         """Tokens to commit per sequence: the accepted drafts, then ``y``. ``logits`` [Σ (k_r + 1), V]: each
         sequence's verify rows ``[x0, d_1..d_{k_r}]`` in order (``counts`` = k_r ≥ 1, its drafts are
-        ``seq.draft[:k_r]`` drawn from ``seq.draft_q[:k_r]``)."""
-        k = max(counts)
-        drafts = torch.zeros(len(seqs), k, dtype=torch.int64)
-        q = logits.new_zeros(len(seqs), k, logits.shape[-1], dtype=torch.float32)
-        for r, (seq, c) in enumerate(zip(seqs, counts)):
-            drafts[r, :c] = torch.tensor(seq.draft[:c])
-            q[r, :c] = seq.draft_q[:c]
-        drafts = drafts.to(logits.device)
+        ``seq.draft[:k_r]`` drawn from ``seq.draft_q[:k_r]``, None = one-hot at the draft). A batch of greedy
+        requests verifies greedily whatever the method (the result is the same) and builds no ``Q``; without
+        processors (bias, min_tokens, penalties: the rows are the raw logits) that is one argmax launch and the
+        accept test on the host, from the one copy of the argmax ids the commit needs anyway."""
+        k, b, vocab = max(counts), len(seqs), logits.shape[-1]
         states = [s.sampling for s in seqs]
+        method = "greedy" if all(st.params.is_greedy for st in states) else self.method
+        if method == "greedy" and not any(has_processor(st) for st in states):
+            return _greedy_commits(seqs, logits.argmax(dim=-1).tolist(), counts)
+        drafts = to_device([s.draft[:c] + [0] * (k - c) for s, c in zip(seqs, counts)], logits.device)
+        if method == "greedy":
+            q = logits.new_zeros(1, 1, 1, dtype=torch.float32).expand(b, k, vocab)
+        else:
+            q = logits.new_zeros(b, k, vocab, dtype=torch.float32)
+            for r, (seq, c) in enumerate(zip(seqs, counts)):
+                if seq.draft_q is None:
+                    q[r, :c].scatter_(1, drafts[r, :c, None], 1.0)
+                else:
+                    q[r, :c] = seq.draft_q[:c]
         target = self.verifier.target_probs(logits, states, drafts, counts)
-        accepted, token = self.verifier.verify(self.method, target, drafts, q, counts, states)
+        accepted, token = self.verifier.verify(method, target, drafts, q, counts, states)
         return [seq.draft[:a] + [y] for seq, a, y in zip(seqs, accepted.tolist(), token.tolist())]
 
     def draft(self, seqs: list[Sequence], table_rows: list[int]) -> list[list[int]]:
         """The next ``k`` drafts of each sequence, also kept in ``seq.draft`` with their laws in ``seq.draft_q``
-        [k, V]. ``table_rows``: each sequence's block-table row. Drafts are sampled per the config
-        (``probabilistic``: keyed draws from the processed drafter distribution; ``greedy``: its argmax)."""
+        ([k, V] float32, or None for one-hot laws). ``table_rows``: each sequence's block-table row. Drafts are
+        sampled per the config (``probabilistic``: keyed draws from the processed drafter distribution, greedy
+        requests by argmax; ``greedy``: the argmax). When every draft is an argmax the draft pass returns them
+        (:func:`.draft_graph.draft_pass`, one graph replay); otherwise the Markov slots run here on its base logits."""
         if not seqs:
             return []
         anchors = np.array([s.output_token_ids[-1] for s in seqs], dtype=np.int64)
         positions = [s.sampling.position for s in seqs]
-        base = self.executor.draft(np.asarray(table_rows, dtype=np.int64), anchors,
-                                      np.asarray(positions, dtype=np.int64))
-        base = base.view(len(seqs), -1, base.shape[-1])
-        out = torch.from_numpy(anchors).to(base.device)
+        base, greedy = self.executor.draft(np.asarray(table_rows, dtype=np.int64), anchors,
+                                           np.asarray(positions, dtype=np.int64))
         states = [s.sampling for s in seqs]
-        drafts, laws = [], []
-        for i in range(self.k):
-            logits = base[:, i] + self.drafter.markov_logits(out)
-            if self.greedy_drafts:
-                out = logits.argmax(dim=-1)
-                law = torch.nn.functional.one_hot(out, logits.shape[-1]).float()
-            else:
-                out, law = self.verifier.draft(logits, states, positions, i)
-            drafts.append(out)
-            laws.append(law)
-        rows = torch.stack(drafts, dim=1).tolist()
-        law = torch.stack(laws, dim=1)
+        if self.greedy_drafts or all(st.params.is_greedy for st in states):
+            rows, law = greedy.tolist(), None
+        else:
+            out = torch.from_numpy(anchors).to(base.device)
+            drafts, laws = [], []
+            for i in range(self.k):
+                out, q = self.verifier.draft(base[:, i] + self.drafter.markov_logits(out), states, positions, i)
+                drafts.append(out)
+                laws.append(q)
+            rows, law = torch.stack(drafts, dim=1).tolist(), torch.stack(laws, dim=1)
         for r, (seq, row) in enumerate(zip(seqs, rows)):
-            seq.draft, seq.draft_q = row, law[r]
+            seq.draft, seq.draft_q = row, (None if law is None else law[r])
         return rows
+
+
+def _greedy_commits(seqs: list[Sequence], best: list[int], counts: list[int]) -> list[list[int]]:
+    """Greedy verification from the argmax ids ``best`` of every verify row: ``a`` = the leading drafts equal to
+    the argmax of their row, then ``y`` = the argmax of row ``a`` (docs/speculative-decoding.md §3a)."""
+    out, first = [], 0
+    for seq, c in zip(seqs, counts):
+        row, a = best[first:first + c + 1], 0
+        while a < c and seq.draft[a] == row[a]:
+            a += 1
+        out.append(seq.draft[:a] + [row[a]])
+        first += c + 1
+    return out

@@ -90,12 +90,12 @@ def accept(method: str, target: Tensor, drafts: Tensor, draft_probs: Tensor, num
     device = target.device
     live = torch.arange(k, device=device) < num_drafts[:, None]
     d = torch.where(live, drafts, 0)[..., None]
-    q = torch.cat([torch.where(live[..., None], draft_probs, 0.0), target.new_zeros(b, 1, vocab)], dim=1)
     best = target.argmax(dim=-1)
     a_greedy = _leading(live & (d[..., 0] == best[:, :k]))
     at = torch.arange(b, device=device)
     if method == "greedy":
         return a_greedy, _one_hot(best[at, a_greedy], vocab)
+    q = torch.cat([torch.where(live[..., None], draft_probs, 0.0), target.new_zeros(b, 1, vocab)], dim=1)
     p_d = target[:, :k].gather(2, d)[..., 0]
     q_d = q[:, :k].gather(2, d)[..., 0]
     if method == "token":
@@ -139,7 +139,7 @@ def _one_hot(ids: Tensor, vocab: int) -> Tensor:
     return torch.zeros(ids.shape[0], vocab, device=ids.device).scatter_(1, ids[:, None], 1.0)
 
 
-def _to_device(values: list[list[int]], device: torch.device) -> Tensor:
+def to_device(values: list[list[int]], device: torch.device) -> Tensor:
     """[R, n] int64 on ``device``: pinned and non-blocking on CUDA (no host synchronisation)."""
     t = torch.tensor(values, dtype=torch.int64)
     if device.type == "cuda":
@@ -228,7 +228,7 @@ class SpecVerifier:
             return probs.view(b, k + 1, vocab)
         dest = [r * (k + 1) + j for r in range(b) for j in range(counts[r] + 1)]
         out = probs.new_zeros(b * (k + 1), vocab)
-        return out.index_copy_(0, _to_device([dest], x.device)[0], probs).view(b, k + 1, vocab)
+        return out.index_copy_(0, to_device([dest], x.device)[0], probs).view(b, k + 1, vocab)
 
     def verify(self, method: str, target: Tensor, drafts: Tensor, draft_probs: Tensor, num_drafts: Sequence[int],
                states: Sequence[SamplingState]) -> tuple[Tensor, Tensor]:
@@ -249,7 +249,7 @@ class SpecVerifier:
             raise ValueError(f"drafts {tuple(drafts.shape)} / draft_probs {tuple(draft_probs.shape)} do not match"
                              f" target rows {tuple(target.shape)}")
         counts = _counts(num_drafts, b, k)
-        keys = _to_device([counts, [int(s.params.is_greedy) for s in states], [s.seed for s in states],
+        keys = to_device([counts, [int(s.params.is_greedy) for s in states], [s.seed for s in states],
                            [s.position for s in states]], target.device)
         seeds, positions = keys[2], keys[3]
         eta = accept_uniforms(seeds, positions, k) if method != "greedy" else None

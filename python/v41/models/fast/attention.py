@@ -49,6 +49,7 @@ class StepContext:
     n_visible: dict[int, Tensor]
     topk: dict[int, Tensor] = field(default_factory=dict)
     cand: Tensor | None = None
+    _closed: dict[str, Tensor] = field(default_factory=dict)
 
     def entry_slots(self, kind: str, entry_ids: Tensor) -> Tensor:
         """Cache slots [T, K] of per-query entry ids [T, K] (−1 = none) of ``kind`` through the requests' tables."""
@@ -60,6 +61,16 @@ class StepContext:
         ``layer`` (slot −1 = nothing written)."""
         scatter_rows(self.cache.tensors[kind][layer], self.batch.slot_mapping[kind], values,
                      self.cache.dummy_slot(kind), index=rows_idx)
+
+    def write_closed(self, kind: str, layer: int, seg: Segments, values: Tensor) -> None:
+        """Write ``values`` [S, *row] of the segments ``seg`` at the slots their last tokens close in ``kind``'s
+        cache of ``layer``; padding segments (no valid row: CUDA-graph padding) write nothing. The masked slots
+        are computed once per step and kind."""
+        slots = self._closed.get(kind)
+        if slots is None:
+            slots = torch.where(seg.valid[:, 0], self.batch.slot_mapping[kind][seg.last_row], -1)
+            self._closed[kind] = slots
+        scatter_rows(self.cache.tensors[kind][layer], slots, values, self.cache.dummy_slot(kind))
 
 
 def rope_key(plan: LayerPlan) -> str:

@@ -95,15 +95,15 @@ class V4Attention(FastAttention):
         m, s, a = pool_step(seg, value, gate, ctx.cache.state[lid])
         if self.csa:
             c = hd + self.indexer.head_dim
-            ctx.write(f"cov{r}", lid, seg.last_row, torch.stack([m[:, :c], s[:, :c], a[:, :c]], dim=1))
+            ctx.write_closed(f"cov{r}", lid, seg, torch.stack([m[:, :c], s[:, :c], a[:, :c]], dim=1))
             m, s, a = combine_triples((m[:, c:], s[:, c:], a[:, c:]), self._prev_a(ctx, seg, c))
         pooled = finish(m, s, a)
         cos, sin = ctx.ropes[self.rope_key].cos_sin(seg.window * r)
         main = self.compressor.norm(pooled[:, :hd].to(x.dtype))
-        ctx.write(f"ckv{r}", lid, seg.last_row, rope(main, cos, sin))
+        ctx.write_closed(f"ckv{r}", lid, seg, rope(main, cos, sin))
         if self.csa:
             keys = self.indexer.compressor.norm(pooled[:, hd:].to(x.dtype))
-            ctx.write(f"idx{r}", lid, seg.last_row, rope(keys, cos, sin))
+            ctx.write_closed(f"idx{r}", lid, seg, rope(keys, cos, sin))
 
     def _prev_a(self, ctx: StepContext, seg, c: int):
         """The A triple of window w−1 of every segment from ``cov{r}`` (empty for window 0)."""

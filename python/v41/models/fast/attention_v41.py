@@ -69,19 +69,21 @@ class CSA2Attention(FastAttention):
         """Entries closed in this step → RoPE at ``j·r`` → ``ckv{r}``; index keys from the pre-RoPE latent →
         ``idx{r}`` (§3.6, §3.7 step 1)."""
         comp, r, lid = self.compressor, self.plan.ratio, self.plan.layer_id
+        ix = self.indexer
         if r == 1:
             latent = comp.norm(comp.wkv(x))
-            rows, entry = torch.arange(x.shape[0], device=x.device), ctx.batch.positions
-        else:
-            seg = ctx.segments[r]
-            ct = torch.promote_types(x.dtype, torch.float32)
-            m, s, a = pool_step(seg, comp.wkv(x, ct), comp.wgate(x, ct), ctx.cache.state[lid])
-            latent = comp.norm(finish(m, s, a).to(x.dtype))
-            rows, entry = seg.last_row, seg.window
-        cos, sin = ctx.ropes[self.rope_key].cos_sin(entry * r)
-        ix = self.indexer
-        ctx.write(f"idx{r}", lid, rows, rope(ix.k_norm(ix.wk(latent)), cos, sin))
-        ctx.write(f"ckv{r}", lid, rows, rope(latent, cos, sin))
+            cos, sin = ctx.rope[self.rope_key]
+            rows = torch.arange(x.shape[0], device=x.device)
+            ctx.write(f"idx{r}", lid, rows, rope(ix.k_norm(ix.wk(latent)), cos, sin))
+            ctx.write(f"ckv{r}", lid, rows, rope(latent, cos, sin))
+            return
+        seg = ctx.segments[r]
+        ct = torch.promote_types(x.dtype, torch.float32)
+        m, s, a = pool_step(seg, comp.wkv(x, ct), comp.wgate(x, ct), ctx.cache.state[lid])
+        latent = comp.norm(finish(m, s, a).to(x.dtype))
+        cos, sin = ctx.ropes[self.rope_key].cos_sin(seg.window * r)
+        ctx.write_closed(f"idx{r}", lid, seg, rope(ix.k_norm(ix.wk(latent)), cos, sin))
+        ctx.write_closed(f"ckv{r}", lid, seg, rope(latent, cos, sin))
 
     def _select(self, x: Tensor, qr: Tensor, ctx: StepContext) -> Tensor:
         """This index source's top-k entry ids per query [T, min(index_topk, N)] (−1 = none), §3.7 steps 2–7."""
