@@ -60,11 +60,11 @@ def test_step_message_round_trips_without_pickle():
                     max_blocks={"swa": 2},
                     slot_mapping={"swa": np.array([48, 49, 80], i32), "ckv2": np.array([-1, 24, -1], i32)},
                     state_rows=np.array([0, 1], i32), logits_rows=np.array([1, 2], i64),
-                    engram_rows={1: np.arange(12, dtype=i64).reshape(3, 4)}, return_aux=True)
+                    engram_rows={1: np.arange(12, dtype=i64).reshape(3, 4)})
     data = step.encode()
     assert b"\x80" not in data[:1]  # a msgpack map, not a pickle protocol header
     got = HostStep.decode(data)
-    assert got.starts() == step.starts() == ((0, 2, 0), (2, 1, 9)) and got.return_aux
+    assert got.starts() == step.starts() == ((0, 2, 0), (2, 1, 9))
     for name in ("token_ids", "positions", "num_scheduled", "start_pos", "state_rows", "logits_rows"):
         a, b = getattr(got, name), getattr(step, name)
         assert a.dtype == b.dtype and np.array_equal(a, b)

@@ -8,8 +8,8 @@ rows, cached lengths, state rows, block-table rows, a fixed-size block-table dif
 rows, compressor segments). Each step packs its host plan padded to the graph's size into that region's pinned twin
 and copies it with one non-blocking copy; the graph itself applies the diff to the persistent tables and gathers
 its rows at full width (:mod:`.block_tables`) before the forward, and returns the logits of every row; the step's
-rows are picked after the replay. A step whose diff exceeds the region (many admissions into one step), a request
-with more tokens than ``query_tokens`` and steps that want the DSpark aux states run eager (:mod:`.model_runner`).
+rows are picked after the replay. A step whose diff exceeds the region (many admissions into one step) or with a
+request of more tokens than ``query_tokens`` runs eager (:mod:`.model_runner`).
 On a CPU device the runner "replays" by running the same prologue and forward eagerly on the static inputs, so the
 packing and padding are tested without a GPU.
 """
@@ -66,8 +66,8 @@ class CudaGraphRunner:
                  self.query_tokens)
 
     def fits(self, step: HostStep) -> bool:
-        """A step without aux states whose requests fit the largest graph."""
-        return (not step.return_aux and step.num_requests <= self.sizes[-1]
+        """A step whose requests fit the largest graph."""
+        return (step.num_requests <= self.sizes[-1]
                 and self.inputs[self._size(step.num_requests)].fits(step))
 
     def _size(self, r: int) -> int:

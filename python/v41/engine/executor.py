@@ -49,7 +49,7 @@ class LocalExecutor:
         self.runner.init_cache(num_blocks, num_state_rows, block_tokens, max_model_len)
 
     def execute(self, step: HostStep):
-        """Logits [N, vocab] of ``step.logits_rows`` (with ``step.return_aux``: and the DSpark aux states)."""
+        """Logits [N, vocab] of ``step.logits_rows``."""
         return self.runner.execute(step)
 
     def draft(self, table_rows, anchors, positions):

@@ -18,8 +18,7 @@ class HostStep:
     the persistent block tables). Per kind: table_diffs[kind] [3, D] int32 (row, logical block, physical block;
     −1 = none) — the entries that changed since each row was last sent, applied in step order on every rank
     (:mod:`.block_tables`) — and max_blocks[kind], the columns this step reads. engram_rows[layer] [T, cols]
-    int64 table rows; logits_rows [N] int64 rows whose logits the step returns; return_aux: the DSpark aux states
-    are wanted too."""
+    int64 table rows; logits_rows [N] int64 rows whose logits the step returns."""
 
     token_ids: np.ndarray
     positions: np.ndarray
@@ -32,7 +31,6 @@ class HostStep:
     state_rows: np.ndarray
     logits_rows: np.ndarray
     engram_rows: dict[int, np.ndarray] = field(default_factory=dict)
-    return_aux: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -85,8 +83,7 @@ class HostStep:
             "max_blocks": {k: int(v) for k, v in self.max_blocks.items()},
             "slot_mapping": {k: arr(v) for k, v in self.slot_mapping.items()},
             "state_rows": arr(self.state_rows), "logits_rows": arr(self.logits_rows),
-            "engram_rows": {str(k): arr(v) for k, v in self.engram_rows.items()},
-            "return_aux": self.return_aux}, use_bin_type=True)
+            "engram_rows": {str(k): arr(v) for k, v in self.engram_rows.items()}}, use_bin_type=True)
 
     @classmethod
     def decode(cls, data: bytes) -> "HostStep":
@@ -103,7 +100,6 @@ class HostStep:
                        max_blocks={k: int(v) for k, v in d["max_blocks"].items()},
                        slot_mapping={k: arr(v) for k, v in d["slot_mapping"].items()},
                        state_rows=arr(d["state_rows"]), logits_rows=arr(d["logits_rows"]),
-                       engram_rows={int(k): arr(v) for k, v in d["engram_rows"].items()},
-                       return_aux=bool(d["return_aux"]))
+                       engram_rows={int(k): arr(v) for k, v in d["engram_rows"].items()})
         except (KeyError, TypeError, ValueError, msgpack.UnpackException) as e:
             raise ValueError(f"malformed step message ({e})") from None

@@ -62,7 +62,7 @@ def graph_sizes(max_capture_tokens: int, max_num_seqs: int, query_tokens: int) -
 
 class ModelRunner:
     """The model of one rank plus its cache and input buffers. ``execute(step)`` → float32 logits [N, vocab] of
-    ``step.logits_rows`` (and the DSpark aux states with ``step.return_aux``)."""
+    ``step.logits_rows``."""
 
     def __init__(self, args: EngineArgs, device: str, tp: TPGroup | None = None):
         self.args, self.device, self.tp = args, device, tp or SINGLE
@@ -119,7 +119,7 @@ class ModelRunner:
     def execute(self, step: HostStep):
         if self.graphs is not None and self.graphs.fits(step):
             return self.graphs.run(step)
-        return self.model.forward(self.buffers.load(step), step.return_aux)
+        return self.model.forward(self.buffers.load(step))
 
     @torch.no_grad()
     def draft(self, table_rows: np.ndarray, anchors: np.ndarray, positions: np.ndarray) -> tuple[Tensor, Tensor]:
