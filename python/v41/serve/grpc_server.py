@@ -35,8 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ..chat import OutputParser, encode_chat
@@ -44,7 +43,10 @@ from ..chat.formats import DEFAULT_REVISION_BY_MODEL_TYPE
 from ..engine.params import CompletionOutput, RequestOutput, SamplingParams
 from ..engine.spec_stats import SpecDecodeStats
 from .errors import INTERNAL, error_message, error_status
+from .grpc_convert import (Undecodable, json_list, lenient_parser, logprobs_to_proto, sampling_params_from_proto,
+                           spec_decode_to_proto)
 from .grpc_gen import load as _load_stubs
+from .grpc_health import EngineHealth, watch_engine
 from .metrics import kv_blocks
 from .validation import SUPPORTS_VISION, check_text, engine_max_n, validate_messages, validate_tools
 
@@ -52,15 +54,8 @@ pb2, pb2_grpc = _load_stubs()
 log = logging.getLogger("v41.serve.grpc")
 
 SERVICE_NAME = pb2.DESCRIPTOR.services_by_name["Engine"].full_name  # "v41.v1.Engine"
-HEARTBEAT_TIMEOUT_S = 5.0  # as the HTTP front end's /health
-HEALTH_POLL_S = 0.5
 MAX_MESSAGE_BYTES = 64 << 20
 _BACKGROUND: set[asyncio.Task] = set()
-_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                 "repetition_penalty")
-_OPTIONAL_FIELDS = (*_FLOAT_FIELDS, "top_k", "seed", "max_tokens", "n", "logprobs", "prompt_logprobs",
-                    "skip_special_tokens")
-
 
 async def _abort_with(context, exc: BaseException, what: str):
     """End the call with the status of ``exc`` (serve/errors.py); logs our own failures."""
@@ -70,34 +65,14 @@ async def _abort_with(context, exc: BaseException, what: str):
     await context.abort(grpc.StatusCode[status.grpc_code], error_message(exc))
 
 
-@dataclass(frozen=True)
-class _Undecodable:
-    """Request bytes that are no valid message of the method's request type. The deserializer hands this to
-    the method instead of raising, since grpc.aio answers a raising deserializer with UNKNOWN; the method
-    ends the call with INVALID_ARGUMENT (issue 13 item 12)."""
-
-    message: str
-
-
-def _lenient_parser(cls):
-    """``cls.FromString``, except that undecodable bytes (bad wire format, bad UTF-8 in a string field) give an
-    :class:`_Undecodable` naming the type instead of raising ``DecodeError``."""
-    def parse(data: bytes):
-        try:
-            return cls.FromString(data)
-        except DecodeError as e:
-            return _Undecodable(f"the request is not a valid {cls.DESCRIPTOR.full_name} message: {e}")
-    return parse
-
-
 def _add_engine_service(servicer, server: grpc.aio.Server) -> None:
     """Register ``servicer`` as the Engine service, as ``pb2_grpc.add_EngineServicer_to_server`` does but with
-    :func:`_lenient_parser` as every method's request deserializer."""
+    :func:`lenient_parser` as every method's request deserializer."""
     handlers = {}
     for method in pb2.DESCRIPTOR.services_by_name["Engine"].methods:
         make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
         handlers[method.name] = make(
-            getattr(servicer, method.name), request_deserializer=_lenient_parser(getattr(pb2, method.input_type.name)),
+            getattr(servicer, method.name), request_deserializer=lenient_parser(getattr(pb2, method.input_type.name)),
             response_serializer=getattr(pb2, method.output_type.name).SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
 
@@ -107,7 +82,7 @@ def _guarded(method):
     request bytes end it with INVALID_ARGUMENT."""
     @functools.wraps(method)
     async def wrapper(self, request, context):
-        if isinstance(request, _Undecodable):
+        if isinstance(request, Undecodable):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         try:
             return await method(self, request, context)
@@ -119,22 +94,6 @@ def _guarded(method):
 
 
 # ---------------------------------------------------------------------------------------------- requests
-def sampling_params_from_proto(p) -> SamplingParams:
-    """``v41.v1.SamplingParams`` → :class:`SamplingParams` (unset optional fields keep the defaults).
-
-    float32 fields are rounded to 7 significant digits, so 0.7 on the wire is 0.7 again, not 0.69999999.
-    """
-    kw: dict[str, Any] = {}
-    for name in _OPTIONAL_FIELDS:
-        if p.HasField(name):
-            v = getattr(p, name)
-            kw[name] = float(f"{v:.7g}") if name in _FLOAT_FIELDS else v
-    return SamplingParams(
-        **kw, min_tokens=p.min_tokens, stop=list(p.stop) or None, stop_token_ids=list(p.stop_token_ids) or None,
-        include_stop_str_in_output=p.include_stop_str_in_output, ignore_eos=p.ignore_eos,
-        logit_bias={int(k): float(v) for k, v in p.logit_bias.items()} or None)
-
-
 @dataclass(frozen=True)
 class _Chat:
     """A decoded ``ChatInput`` and its encoding."""
@@ -145,35 +104,7 @@ class _Chat:
     revision: str
 
 
-def _json_list(text: str, name: str) -> list | None:
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"chat.{name} is not valid JSON: {e}") from None
-    if not isinstance(value, list):
-        raise ValueError(f"chat.{name} must be a JSON array")
-    return value
-
-
 # ---------------------------------------------------------------------------------------------- responses
-def _logprobs_to_proto(entries, token_ids: list[int], top_n: int) -> list:
-    """Per token ``{id: Logprob}`` (the token itself + the top-n) → ``TokenLogprob``; ``None`` entries
-    (prompt position 0) are skipped."""
-    out = []
-    for entry, tok in zip(entries, token_ids):
-        if entry is None:
-            continue
-        lp = entry.get(tok)
-        tops = sorted((r for r in entry.items() if r[1].rank is not None and r[1].rank <= top_n),
-                      key=lambda r: r[1].rank)
-        out.append(pb2.TokenLogprob(
-            token_id=tok, logprob=lp.logprob if lp else float("nan"), rank=(lp.rank or 0) if lp else 0,
-            top_logprobs=[pb2.TopLogprob(token_id=t, logprob=x.logprob, rank=x.rank) for t, x in tops]))
-    return out
-
-
 @dataclass
 class _Completion:
     """Server-side record of one completion of a Generate call."""
@@ -202,7 +133,7 @@ class EngineServicer(pb2_grpc.EngineServicer):
 
     # -- Generate ----------------------------------------------------------------------------------------
     async def Generate(self, request, context):
-        if isinstance(request, _Undecodable):
+        if isinstance(request, Undecodable):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         rid = request.request_id or f"grpc-{uuid.uuid4().hex}"
         try:
@@ -263,10 +194,10 @@ class EngineServicer(pb2_grpc.EngineServicer):
         return self._revision
 
     def _encode_chat(self, c) -> _Chat:
-        messages = _json_list(c.messages_json, "messages_json")
+        messages = json_list(c.messages_json, "messages_json")
         check_text(messages, "chat.messages_json")  # JSON escapes may hold lone surrogates; proto strings cannot
         validate_messages(messages, "chat.messages_json")  # the checks of the HTTP chat route
-        tools = _json_list(c.tools_json, "tools_json") or None
+        tools = json_list(c.tools_json, "tools_json") or None
         check_text(tools, "chat.tools_json")
         validate_tools(tools, "chat.tools_json")
         effort = c.reasoning_effort if c.HasField("reasoning_effort") else None
@@ -297,10 +228,10 @@ class EngineServicer(pb2_grpc.EngineServicer):
             st.text.append(c.text)
             if new_ids and st.first_token_s is None:
                 st.first_token_s = now
-            lps = _logprobs_to_proto(c.logprobs, new_ids, params.logprobs or 0) if c.logprobs else []
+            lps = logprobs_to_proto(c.logprobs, new_ids, params.logprobs or 0) if c.logprobs else []
             prompt_lps = []
             if c.index == 0 and len(st.token_ids) == len(new_ids) and out.prompt_logprobs:
-                prompt_lps = _logprobs_to_proto(out.prompt_logprobs, out.prompt_token_ids,
+                prompt_lps = logprobs_to_proto(out.prompt_logprobs, out.prompt_token_ids,
                                                 params.prompt_logprobs or 0)
             deltas = self._parse(st, c, new_ids)
             reasoning = "".join(d.reasoning_delta for d in deltas)
@@ -446,15 +377,6 @@ class EngineServicer(pb2_grpc.EngineServicer):
             text=self.engine.tokenizer.decode(list(request.token_ids), skip_special_tokens=skip))
 
 
-def spec_decode_to_proto(stats: SpecDecodeStats):
-    """``v41.v1.SpecDecodeStats`` of ``stats`` (the derived figures 0 where they are undefined)."""
-    return pb2.SpecDecodeStats(
-        drafted_tokens=stats.num_draft_tokens, accepted_tokens=stats.num_accepted_tokens,
-        mean_acceptance_length=stats.mean_acceptance_length or 0.0, num_drafts=stats.num_drafts,
-        accepted_per_position=stats.accepted_per_position, verified_per_position=stats.verified_per_position,
-        acceptance_rate=stats.acceptance_rate or 0.0)
-
-
 # ---------------------------------------------------------------------------------------------- engine facts
 def _engine_info(engine) -> dict:
     """The engine's resolved configuration (``engine.info``: :func:`v41.engine.info.engine_info`, offered by
@@ -470,40 +392,6 @@ def _tokenizer_sha256(engine) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class _EngineHealth(health.aio.HealthServicer):
-    """SERVING while the engine runs with a fresh heartbeat, NOT_SERVING otherwise (``""`` and the Engine)."""
-
-    def __init__(self, engine):
-        super().__init__()
-        self.engine = engine
-
-    def alive(self) -> bool:
-        if not self.engine.is_running:
-            return False
-        beat = getattr(self.engine, "last_heartbeat_s", None)
-        return beat is None or time.monotonic() - beat < HEARTBEAT_TIMEOUT_S
-
-    async def sync(self) -> None:
-        status = (health_pb2.HealthCheckResponse.SERVING if self.alive()
-                  else health_pb2.HealthCheckResponse.NOT_SERVING)
-        for service in ("", SERVICE_NAME):
-            if self._server_status.get(service) != status:
-                await self.set(service, status)
-
-    async def Check(self, request, context):
-        await self.sync()
-        return await super().Check(request, context)
-
-
-async def _watch_engine(server: grpc.aio.Server, health_servicer: _EngineHealth) -> None:
-    """Refresh the health status until the server stops (Watch subscribers see the engine die)."""
-    while True:
-        await health_servicer.sync()
-        # True: the wait timed out and the server still runs; False: it stopped (grpc.aio semantics).
-        if not await server.wait_for_termination(timeout=HEALTH_POLL_S):
-            return
-
-
 async def serve_grpc(engine, host: str, port: int, served_model_name: str,
                      chat_revision: str | None = None) -> grpc.aio.Server:
     """Start the gRPC server on ``host:port`` (Engine + Health + reflection) and return it, started.
@@ -514,7 +402,7 @@ async def serve_grpc(engine, host: str, port: int, served_model_name: str,
     server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
     _add_engine_service(EngineServicer(engine, served_model_name, chat_revision), server)
-    health_servicer = _EngineHealth(engine)
+    health_servicer = EngineHealth(engine, SERVICE_NAME)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
@@ -524,7 +412,7 @@ async def serve_grpc(engine, host: str, port: int, served_model_name: str,
         raise RuntimeError(f"cannot bind the gRPC server to {address}")
     await server.start()
     await health_servicer.sync()
-    task = asyncio.get_running_loop().create_task(_watch_engine(server, health_servicer))
+    task = asyncio.get_running_loop().create_task(watch_engine(server, health_servicer))
     _BACKGROUND.add(task)  # a strong reference until it ends with the server
     task.add_done_callback(_BACKGROUND.discard)
     log.info("gRPC server (%s) listening on %s", served_model_name, address)
