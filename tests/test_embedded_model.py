@@ -23,7 +23,7 @@ from v41.testing.embedded import EMBEDDED_DIR, REQUIRED, embedded_model_dir
 from v41.testing.train import heldout_loss, token_stream
 
 HELDOUT_LOSS_BOUND = 4.0  # nats / token, 4 held-out windows of 128 tokens: shipped 3.46, uniform ln(1024) = 6.93
-ACCEPTANCE_BOUND = 0.2  # pooled over the K = 5 drafts of every block, greedy, 3 held-out prompts: shipped 0.27
+ACCEPTANCE_BOUND = 0.4  # pooled over the K = 5 drafts of every block, greedy, 3 held-out prompts: shipped 0.50
 
 
 @pytest.fixture(scope="module")
