@@ -46,7 +46,7 @@ class SpecDecoder:
         states = [s.sampling for s in seqs]
         method = "greedy" if all(st.params.is_greedy for st in states) else self.method
         if method == "greedy" and not any(has_processor(st) for st in states):
-            return _greedy_commits(seqs, logits.argmax(dim=-1).tolist(), counts)
+            return _greedy_commits(seqs, logits.float().argmax(dim=-1).tolist(), counts)  # as penalized_logits
         drafts = to_device([s.draft[:c] + [0] * (k - c) for s, c in zip(seqs, counts)], logits.device)
         if method == "greedy":
             q = logits.new_zeros(1, 1, 1, dtype=torch.float32).expand(b, k, vocab)
