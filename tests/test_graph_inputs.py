@@ -25,7 +25,8 @@ def runners(path, spec: dict | None):
     for _ in range(2):
         args = EngineArgs(model=str(path), device="cpu", dtype="float32", max_num_seqs=4, speculative_config=spec)
         runner = ModelRunner(args, "cpu")
-        runner.init_cache(num_blocks=4 * MAX_BLOCKS, num_state_rows=4, block_tokens=BLOCK, max_model_len=MAX_BLOCKS * BLOCK)
+        runner.init_cache(num_blocks=4 * MAX_BLOCKS, num_state_rows=4, block_tokens=BLOCK,
+                          max_model_len=MAX_BLOCKS * BLOCK)
         out.append(runner)
     return out
 

@@ -89,8 +89,12 @@ def test_drafted_stops_count_only_once_the_target_agrees():
     eos = llm.engine.cfg.eos_token_ids[0]
     # request 0 gets its stop id as a wrong draft at slot step mod 4, request 1 EOS; the rest of each block is right
     first = tuple(base[0].prompt_token_ids)
-    script(llm, future, lambda s, step: step % 4,
-           lambda s, t: (stop if t != stop else eos) if tuple(s.prompt_token_ids) == first else (eos if t != eos else 1))
+    def corrupt(s, t):
+        if tuple(s.prompt_token_ids) == first:
+            return stop if t != stop else eos
+        return eos if t != eos else 1
+
+    script(llm, future, lambda s, step: step % 4, corrupt)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     for out, ref in zip(outs, plain):
         assert list(out.outputs[0].token_ids) == list(ref.outputs[0].token_ids)
