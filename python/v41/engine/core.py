@@ -130,7 +130,7 @@ class EngineCore:
                         else f"user:{cache_salt}" if cache_salt else None)
                 if i == 0 or not self.args.enable_prefix_caching:
                     self.scheduler.add_request(sid, ids, max_tokens, priority=priority, cache_salt=salt,
-                                               lookahead=self.spec.k if self.spec else 0)
+                                               lookahead=self.args.lookahead_tokens())
                 seqs.append(Sequence(
                     request_id=request_id, index=i, seq_id=sid, prompt=prompt, prompt_token_ids=ids, params=p,
                     sampling=SamplingState.create(p, ids, seed=self._seeds.getrandbits(64)),
@@ -234,7 +234,7 @@ class EngineCore:
                 if not child.finished:
                     self.scheduler.add_request(child.seq_id, child.prompt_token_ids, child.max_tokens,
                                                priority=child.priority, cache_salt=child.salt,
-                                               lookahead=self.spec.k if self.spec else 0)
+                                               lookahead=self.args.lookahead_tokens())
         return touched
 
     def _host_step(self, plan, seqs: list[Sequence]):
