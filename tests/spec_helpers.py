@@ -109,13 +109,20 @@ def start_states(n: int, seed: int) -> tuple[list[SamplingState], tuple[Tensor, 
     return states, ctx
 
 
+# Adaptive verification's toy confidence: c_i = CONF[out_i] (out_0 = the anchor, out_i = draft i), strongly
+# token-dependent so that a verification rule that peeks at a draft's own confidence shows in the χ² test.
+CONF = torch.tensor([3.0, -3.0, 2.0, -2.0, 1.0, 0.0])
+PlanFn = Callable[[Tensor, Tensor, Tensor], Tensor]  # (active chain ids [m], anchors [m], drafts [m, k]) -> k_r [m]
+
+
 def run_chains(n: int, k: int, verify: VerifyFn, law: PlainLaw, draft: DraftFn = production_draft,
-               seed: int = 0) -> tuple[Tensor, Tensor]:
+               seed: int = 0, plan: PlanFn | None = None) -> tuple[Tensor, Tensor]:
     """Speculative steps for ``n`` sequences (seeds ``seed + i``) until each emitted ``EMITTED`` tokens after x0.
 
     Each step drafts ``k`` tokens with the toy drafter; request ``r`` verifies ``k_r = k`` (even ``r``) or a
-    random ``k_r ∈ [0, k]`` (odd ``r``), so rows are padded. Returns the emitted tokens [n, 3] int64 and the
-    accepted drafts per step [steps·n] (sequences still running).
+    random ``k_r ∈ [0, k]`` (odd ``r``), so rows are padded; with ``plan`` the drafts verified are what it
+    returns from the drafts (adaptive verification). Returns the emitted tokens [n, 3] int64 and the accepted
+    drafts per step [steps·n] (sequences still running).
     """
     sv = SpecVerifier(law.sampler)
     rng = torch.Generator().manual_seed(seed + 7)
@@ -127,7 +134,9 @@ def run_chains(n: int, k: int, verify: VerifyFn, law: PlainLaw, draft: DraftFn =
         m, sts = act.numel(), [states[i] for i in act.tolist()]
         nd = torch.where(act % 2 == 0, k, torch.randint(0, k + 1, (m,), generator=rng))
         c = tuple(t[act] for t in ctx)
-        d, q, p = propose(sv, law, sts, c, nd, k, draft)
+        d, q, p = propose(sv, law, sts, c, torch.full_like(nd, k) if plan else nd, k, draft)
+        if plan is not None:
+            nd = plan(act, c[1], d)
         a, y = verify(sv, p, d, q, nd.tolist(), sts)
         assert bool((a <= nd).all())
         accepted.append(a)

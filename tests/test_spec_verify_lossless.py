@@ -1,6 +1,8 @@
 """Exactness of speculative verification (docs/speculative-decoding.md §3, §3f): token-wise and block
 verification with the real draft sampler emit the plain sampler's law, block accepts at least as much, and three
-known mistakes (test-local variants, not production options) are caught by the same χ² test.
+known mistakes (test-local variants, not production options) are caught by the same χ² test; adaptive
+verification's per-request prefixes (docs/speculative-decoding.md §4) keep the law, and a rule that peeks at the
+draft it decides on (the off-by-one survival) does not.
 
 Toy: ``spec_helpers`` (V = 6, target and drafter logits from the last two tokens, top-p, repetition penalty,
 min_tokens). CI runs 2·10^4 chains per case; ``slow`` runs 10^6.
@@ -8,9 +10,11 @@ min_tokens). CI runs 2·10^4 chains per case; ``slow`` runs 10^6.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from spec_helpers import (
+    CONF,
     EMITTED,
     V,
     PlainLaw,
@@ -24,6 +28,7 @@ from spec_helpers import (
     tv_bound,
 )
 
+from v41.engine.adaptive_verify import AdaptivePlanner, VerifyCosts, survivals
 from v41.engine.spec_verify import SpecVerifier, accept, accept_uniforms, race
 from v41.kernels.sampling import PURPOSE_DRAFT, PURPOSE_SAMPLE, uniforms
 
@@ -185,3 +190,47 @@ def test_known_mistakes_fail_the_chi_square(law, name):
 def test_plain_residual_in_block_mode_fails_the_chi_square(law):
     # Its bias is small on this toy (χ² excess ≈ 1.6e-3 per chain): caught decisively only at 10^6 chains.
     _control_fails(law, "plain_residual_in_block_mode")
+
+
+# --------------------------------------------------------------------------- adaptive verification (§4)
+
+TOY_COSTS = VerifyCosts(sizes=(1,), verify_s=np.array([[1.0, 1.6, 1.65, 1.7, 1.75, 1.8]]), draft_s=np.array([0.2]),
+                        uniform=False)
+
+
+def _toy_survivals(anchors: torch.Tensor, d: torch.Tensor, shift: int = 0) -> np.ndarray:
+    """Survivals of the toy confidences; ``shift = 1`` is the off-by-one mistake ``s_t = Π_{i<=t} σ(c_i)``."""
+    outs = torch.cat([anchors[:, None], d], dim=1)
+    return survivals(CONF[outs[:, shift:shift + d.shape[1]]].numpy())
+
+
+def _production_plan(n: int, shift: int = 0):
+    planner, last = AdaptivePlanner(TOY_COSTS, 5), [None] * n
+
+    def plan(act, anchors, d):
+        current = _toy_survivals(anchors, d, shift)
+        keep = planner.plan(current, [last[i] for i in act.tolist()])
+        for i, cur in zip(act.tolist(), current):
+            last[i] = cur
+        return torch.tensor(keep)
+    return plan
+
+
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_adaptive_verification_is_lossless(law, method):
+    n = CI_CHAINS
+    out, acc = run_chains(n, 5, production_verify(method), law, seed=900, plan=_production_plan(n))
+    stat, df, p, tv = chi_square(out, law.exact())
+    print(f"adaptive {method}: chi2={stat:.1f} df={df} p={p:.3g} TV={tv:.4f}, mean accepted {acc.double().mean():.3f}")
+    assert p > 1e-6 and tv < 2 * tv_bound(law.exact(), n)
+
+
+def test_adaptive_survivals_off_by_one_fail_the_chi_square(law):
+    # s_t = Π_{i<=t} σ(c_i) reads c_t, i.e. draft t itself, when deciding whether draft t is verified. (A q chosen
+    # from the current survivals peeks too, more weakly: on this toy its bias stays below what 3·10^5 chains
+    # resolve, so this control is the one that shows the test bites.)
+    n = CI_CHAINS
+    out, _ = run_chains(n, 5, production_verify("token"), law, seed=901, plan=_production_plan(n, shift=1))
+    stat, df, p, tv = chi_square(out, law.exact())
+    print(f"control survival_off_by_one: chi2={stat:.1f} df={df} p={p:.3g} TV={tv:.4f}")
+    assert p < 1e-12, f"the off-by-one survival was not caught: χ²={stat:.1f} on {df} df, p={p:.3g}"

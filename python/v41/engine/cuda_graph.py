@@ -36,10 +36,11 @@ def capture_sizes(max_size: int) -> list[int]:
 class CudaGraphRunner:
     """Captures ``model.forward`` on static inputs (``make_inputs(size)`` → :class:`~.graph_inputs.GraphInputs` of
     ``query_tokens`` rows per request) for every size in ``sizes`` (largest first, one memory pool) and replays the
-    smallest graph that fits a step. ``capture``: False runs the static inputs eagerly (CPU tests)."""
+    smallest graph that fits a step. ``capture``: False runs the static inputs eagerly (CPU tests); ``pool``: a
+    graph memory pool to capture into (runners of several ``query_tokens`` share one; the last pool is ``.pool``)."""
 
-    def __init__(self, model, sizes: list[int], make_inputs, capture: bool = True):
-        self.model, self.capture = model, capture
+    def __init__(self, model, sizes: list[int], make_inputs, capture: bool = True, pool=None):
+        self.model, self.capture, self.pool = model, capture, pool
         self.sizes = sorted(sizes)
         self.inputs: dict[int, GraphInputs] = {size: make_inputs(size) for size in self.sizes}
         self.query_tokens = self.inputs[self.sizes[0]].q
@@ -47,7 +48,7 @@ class CudaGraphRunner:
         self.outputs: dict[int, torch.Tensor] = {}
         if not capture:
             return
-        pool = None
+        pool = pool
         for size in sorted(sizes, reverse=True):
             batch = self.inputs[size].batch()
             prologue = self.inputs[size].prologue
@@ -61,6 +62,7 @@ class CudaGraphRunner:
                 self.outputs[size] = model.forward(batch)
             pool = graph.pool()
             self.graphs[size] = graph
+        self.pool = pool
         torch.cuda.synchronize()
         log.info("captured CUDA graphs for batch sizes %s, %d query tokens per request", self.sizes,
                  self.query_tokens)
@@ -76,12 +78,18 @@ class CudaGraphRunner:
     def run(self, step: HostStep) -> torch.Tensor:
         """Logits [N, vocab] of ``step.logits_rows`` (in order)."""
         size = self._size(step.num_requests)
-        inputs = self.inputs[size]
-        inputs.fill(step)
+        self.inputs[size].fill(step)
+        return self.inputs[size].outputs(self._replay(size))
+
+    def run_dummy(self, size: int, token_ids) -> torch.Tensor:
+        """Replay graph ``size`` on all-padding inputs with ``token_ids`` [size·q] (the verify-cost profile of
+        :mod:`.adaptive_verify`): every row's logits, nothing written to the cache."""
+        self.inputs[size].fill(None, token_ids)
+        return self._replay(size)
+
+    def _replay(self, size: int) -> torch.Tensor:
         if self.capture:
             self.graphs[size].replay()
-            logits = self.outputs[size]
-        else:
-            inputs.prologue()
-            logits = self.model.forward(inputs.batch())
-        return inputs.outputs(logits)
+            return self.outputs[size]
+        self.inputs[size].prologue()
+        return self.model.forward(self.inputs[size].batch())

@@ -2,7 +2,8 @@
 docs/architecture.md §3a).
 
 Per request the pass computes the block ``[anchor, noise × (K − 1)]`` at positions ``n .. n + K − 1`` through the
-drafter stages (:meth:`v41.models.fast.model.FastModel.draft`): base logits ``[K, V]``. Then the Markov head
+drafter stages (:meth:`v41.models.fast.model.FastModel.draft`): base logits ``[K, V]`` and the confidence head's
+hidden input ``y`` ``[K, D]``. Then the Markov head
 follows slot by slot; with greedy drafts that loop (``d_{i+1} = argmax(base_i + markov(d_i))``, ``d_0`` = the
 anchor) is part of the pass too, so a graph replay yields the drafts with no host round trip between slots.
 Probabilistic drafts need each request's sampling parameters and keyed draws per slot: the engine runs that loop
@@ -29,10 +30,11 @@ log = logging.getLogger("v41.engine")
 
 
 def draft_pass(model, tables: DeviceBlockTables, rows: Tensor, anchors: Tensor, positions: Tensor,
-               num_drafts: int) -> tuple[Tensor, Tensor]:
+               num_drafts: int) -> tuple[Tensor, Tensor, Tensor]:
     """The draft pass of B requests on the device: ``rows``, ``anchors``, ``positions`` [B] int64 (block-table
-    rows, anchor ids, anchor positions n). Returns base logits [B, K, V] float32 and the greedy drafts
-    [B, num_drafts] int64 (``num_drafts`` ≤ K). No host synchronisation (capturable)."""
+    rows, anchor ids, anchor positions n). Returns base logits [B, K, V] float32, the confidence head's hidden
+    input ``y`` [B, K, D] and the greedy drafts [B, num_drafts] int64 (``num_drafts`` ≤ K). No host
+    synchronisation (capturable)."""
     cfg = model.cfg
     k = cfg.dspark_block_size
     b = anchors.shape[0]
@@ -41,12 +43,13 @@ def draft_pass(model, tables: DeviceBlockTables, rows: Tensor, anchors: Tensor, 
     batch = DraftBatch(token_ids=ids.reshape(-1), positions=(positions[:, None] + offs[None, :]).reshape(-1),
                        req_index=torch.arange(b, device=anchors.device).repeat_interleave(k),
                        block_table=tables.tables["dspark"].index_select(0, rows))
-    base = model.draft(batch).view(b, k, -1)
+    base, y = model.draft(batch)
+    base = base.view(b, k, -1)
     out, drafts = anchors, []
     for i in range(num_drafts):
         out = (base[:, i] + model.drafter.markov_logits(out)).argmax(dim=-1)
         drafts.append(out)
-    return base, torch.stack(drafts, dim=1)
+    return base, y.view(b, k, -1), torch.stack(drafts, dim=1)
 
 
 class DraftGraphs:
@@ -82,9 +85,10 @@ class DraftGraphs:
     def fits(self, b: int) -> bool:
         return b <= self.sizes[-1]
 
-    def run(self, table_rows: np.ndarray, anchors: np.ndarray, positions: np.ndarray) -> tuple[Tensor, Tensor]:
+    def run(self, table_rows: np.ndarray, anchors: np.ndarray, positions: np.ndarray
+            ) -> tuple[Tensor, Tensor, Tensor]:
         """:func:`draft_pass` of B ≤ the largest size requests (host int64 [B] arrays) by one replay: views of the
-        graph's outputs [B, K, V] / [B, num_drafts], valid until the next replay of this size."""
+        graph's outputs [B, K, V] / [B, K, D] / [B, num_drafts], valid until the next replay of this size."""
         b = anchors.shape[0]
         size = next(s for s in self.sizes if s >= b)
         if self._done is not None:
@@ -96,5 +100,4 @@ class DraftGraphs:
         self._done = torch.cuda.Event()
         self._done.record()
         self.graphs[size].replay()
-        base, drafts = self.outputs[size]
-        return base[:b], drafts[:b]
+        return tuple(t[:b] for t in self.outputs[size])

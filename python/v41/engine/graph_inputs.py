@@ -99,8 +99,10 @@ class GraphInputs:
             return logits[:-self.num_out]
         return logits.index_select(0, self.views["out_rows"][:self.num_out])
 
-    def fill(self, step: HostStep | None) -> None:
-        """Pack ``step`` (None = all padding) into the static inputs with one non-blocking copy."""
+    def fill(self, step: HostStep | None, dummy_ids: np.ndarray | None = None) -> None:
+        """Pack ``step`` (None = all padding) into the static inputs with one non-blocking copy. ``dummy_ids``
+        [size·q] int64: token ids of an all-padding fill (the verify-cost profile routes them like real tokens;
+        they still write nowhere)."""
         for k, diff in ({} if step is None else step.table_diffs).items():
             self.tables.check(k, diff)
         if self._done is not None:
@@ -109,6 +111,9 @@ class GraphInputs:
         host[:] = self._padding_image
         if step is not None:
             self._pack(host, step)
+        elif dummy_ids is not None:
+            name, _, off, shape = self.offsets[0]
+            host[off:off + int(np.prod(shape))] = dummy_ids
         if self.dev is not self.host:
             self.dev.copy_(self.host, non_blocking=True)
             self._done = torch.cuda.Event()

@@ -19,6 +19,7 @@ from ..distributed.group import SINGLE, TPGroup
 from ..models.protocol import StepModel
 from .args import EngineArgs
 from .block_tables import DeviceBlockTables
+from .adaptive_verify import VerifyCosts, measure_costs
 from .cuda_graph import CudaGraphRunner, capture_sizes
 from .draft_graph import DraftGraphs, draft_pass
 from .graph_inputs import GraphInputs
@@ -69,8 +70,11 @@ class ModelRunner:
         self.model = load_model(args, device, tp)
         self.cfg = self.model.cfg
         self.buffers: InputBuffers | None = None
-        self.graphs: CudaGraphRunner | None = None
+        self.graphs: CudaGraphRunner | None = None  # 1 + K query tokens per request
+        self.narrow_graphs: list[CudaGraphRunner] = []  # adaptive verification: 1 .. K query tokens
         self.draft_graphs: DraftGraphs | None = None
+        self.verify_costs: VerifyCosts | None = None
+        self._static: dict[str, Tensor] | None = None
 
     def cache_layout(self, block_tokens: int | None = None):
         return self.model.cache_layout(block_tokens)
@@ -87,22 +91,46 @@ class ModelRunner:
         self.buffers = InputBuffers(self.device, self.args.max_num_batched_tokens, self.args.max_num_seqs,
                                     self.tables, self.model.segment_ratios, engram)
         self.max_model_len = max_model_len
+        k = self.args.lookahead_tokens()
         if self._capture_wanted():
-            k = self.args.lookahead_tokens()
-            sizes = graph_sizes(self.args.max_cudagraph_capture_size or 512, self.args.max_num_seqs, 1 + k)
+            sizes = self._sizes(1 + k)
             self.graphs = self.make_graphs(sizes, 1 + k)
+            if self._adaptive():  # a graph set per query-token count, one memory pool
+                self.narrow_graphs = [self.make_graphs(self._sizes(q), q, pool=self.graphs.pool)
+                                      for q in range(k, 0, -1)][::-1]
             if k:
                 self.draft_graphs = DraftGraphs(self.model, self.tables, sizes, k, torch.device(self.device))
+        if self._adaptive():
+            self.verify_costs = measure_costs(self, k)
 
-    def make_graphs(self, sizes: list[int], query_tokens: int, capture: bool = True) -> CudaGraphRunner:
+    def _sizes(self, query_tokens: int) -> list[int]:
+        return graph_sizes(self.args.max_cudagraph_capture_size or 512, self.args.max_num_seqs, query_tokens)
+
+    def _adaptive(self) -> bool:
+        spec = self.args.speculative_config
+        return spec is not None and spec.enable_adaptive_verification
+
+    def verify_graph_sets(self, k: int) -> list[CudaGraphRunner]:
+        """The verify steps' graph sets for q = 1..K+1 query tokens per request, ascending: the captured ones, or
+        (eager runner) static inputs run eagerly, every q at the sizes of q = K + 1 (the cost profile's steps)."""
+        if self.graphs is not None and len(self.narrow_graphs) == k:
+            return [*self.narrow_graphs, self.graphs]
+        sizes = self._sizes(1 + k)
+        return [self.make_graphs(sizes, q, capture=False) for q in range(1, k + 2)]
+
+    def make_graphs(self, sizes: list[int], query_tokens: int, capture: bool = True, pool=None) -> CudaGraphRunner:
         """Graphs (``capture`` False: their static inputs run eagerly) of ``sizes`` requests × ``query_tokens``
-        rows over this runner's cache and tables (after :meth:`init_cache`)."""
-        static = {k: torch.full((sizes[-1], w), -1, dtype=torch.int64, device=self.device)
-                  for k, w in self.tables.widths.items()}
+        rows over this runner's cache and tables (after :meth:`init_cache`), captured into ``pool``."""
+        if self._static is None or min(t.shape[0] for t in self._static.values()) < sizes[-1]:
+            # one gather target for every graph set (graphs replay one at a time)
+            rows = max(sizes[-1], min(self.args.max_cudagraph_capture_size or 512, self.args.max_num_seqs))
+            self._static = {k: torch.full((rows, w), -1, dtype=torch.int64, device=self.device)
+                            for k, w in self.tables.widths.items()}
+        static = self._static
         engram = self.buffers.engram_cols
         return CudaGraphRunner(self.model, sizes, lambda size: GraphInputs(
             size, self.tables, static, engram, self.model.segment_ratios, self.max_model_len,
-            self.model.cache.dummy_state_row, torch.device(self.device), query_tokens=query_tokens), capture)
+            self.model.cache.dummy_state_row, torch.device(self.device), query_tokens=query_tokens), capture, pool)
 
     def _capture_wanted(self) -> bool:
         if self.args.enforce_eager or not str(self.device).startswith("cuda"):
@@ -117,15 +145,17 @@ class ModelRunner:
 
     @torch.no_grad()
     def execute(self, step: HostStep):
-        if self.graphs is not None and self.graphs.fits(step):
-            return self.graphs.run(step)
+        for graphs in (*self.narrow_graphs, self.graphs):
+            if graphs is not None and graphs.fits(step):
+                return graphs.run(step)
         return self.model.forward(self.buffers.load(step))
 
     @torch.no_grad()
-    def draft(self, table_rows: np.ndarray, anchors: np.ndarray, positions: np.ndarray) -> tuple[Tensor, Tensor]:
+    def draft(self, table_rows: np.ndarray, anchors: np.ndarray, positions: np.ndarray
+              ) -> tuple[Tensor, Tensor, Tensor]:
         """One DSpark draft pass for B requests (their block-table rows, anchor tokens and anchor positions n,
-        int64 [B] each): base logits [B, K, V] float32 and greedy drafts [B, k] int64
-        (:func:`.draft_graph.draft_pass`), replayed from a graph when one fits."""
+        int64 [B] each): base logits [B, K, V] float32, the confidence head's hidden input [B, K, D] and greedy
+        drafts [B, k] int64 (:func:`.draft_graph.draft_pass`), replayed from a graph when one fits."""
         if self.draft_graphs is not None and self.draft_graphs.fits(anchors.shape[0]):
             return self.draft_graphs.run(table_rows, anchors, positions)
         dev = torch.device(self.device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 from torch import Tensor
 
 from .detokenizer import IncrementalDetokenizer
@@ -56,6 +57,7 @@ class Sequence:
     sent_prompt_logprobs: int = 0
     draft: list[int] = field(default_factory=list)  # speculative drafts the next step verifies (engine/spec_decode)
     draft_q: Tensor | None = None  # [k, V] float32 on the device: the law each draft was drawn from (None: one-hot)
+    draft_survival: np.ndarray | None = None  # [K] the last block's survivals (adaptive verification's estimate)
     spec_decode: SpecDecodeStats | None = None
 
     @property

@@ -43,7 +43,8 @@ class SpeculativeConfig:
     block verification, lossless and never accepting fewer tokens on average than token-wise), ``"token"``
     (Leviathan / Chen token-wise) or ``"greedy"`` (a draft is accepted iff it is the target's argmax; exact for
     greedy requests only). enable_adaptive_verification: verify a per-request prefix of the block chosen from
-    the drafter's confidences and profiled verify costs; default False. moe_backend / attention_backend:
+    the drafter's confidences and a start-up profile of verify costs (``engine/adaptive_verify.py``); default
+    False. moe_backend / attention_backend:
     the drafter's kernel paths as the seed's command spells them (``"b12x"``, ``"B12X_DSV41"``, ...); v41's
     drafter runs the target's kernel paths (``--moe-backend`` / ``--attention-backend``), so the engine does not
     read them; ``v41-serve`` checks the names and warns (``serve/compat.py``).
@@ -102,7 +103,7 @@ class SpeculativeConfig:
         """Check the options against the checkpoint ``cfg`` served at ``tensor_parallel_size`` ranks. Raises
         ValueError when the checkpoint has no DSpark draft stages, when K exceeds its ``dspark_block_size``
         (naming both numbers), when ``draft_tensor_parallel_size`` is neither 1 nor ``tensor_parallel_size``, and
-        (not built yet) for a drafter on fewer ranks than the target or adaptive verification."""
+        (not built yet) for a drafter on fewer ranks than the target."""
         if not cfg.has_dspark:
             raise ValueError(
                 f"speculative_config.method 'dspark' needs a checkpoint with DSpark draft stages, and this one has "
@@ -121,9 +122,6 @@ class SpeculativeConfig:
         if self.draft_tp(tensor_parallel_size) != tensor_parallel_size:  # issue 15: a replicated drafter
             raise ValueError(f"speculative_config.draft_tensor_parallel_size {dtp}: the drafter shards like the "
                              f"target for now; use {tensor_parallel_size} (or leave it out)")
-        if self.enable_adaptive_verification:  # issue 15: the start-up cost profile and per-request prefixes
-            raise ValueError("speculative_config.enable_adaptive_verification: adaptive verification is not built "
-                             "yet; leave it false (every step verifies num_speculative_tokens drafts)")
 
     def draft_tp(self, tensor_parallel_size: int) -> int:
         """Ranks the drafter runs on when the target runs on ``tensor_parallel_size`` (None resolved)."""

@@ -8,7 +8,8 @@ accepted drafts ``d_1..d_a`` and one more token ``y`` (:class:`~.spec_verify.Spe
 or block verification, keyed draws). Then :meth:`SpecDecoder.draft` runs one drafter pass for every request
 that sampled, from its new anchor (the last committed token, at position ``n' = n + a + 1``), and draws the next
 k drafts slot by slot through the Markov head, keeping each draft's law ``Q`` for the next verification; the
-scheduler receives the drafts with the commit.
+scheduler receives the drafts with the commit. With adaptive verification the whole block is drafted and each
+request keeps the prefix :class:`~.adaptive_verify.AdaptivePlanner` gives it from the drafts' confidences.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .adaptive_verify import AdaptivePlanner, survivals
 from .request import Sequence
 from .sampler import Sampler, has_processor
 from .spec_config import SpeculativeConfig
@@ -34,6 +36,8 @@ class SpecDecoder:
         self.greedy_drafts = config.draft_sample_method == "greedy"
         self.executor, self.verifier = executor, SpecVerifier(sampler)
         self.drafter = executor.runner.model.drafter
+        costs = executor.runner.verify_costs
+        self.planner = AdaptivePlanner(costs, self.k) if config.enable_adaptive_verification else None
 
     def verify(self, seqs: list[Sequence], logits: Tensor, counts: list[int]) -> list[list[int]]:
         """Tokens to commit per sequence: the accepted drafts, then ``y``. ``logits`` [Σ (k_r + 1), V]: each
@@ -62,20 +66,21 @@ class SpecDecoder:
         return [seq.draft[:a] + [y] for seq, a, y in zip(seqs, accepted.tolist(), token.tolist())]
 
     def draft(self, seqs: list[Sequence], table_rows: list[int]) -> list[list[int]]:
-        """The next ``k`` drafts of each sequence, also kept in ``seq.draft`` with their laws in ``seq.draft_q``
-        ([k, V] float32, or None for one-hot laws). ``table_rows``: each sequence's block-table row. Drafts are
-        sampled per the config (``probabilistic``: keyed draws from the processed drafter distribution, greedy
-        requests by argmax; ``greedy``: the argmax). When every draft is an argmax the draft pass returns them
-        (:func:`.draft_graph.draft_pass`, one graph replay); otherwise the Markov slots run here on its base logits."""
+        """The next ``k`` drafts of each sequence (with adaptive verification a prefix of them, possibly empty),
+        also kept in ``seq.draft`` with their laws in ``seq.draft_q`` ([k, V] float32, or None for one-hot laws).
+        ``table_rows``: each sequence's block-table row. Drafts are sampled per the config (``probabilistic``:
+        keyed draws from the processed drafter distribution, greedy requests by argmax; ``greedy``: the argmax).
+        When every draft is an argmax the draft pass returns them (:func:`.draft_graph.draft_pass`, one graph
+        replay); otherwise the Markov slots run here on its base logits."""
         if not seqs:
             return []
         anchors = np.array([s.output_token_ids[-1] for s in seqs], dtype=np.int64)
         positions = [s.sampling.position for s in seqs]
-        base, greedy = self.executor.draft(np.asarray(table_rows, dtype=np.int64), anchors,
+        base, hidden, greedy = self.executor.draft(np.asarray(table_rows, dtype=np.int64), anchors,
                                            np.asarray(positions, dtype=np.int64))
         states = [s.sampling for s in seqs]
         if self.greedy_drafts or all(st.params.is_greedy for st in states):
-            rows, law = greedy.tolist(), None
+            drafted, law = greedy, None
         else:
             out = torch.from_numpy(anchors).to(base.device)
             drafts, laws = [], []
@@ -83,9 +88,17 @@ class SpecDecoder:
                 out, q = self.verifier.draft(base[:, i] + self.drafter.markov_logits(out), states, positions, i)
                 drafts.append(out)
                 laws.append(q)
-            rows, law = torch.stack(drafts, dim=1).tolist(), torch.stack(laws, dim=1)
+            drafted, law = torch.stack(drafts, dim=1), torch.stack(laws, dim=1)
+        rows = drafted.tolist()
+        if self.planner is not None:
+            outs = torch.cat([torch.from_numpy(anchors).to(drafted.device)[:, None], drafted[:, :-1]], dim=1)
+            current = survivals(self.drafter.confidence(hidden[:, :self.k], outs).cpu())
+            keep = self.planner.plan(current, [s.draft_survival for s in seqs])
+            rows = [row[:c] for row, c in zip(rows, keep)]
+            for seq, cur in zip(seqs, current):
+                seq.draft_survival = cur
         for r, (seq, row) in enumerate(zip(seqs, rows)):
-            seq.draft, seq.draft_q = row, (None if law is None else law[r])
+            seq.draft, seq.draft_q = row, (None if law is None else law[r, :len(row)])
         return rows
 
 

@@ -11,9 +11,13 @@ computed with gradients (``main_proj``, ``main_norm`` and each stage's ``wkv`` /
 ``anchors`` random verified positions P one draft block is run teacher-forced (:func:`draft_logits`: the
 Markov head reads the text's tokens instead of its own drafts). Losses, per block position i: the
 cross-entropy of the drafter's Markov-corrected logits against the main model's distribution at P+1+i
-(distillation), and the binary cross-entropy of the confidence logit against "the draft up to i is accepted
-by greedy verification" (the drafter's argmax equals the main model's, at i and before). Only ``mtp.*``
-trains (quantization-aware, as the main model); the main model's embedding and LM head are shared and frozen.
+(distillation), and the binary cross-entropy of the confidence logit ``c_i`` against "draft i+1 is accepted by
+greedy verification given that the drafts before it were" (the drafter's argmax equals the main model's at i,
+counted only where it did at every earlier position): ``σ(c_i)`` is the conditional acceptance probability whose
+product over ``i < t`` adaptive verification takes as the survival of draft ``t``
+(docs/speculative-decoding.md §4). Only ``mtp.*`` trains (quantization-aware, as the main model), or with
+``--train confidence`` only the confidence head (the drafts stay bit-identical); the main model's embedding and
+LM head are shared and frozen.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from ..models.reference.ops import hc_collapse, sink_attention, window_visible
 from ..models.reference.state import RequestCache
 from .corpus import MANIFEST, load_corpus, split
 from .train import bake, export, lr_at, quantization_aware, token_stream
+
+TRAINED = {"drafter": "mtp.", "confidence": "mtp.{last}.confidence_head."}  # --train → trained name prefix
 
 
 def draft_logits(model: Transformer, ring: list[torch.Tensor], tokens: torch.Tensor, pos: torch.Tensor
@@ -89,9 +95,11 @@ def sequence_loss(model: Transformer, ids: torch.Tensor, anchors: np.ndarray,
     logits, conf = draft_logits(model, cache.dspark_kv, ids[starts], starts)
     t = log_p[starts]
     ce = -(t.exp() * torch.log_softmax(logits.float(), dim=-1)).sum(dim=-1)
-    agree = (logits.argmax(dim=-1) == t.argmax(dim=-1)).cumprod(dim=1)
-    bce = F.binary_cross_entropy_with_logits(conf.float(), agree.float(), reduction="none")
-    return (ce + bce).mean(), {"accepted": agree.sum(dim=0).numpy(), "blocks": len(anchors)}
+    hit = logits.argmax(dim=-1) == t.argmax(dim=-1)
+    agree = hit.cumprod(dim=1)
+    reached = torch.cat([torch.ones_like(agree[:, :1]), agree[:, :-1]], dim=1).float()  # drafts before i accepted
+    bce = F.binary_cross_entropy_with_logits(conf.float(), hit.float(), reduction="none") * reached
+    return ce.mean() + bce.sum() / reached.sum(), {"accepted": agree.sum(dim=0).numpy(), "blocks": len(anchors)}
 
 
 @torch.no_grad()
@@ -123,9 +131,13 @@ def continuations(model_dir: Path, stream: np.ndarray, count: int, prompt_len: i
 
 def train_drafter(main: Path, out: Path, *, steps: int, minutes: float, seq_len: int, batch: int, anchors: int,
                   lr: float, seed: int, corpus_root: Path | None = None, manifest: Path = MANIFEST,
-                  threads: int = 2, self_distill: int = 0, prompt_len: int = 32, log=print) -> dict:
-    """Train ``mtp.*`` of the checkpoint ``main`` and write the whole model to ``out`` (checkpoint formats;
-    ``drafter_log.json``). Raises ValueError when the corpus differs from the manifest."""
+                  threads: int = 2, self_distill: int = 0, prompt_len: int = 32, train: str = "drafter",
+                  log=print) -> dict:
+    """Train ``mtp.*`` (``train="drafter"``) or only its confidence head (``"confidence"``) of the checkpoint
+    ``main`` and write the whole model to ``out`` (checkpoint formats; ``drafter_log.json``). Raises ValueError
+    when the corpus differs from the manifest or ``train`` is neither."""
+    if train not in TRAINED:
+        raise ValueError(f"train must be one of {sorted(TRAINED)}, got {train!r}")
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     out = Path(out)
@@ -135,7 +147,8 @@ def train_drafter(main: Path, out: Path, *, steps: int, minutes: float, seq_len:
     tokenizer = Tokenizer.from_file(str(Path(main) / "tokenizer.json"))
     stream = token_stream(tokenizer, train_docs, model.cfg.eos_token_ids[0])
     for name, p in model.named_parameters():
-        p.requires_grad_(name.startswith("mtp.") and p.is_floating_point())
+        p.requires_grad_(name.startswith(TRAINED[train].format(last=model.cfg.num_nextn_predict_layers - 1))
+                         and p.is_floating_point())
     fake = quantization_aware(model)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
@@ -145,7 +158,7 @@ def train_drafter(main: Path, out: Path, *, steps: int, minutes: float, seq_len:
     teachers = [teacher_of(model, ids) for ids in pool] if pool else None  # the main model is frozen
     first = prompt_len - 1 if pool else seq_len // 4  # anchors inside the generated part of a continuation
     record = {"main": str(main), "seed": seed, "seq_len": seq_len, "batch": batch, "anchors": anchors, "lr": lr,
-              "block_size": k, "self_distill": self_distill, "prompt_len": prompt_len, "curve": []}
+              "block_size": k, "self_distill": self_distill, "prompt_len": prompt_len, "train": train, "curve": []}
     start, step = time.perf_counter(), 0
     while step < steps and time.perf_counter() - start < minutes * 60:
         for group in opt.param_groups:
@@ -190,10 +203,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--self-distill", type=int, default=0,
                     help="train on this many of the main model's own continuations (0: the corpus text)")
     ap.add_argument("--prompt-len", type=int, default=32, help="corpus prompt length of each continuation")
+    ap.add_argument("--train", choices=sorted(TRAINED), default="drafter",
+                    help="what learns: every mtp.* weight, or only the confidence head (drafts unchanged)")
     a = ap.parse_args(argv)
     train_drafter(a.main, a.out, steps=a.steps, minutes=a.minutes, seq_len=a.seq_len, batch=a.batch,
                   anchors=a.anchors, lr=a.lr, seed=a.seed, threads=a.threads, self_distill=a.self_distill,
-                  prompt_len=a.prompt_len)
+                  prompt_len=a.prompt_len, train=a.train)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ Three draft stages (``mtp.0..S-1``), each a delayed-mHC block with window attent
 * **Draft** (:meth:`FastDrafter.forward`): per request, the block ``[anchor, noise × (K − 1)]`` at positions
   ``n .. n + K − 1``; its queries see the stage's context rows of positions ``n − W .. n − 1`` (``W`` =
   ``sliding_window``) and every row of their own block (non-causal). Returns the base logits; the Markov head
-  (:meth:`FastDrafter.markov_logits`) follows draft by draft, because it reads the previous draft. The confidence
-  head is loaded with the checkpoint but unused until adaptive verification is built.
+  (:meth:`FastDrafter.markov_logits`) follows draft by draft, because it reads the previous draft, and so does
+  the confidence logit ``c_i = proj · [y_i ; e_i]`` (:meth:`FastDrafter.confidence`: ``y_i`` the block row's
+  collapsed hidden, ``e_i`` the Markov embedding of ``out_i``), which adaptive verification reads
+  (docs/speculative-decoding.md §4).
 
 Under tensor parallelism the stages shard like backbone layers (heads, experts); ``main_*``, ``norm`` and the
 Markov and confidence heads are replicated, the base logits all-gathered, so every rank computes the same drafts.
@@ -159,8 +161,9 @@ class FastDrafter(nn.Module):
             scatter_rows(cache.tensors["dspark"][attn.plan.layer_id], slots, attn.kv_rows(main_x, cos, sin),
                          cache.dummy_slot("dspark"))
 
-    def forward(self, batch: DraftBatch, embed: nn.Module, cache: FastCache) -> Tensor:
-        """One draft pass: the base logits [B·K, V] float32 (before the Markov term)."""
+    def forward(self, batch: DraftBatch, embed: nn.Module, cache: FastCache) -> tuple[Tensor, Tensor]:
+        """One draft pass: the base logits [B·K, V] float32 (before the Markov term) and the collapsed hidden
+        ``y`` [B·K, D] (model dtype, before ``norm``) that the confidence head reads."""
         cfg, k = self.cfg, self.cfg.dspark_block_size
         w = cfg.sliding_window
         pos, req = batch.positions, batch.req_index
@@ -180,10 +183,21 @@ class FastDrafter(nn.Module):
         pre_mix[:, 0] = 1
         for stage in self.stages:
             h, pre_mix = stage(h, pre_mix, batch.token_ids, ctx)
-        return self._head[0](self.last.norm(collapse(h, pre_mix)))
+        y = collapse(h, pre_mix)
+        return self._head[0](self.last.norm(y)), y
 
     def markov_logits(self, out: Tensor) -> Tensor:
         """The Markov term [B, V] float32 of the previous outputs ``out`` [B] (the anchor for slot 0)."""
         mh = self.last.markov_head
         e = mh.embed.weight[out]
         return mh.head(e, torch.promote_types(e.dtype, torch.float32))
+
+    def confidence(self, y: Tensor, outs: Tensor) -> Tensor:
+        """Raw confidence logits ``c_i = proj · [y_i ; e_i]`` [..., K] float32 (§3.9; no sigmoid) of the block rows'
+        collapsed hidden ``y`` [..., K, D] and the Markov head's inputs ``outs`` [..., K] int64 (``out_0`` = the
+        anchor, ``out_i`` = draft i): ``σ(c_i)`` estimates that draft ``i + 1`` is accepted once the drafts before
+        it were."""
+        e = self.last.markov_head.embed.weight[outs]
+        x = torch.cat([y.to(e.dtype), e], dim=-1)
+        c = self.last.confidence_head.proj(x.reshape(-1, x.shape[-1]), torch.promote_types(e.dtype, torch.float32))
+        return c.view(outs.shape)

@@ -129,8 +129,9 @@ class FastModel(nn.Module):
         return logits
 
     @torch.no_grad()
-    def draft(self, batch: DraftBatch) -> Tensor:
-        """One DSpark draft pass (:meth:`.dspark.FastDrafter.forward`): base logits [B·K, V] float32. Raises
+    def draft(self, batch: DraftBatch) -> tuple[Tensor, Tensor]:
+        """One DSpark draft pass (:meth:`.dspark.FastDrafter.forward`): base logits [B·K, V] float32 and the
+        confidence head's hidden input [B·K, D]. Raises
         RuntimeError when the model was built without its drafter."""
         if self.drafter is None:
             raise RuntimeError("the fast model was loaded without its DSpark drafter (lookahead_tokens = 0)")

@@ -1,0 +1,150 @@
+"""Adaptive verification (docs/speculative-decoding.md §4): the full DSpark block is drafted, and each request
+sends only a prefix of it to the verifier, chosen from the drafter's confidences and a start-up profile of what
+verify steps cost.
+
+* **Survivals.** With raw confidence logits ``c_0..c_{K-1}`` of a block (``c_i`` reads the anchor or draft ``i``,
+  never draft ``i + 1``), draft ``t`` (1-based) survives with ``s_t = Π_{i<t} σ(c_i)`` (:func:`survivals`): the
+  estimated chance that drafts ``1..t`` are all accepted. ``s_t`` is known before draft ``t`` is drawn.
+* **Profile** (:func:`measure_costs`, every rank at start-up, the same work in the same order so collectives
+  line up; the planner reads rank 0's table): seconds of a verify step of ``size`` requests × ``q`` query tokens
+  each (``q = 1..K+1``, padded static inputs with random token ids, replayed from the step's CUDA graphs where
+  they exist) and of a draft pass of ``size`` requests.
+* **Plan** (:class:`AdaptivePlanner`): for ``B`` requests and each ``q``, the expected tokens of the step are
+  ``B + Σ`` of the ``B·(q − 1)`` largest survival estimates; the step takes the ``q`` with the most tokens per
+  second of draft + verify time, then verifies, per request, its drafts among the ``B·(q − 1)`` largest
+  *current* survivals (ties: earlier request, then earlier draft; so each request's set is a prefix). With CUDA
+  graphs every request pads to the step's largest ``q`` anyway, so every request verifies ``q − 1`` drafts.
+
+**Exactness** (§3, §4). Verification emits the target's law as long as the decision to verify draft ``t`` does
+not depend on draft ``t`` or what follows it. Selecting among the current survivals at a fixed budget keeps that:
+``(r, t)`` is chosen from the entries ranked above it, which are other requests' (drawn independently) and
+``r``'s own earlier ones, functions of drafts ``< t``. Choosing ``q`` from the current survivals would not
+(``s_K`` reads drafts up to ``K − 1``, so verifying an early draft would depend on it), which is why ``q`` is
+chosen from *estimates* known before this step's drafts: each request's survivals from its previous block, or for
+a request without one the mean survival curve of the previous plan (all ones before the first).
+``tests/test_spec_verify_lossless.py`` checks the planner with the χ² test (token-wise and block), and that a
+survival off by one (``Π_{i<=t}``, reading draft ``t`` itself) fails it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+log = logging.getLogger("v41.engine")
+
+
+def survivals(conf: torch.Tensor | np.ndarray) -> np.ndarray:
+    """Raw confidence logits [B, K] → survivals [B, K] float64: column ``t − 1`` is ``Π_{i<t} σ(c_i)``
+    (NaN logits count as 0: never accepted)."""
+    c = np.nan_to_num(np.asarray(conf, dtype=np.float64), nan=-np.inf)
+    return np.cumprod(1.0 / (1.0 + np.exp(-c)), axis=1)
+
+
+@dataclass(frozen=True)
+class VerifyCosts:
+    """Profiled step times. ``sizes``: batch sizes (requests), ascending; ``verify_s`` [len(sizes), K+1]: seconds
+    of a verify step of ``sizes[i]`` requests × ``q = j + 1`` query tokens each; ``draft_s`` [len(sizes)]:
+    seconds of a draft pass; ``uniform``: every request pads to the step's largest ``q`` (CUDA graphs)."""
+
+    sizes: tuple[int, ...]
+    verify_s: np.ndarray
+    draft_s: np.ndarray
+    uniform: bool
+
+    def step_seconds(self, batch: int, q: int) -> float:
+        """Draft + verify seconds of ``batch`` requests × ``q`` query tokens: the smallest profiled size that
+        holds the batch (graphs pad to it), or beyond the largest its time scaled by ``batch / size``."""
+        i = next((j for j, s in enumerate(self.sizes) if s >= batch), len(self.sizes) - 1)
+        scale = max(1.0, batch / self.sizes[i])
+        return float(self.draft_s[i] + self.verify_s[i, q - 1]) * scale
+
+    def table(self) -> str:
+        """The profile as text (start-up log, benchmarks): one line per size, ms per q."""
+        head = "requests  draft ms  " + "  ".join(f"q={q:<5d}" for q in range(1, self.verify_s.shape[1] + 1))
+        rows = [f"{s:8d}  {1e3 * d:8.3f}  " + "  ".join(f"{1e3 * v:7.3f}" for v in vs)
+                for s, d, vs in zip(self.sizes, self.draft_s, self.verify_s)]
+        return "\n".join([head, *rows])
+
+
+class AdaptivePlanner:
+    """Per-step choice of how many drafts each request verifies (module docstring). ``costs``: the profile;
+    ``k``: drafts per block (``num_speculative_tokens``)."""
+
+    def __init__(self, costs: VerifyCosts, k: int):
+        if costs.verify_s.shape[1] != k + 1:
+            raise ValueError(f"the verify-cost profile has {costs.verify_s.shape[1]} query-token columns, "
+                             f"K + 1 = {k + 1} expected")
+        self.costs, self.k = costs, k
+        self.prior = np.ones(k)  # the previous plan's mean survival curve
+
+    def choose_q(self, estimates: np.ndarray) -> int:
+        """Query tokens per request (1..K+1) with the most expected tokens per second, from survival
+        ``estimates`` [B, K] known before this step's drafts."""
+        b = estimates.shape[0]
+        ranked = np.sort(estimates, axis=None)[::-1]
+        best, best_q = -1.0, self.k + 1
+        for q in range(1, self.k + 2):
+            gain = b + (estimates[:, :q - 1].sum() if self.costs.uniform else ranked[:b * (q - 1)].sum())
+            score = gain / self.costs.step_seconds(b, q)
+            if score > best:
+                best, best_q = score, q
+        return best_q
+
+    def plan(self, current: np.ndarray, estimates: list[np.ndarray | None]) -> list[int]:
+        """Drafts to verify per request, ``k_r ∈ [0, K]``. ``current`` [B, K]: this block's survivals;
+        ``estimates``: per request its previous block's survivals, or None (the prior stands in). Updates the
+        prior to this plan's mean curve."""
+        b = current.shape[0]
+        if b == 0:
+            return []
+        est = np.stack([self.prior if e is None else e for e in estimates])
+        q = self.choose_q(est)
+        self.prior = current.mean(axis=0)
+        if self.costs.uniform or q == 1:
+            return [q - 1] * b
+        order = np.argsort(-current, axis=None, kind="stable")[:b * (q - 1)]  # value desc, then request, draft
+        return np.bincount(order // self.k, minlength=b).tolist()
+
+
+def measure_costs(runner, k: int, reps: int = 3, seed: int = 0) -> VerifyCosts:
+    """Profile ``runner`` (a :class:`~.model_runner.ModelRunner` after ``init_cache``): verify steps of every
+    verify-graph size × q = 1..K+1 and draft passes, each timed over ``reps`` runs after one warm-up. Writes
+    nothing to the cache (every slot −1). Seconds of wall time around a device synchronisation."""
+    rng = np.random.default_rng(seed)
+    vocab = runner.cfg.vocab_size
+    sets = {g.query_tokens: g for g in runner.verify_graph_sets(k)}
+    sizes = sets[k + 1].sizes
+    verify = np.zeros((len(sizes), k + 1))
+    draft = np.zeros(len(sizes))
+    for i, size in enumerate(sizes):
+        for q in range(1, k + 2):
+            g = sets[q]
+            fit = next(s for s in g.sizes if s >= size) if size <= g.sizes[-1] else g.sizes[-1]
+            ids = rng.integers(0, vocab, size=fit * q)
+            verify[i, q - 1] = _timed(lambda: g.run_dummy(fit, ids), reps, runner.device)
+        pad = np.full(size, runner.tables.padding_row, dtype=np.int64)
+        anchors = rng.integers(0, vocab, size=size)
+        zeros = np.zeros(size, dtype=np.int64)
+        draft[i] = _timed(lambda: runner.draft(pad, anchors, zeros), reps, runner.device)
+    costs = VerifyCosts(tuple(sizes), verify, draft, uniform=any(g.capture for g in sets.values()))
+    log.info("adaptive verification: verify-step cost profile (%s)\n%s",
+             "CUDA graphs, padded to the largest q" if costs.uniform else "eager", costs.table())
+    return costs
+
+
+def _timed(fn, reps: int, device) -> float:
+    cuda = str(device).startswith("cuda")
+    fn()
+    if cuda:
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    if cuda:
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) / reps
