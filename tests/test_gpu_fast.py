@@ -96,6 +96,47 @@ def test_speculation_replays_verify_and_draft_graphs_and_gives_the_eager_tokens(
         assert graphs == plain
 
 
+def test_adaptive_verification_replays_a_graph_set_per_query_token_count(monkeypatch):
+    """Adaptive verification (K = 3) captures verify graphs for q = 1..4 and profiles them (uniform: graphs pad
+    every request to the step's q). Under a profile where each verified draft costs 0.4 of a plain step, steps pick
+    different q from the drafter's confidences, replay those sets, and greedy tokens stay the plain engine's."""
+    import numpy as np
+
+    from v41 import LLM, SamplingParams
+    from v41.engine import model_runner
+    from v41.engine.adaptive_verify import VerifyCosts
+
+    prompts = ["def main(args):\n    ", "import os\nimport sys\n\n", "class Foo:\n"]
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    gc.collect()
+    torch.cuda.empty_cache()
+    plain = LLM(None, device="cuda", dtype="float32", gpu_memory_utilization=0.2)
+    want = [list(o.outputs[0].token_ids) for o in plain.generate(prompts, sp, use_tqdm=False)]
+    plain.engine.shutdown()
+    measured = {}
+    steep = VerifyCosts((1, 2, 4), np.array([[1.0, 1.4, 1.8, 2.2]] * 3), np.zeros(3), uniform=True)
+
+    real = model_runner.measure_costs
+
+    def profile(runner, k):  # the real profile runs (graph replays); the planner gets the steep one
+        measured["costs"] = real(runner, k)
+        return steep
+    monkeypatch.setattr(model_runner, "measure_costs", profile)
+    gc.collect()
+    llm = LLM(None, device="cuda", dtype="float32", gpu_memory_utilization=0.2,
+              speculative_config={"num_speculative_tokens": 3, "enable_adaptive_verification": True})
+    runner = llm.engine.executor.runner
+    assert [g.query_tokens for g in runner.narrow_graphs] == [1, 2, 3] and runner.graphs.query_tokens == 4
+    assert measured["costs"].uniform and measured["costs"].verify_s.shape[1] == 4
+    replays = {q: 0 for q in (1, 2, 3, 4)}
+    for g in (*runner.narrow_graphs, runner.graphs):
+        g.run = _counting(g.run, replays, g.query_tokens)
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
+    llm.engine.shutdown()
+    assert got == want
+    assert sum(1 for q in (2, 3, 4) if replays[q]) >= 2, replays
+
+
 def _generate(temperature: float, extra: dict, expect_graphs: bool = False) -> list[list[int]]:
     """Token ids of three prompts from the embedded model (float32) built with ``extra`` options; with
     ``expect_graphs`` the verify and draft graphs must have replayed and drafts have been accepted."""

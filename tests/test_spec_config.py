@@ -99,9 +99,8 @@ def test_draft_tp_must_be_one_or_the_target_tp(v41_dir):
         SpeculativeConfig(5, draft_tensor_parallel_size=1).check(cfg, 4)
 
 
-def test_adaptive_verification_is_refused_until_built(v41_dir):
-    with pytest.raises(ValueError, match="adaptive verification is not built yet"):
-        SpeculativeConfig(5, enable_adaptive_verification=True).check(load_config(v41_dir), 1)
+def test_adaptive_verification_passes_the_checkpoint_check(v41_dir):
+    SpeculativeConfig(5, enable_adaptive_verification=True).check(load_config(v41_dir), 1)
 
 
 # -- EngineArgs and the engine ------------------------------------------------------------------------------------

@@ -1,13 +1,15 @@
 """DSpark speculation on the GPU with the embedded tiny V4.1 (issue 15): greedy speculative tokens against the plain
 engine's (margin rule, docs/numerics.md §4), then decode throughput with and without speculation.
 
-    python benches/gpu/spec_check.py [--tokens 128] [--batches 1 8] [--ks 1 3 5] [--eager-k 5] [--profile F]
+    python benches/gpu/spec_check.py [--tokens 128] [--batches 1 8] [--ks 1 3 5] [--eager-k 5] [--adaptive-k 5]
+        [--profile F]
         [--model DIR --load-format dummy --mem 0.3 0.6] [--dtype float32]
 
 Checks first (exit status 1 on a mismatch), then one table: batch, K, mode, tokens/s plain and speculative, their
 ratio, acceptance (pooled over draft tokens) and mean acceptance length (docs/speculative-decoding.md §4). Plain
 decode replays CUDA graphs; speculation replays verify graphs (1 + K rows per request) and draft graphs, and with
-``--eager-k`` also runs that K eagerly (``enforce_eager``) for comparison. ``--profile F`` writes a cProfile of the
+``--eager-k`` also runs that K eagerly (``enforce_eager``) for comparison, with ``--adaptive-k`` with adaptive
+verification (a graph set per query-token count; its start-up cost profile is printed). ``--profile F`` writes a cProfile of the
 batch-1 speculative run at the largest K (top functions by own time) to F. With ``--model`` and random weights
 (``--load-format dummy``, e.g. v41-mid from ``make_models.py``) the drafter is never right: each speculative step
 commits one token, so the ratio is the cost of a plain decode step over a speculative one (verify 1 + K rows, draft
@@ -57,6 +59,7 @@ def main() -> int:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5])
     ap.add_argument("--eager-k", type=int, nargs="*", default=[])
+    ap.add_argument("--adaptive-k", type=int, nargs="*", default=[])
     ap.add_argument("--profile", default=None)
     ap.add_argument("--model", default=None, help="checkpoint (default: the embedded model)")
     ap.add_argument("--load-format", default="auto", help="dummy: random weights (a config-only checkpoint)")
@@ -70,10 +73,14 @@ def main() -> int:
         prompts = (PROMPTS * b)[:b]
         ref, _ = run(plain, prompts, a.tokens, logprobs=2)  # the check's reference (logprobs cost host time)
         _, t_plain = run(plain, prompts, a.tokens)
-        for k, eager in [(k, False) for k in a.ks] + [(k, True) for k in a.eager_k]:
-            spec = LLM(a.model, speculative_config={"num_speculative_tokens": k}, gpu_memory_utilization=a.mem[1],
-                       enforce_eager=eager, **kw)
-            prof = cProfile.Profile() if a.profile and b == 1 and k == max(a.ks) and not eager else None
+        runs = [(k, "graphs") for k in a.ks] + [(k, "eager") for k in a.eager_k] + [(k, "adapt") for k in a.adaptive_k]
+        for k, mode in runs:
+            spec = LLM(a.model, speculative_config={"num_speculative_tokens": k,
+                                                    "enable_adaptive_verification": mode == "adapt"},
+                       gpu_memory_utilization=a.mem[1], enforce_eager=mode == "eager", **kw)
+            if mode == "adapt":
+                print(f"batch {b} K {k} adaptive: verify-cost profile\n{spec.engine.executor.runner.verify_costs.table()}")
+            prof = cProfile.Profile() if a.profile and b == 1 and k == max(a.ks) and mode == "graphs" else None
             if prof is not None:
                 prof.enable()
             outs, t_spec = run(spec, prompts, a.tokens)
@@ -90,7 +97,7 @@ def main() -> int:
             drafted = sum(o.outputs[0].spec_decode.num_draft_tokens for o in outs)
             accepted = sum(o.outputs[0].spec_decode.num_accepted_tokens for o in outs)
             drafts = sum(o.outputs[0].spec_decode.num_drafts for o in outs)
-            rows.append((b, k, "eager" if eager else "graphs", b * a.tokens / t_plain, b * a.tokens / t_spec,
+            rows.append((b, k, mode, b * a.tokens / t_plain, b * a.tokens / t_spec,
                          t_plain / t_spec, accepted / max(1, drafted), 1 + accepted / max(1, drafts)))
             spec.shutdown()
             del spec

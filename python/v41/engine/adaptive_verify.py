@@ -42,7 +42,8 @@ def survivals(conf: torch.Tensor | np.ndarray) -> np.ndarray:
     """Raw confidence logits [B, K] → survivals [B, K] float64: column ``t − 1`` is ``Π_{i<t} σ(c_i)``
     (NaN logits count as 0: never accepted)."""
     c = np.nan_to_num(np.asarray(conf, dtype=np.float64), nan=-np.inf)
-    return np.cumprod(1.0 / (1.0 + np.exp(-c)), axis=1)
+    with np.errstate(over="ignore"):  # exp(inf) = inf: σ(−inf) = 0
+        return np.cumprod(1.0 / (1.0 + np.exp(-c)), axis=1)
 
 
 @dataclass(frozen=True)
