@@ -68,8 +68,8 @@ def test_graph_profiles_verify_the_same_prefix_for_every_request_and_scale_past_
     c = costs([[1.0, 1.1, 1.2], [1.0, 1.2, 1.4], [2.0, 2.4, 2.8]], [0.5, 0.5, 0.5], uniform=True)
     planner = AdaptivePlanner(c, k=2)
     assert planner.plan(np.array([[0.9, 0.1], [0.1, 0.0], [0.5, 0.4]]), [None] * 3) == [2, 2, 2]
-    assert c.step_seconds(3, 2) == pytest.approx(0.5 + 2.4)  # 3 requests pad to the size-4 graphs
-    assert c.step_seconds(8, 1) == pytest.approx((0.5 + 2.0) * 2)  # beyond 4: scaled by 8 / 4
+    assert c.step_seconds(3)[1] == pytest.approx(0.5 + 2.4)  # 3 requests pad to the size-4 graphs
+    assert c.step_seconds(8)[0] == pytest.approx((0.5 + 2.0) * 2)  # beyond 4: scaled by 8 / 4
     with pytest.raises(ValueError, match="3 query-token columns, K \\+ 1 = 4 expected"):
         AdaptivePlanner(c, k=3)
 

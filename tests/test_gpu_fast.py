@@ -107,12 +107,8 @@ def test_adaptive_verification_replays_a_graph_set_per_query_token_count(monkeyp
     from v41.engine.adaptive_verify import VerifyCosts
 
     prompts = ["def main(args):\n    ", "import os\nimport sys\n\n", "class Foo:\n"]
-    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    gc.collect()
-    torch.cuda.empty_cache()
-    plain = LLM(None, device="cuda", dtype="float32", gpu_memory_utilization=0.2)
-    want = [list(o.outputs[0].token_ids) for o in plain.generate(prompts, sp, use_tqdm=False)]
-    plain.engine.shutdown()
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, seed=3)
+    want = _generate(0.0, {})  # the same prompts and parameters
     measured = {}
     steep = VerifyCosts((1, 2, 4), np.array([[1.0, 1.4, 1.8, 2.2]] * 3), np.zeros(3), uniform=True)
 
@@ -122,7 +118,8 @@ def test_adaptive_verification_replays_a_graph_set_per_query_token_count(monkeyp
         measured["costs"] = real(runner, k)
         return steep
     monkeypatch.setattr(model_runner, "measure_costs", profile)
-    gc.collect()
+    gc.collect()  # the plain engine holds its cache until collected
+    torch.cuda.empty_cache()
     llm = LLM(None, device="cuda", dtype="float32", gpu_memory_utilization=0.2,
               speculative_config={"num_speculative_tokens": 3, "enable_adaptive_verification": True})
     runner = llm.engine.executor.runner
@@ -133,6 +130,8 @@ def test_adaptive_verification_replays_a_graph_set_per_query_token_count(monkeyp
         g.run = _counting(g.run, replays, g.query_tokens)
     got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sp, use_tqdm=False)]
     llm.engine.shutdown()
+    del llm, runner
+    gc.collect()
     assert got == want
     assert sum(1 for q in (2, 3, 4) if replays[q]) >= 2, replays
 

@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 for stage in $STAGES; do
   case $stage in
     tests) timeout 240 python3 -m pytest -q -x --timeout 200 -p no:cacheprovider tests/test_gpu_fast.py \
-             -k "speculation or adaptive" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -5 ;;
+             -k "${TESTS_K:-speculation or adaptive}" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -5 ;;
     tiny) timeout 200 python3 benches/gpu/spec_check.py --batches 1 8 32 --ks 5 --adaptive-k 5 \
             2>&1 | grep -v "^INFO" | tee "$OUT/spec_tiny.txt" ;;
     mid) python3 benches/gpu/make_models.py /tmp >/dev/null && timeout 200 python3 benches/gpu/spec_check.py \

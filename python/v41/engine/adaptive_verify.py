@@ -57,12 +57,11 @@ class VerifyCosts:
     draft_s: np.ndarray
     uniform: bool
 
-    def step_seconds(self, batch: int, q: int) -> float:
-        """Draft + verify seconds of ``batch`` requests × ``q`` query tokens: the smallest profiled size that
-        holds the batch (graphs pad to it), or beyond the largest its time scaled by ``batch / size``."""
+    def step_seconds(self, batch: int) -> np.ndarray:
+        """Draft + verify seconds [K+1] of ``batch`` requests × q = 1..K+1 query tokens: the smallest profiled size
+        that holds the batch (graphs pad to it), or beyond the largest its times scaled by ``batch / size``."""
         i = next((j for j, s in enumerate(self.sizes) if s >= batch), len(self.sizes) - 1)
-        scale = max(1.0, batch / self.sizes[i])
-        return float(self.draft_s[i] + self.verify_s[i, q - 1]) * scale
+        return (self.draft_s[i] + self.verify_s[i]) * max(1.0, batch / self.sizes[i])
 
     def table(self) -> str:
         """The profile as text (start-up log, benchmarks): one line per size, ms per q."""
@@ -87,14 +86,12 @@ class AdaptivePlanner:
         """Query tokens per request (1..K+1) with the most expected tokens per second, from survival
         ``estimates`` [B, K] known before this step's drafts."""
         b = estimates.shape[0]
-        ranked = np.sort(estimates, axis=None)[::-1]
-        best, best_q = -1.0, self.k + 1
-        for q in range(1, self.k + 2):
-            gain = b + (estimates[:, :q - 1].sum() if self.costs.uniform else ranked[:b * (q - 1)].sum())
-            score = gain / self.costs.step_seconds(b, q)
-            if score > best:
-                best, best_q = score, q
-        return best_q
+        if self.costs.uniform:  # q − 1 drafts of every request
+            extra = np.cumsum(estimates.sum(axis=0))
+        else:  # the b·(q − 1) largest estimates
+            extra = np.cumsum(np.sort(estimates, axis=None)[::-1])[b * np.arange(1, self.k + 1) - 1]
+        score = (b + np.r_[0.0, extra]) / self.costs.step_seconds(b)
+        return int(np.argmax(score)) + 1  # the smallest q on ties
 
     def plan(self, current: np.ndarray, estimates: list[np.ndarray | None]) -> list[int]:
         """Drafts to verify per request, ``k_r ∈ [0, K]``. ``current`` [B, K]: this block's survivals;

@@ -3,7 +3,7 @@ docs/architecture.md §3a).
 
 Per request the pass computes the block ``[anchor, noise × (K − 1)]`` at positions ``n .. n + K − 1`` through the
 drafter stages (:meth:`v41.models.fast.model.FastModel.draft`): base logits ``[K, V]`` and the confidence head's
-hidden input ``y`` ``[K, D]``. Then the Markov head
+hidden input ``y`` ``[K, D]``, and with greedy drafts their confidence logits. Then the Markov head
 follows slot by slot; with greedy drafts that loop (``d_{i+1} = argmax(base_i + markov(d_i))``, ``d_0`` = the
 anchor) is part of the pass too, so a graph replay yields the drafts with no host round trip between slots.
 Probabilistic drafts need each request's sampling parameters and keyed draws per slot: the engine runs that loop
@@ -33,7 +33,8 @@ def draft_pass(model, tables: DeviceBlockTables, rows: Tensor, anchors: Tensor, 
                num_drafts: int) -> tuple[Tensor, Tensor, Tensor]:
     """The draft pass of B requests on the device: ``rows``, ``anchors``, ``positions`` [B] int64 (block-table
     rows, anchor ids, anchor positions n). Returns base logits [B, K, V] float32, the confidence head's hidden
-    input ``y`` [B, K, D] and the greedy drafts [B, num_drafts] int64 (``num_drafts`` ≤ K). No host
+    input ``y`` [B, K, D], the greedy drafts [B, num_drafts] int64 (``num_drafts`` ≤ K) and their raw confidence
+    logits [B, num_drafts] float32 (:meth:`~v41.models.fast.dspark.FastDrafter.confidence`). No host
     synchronisation (capturable)."""
     cfg = model.cfg
     k = cfg.dspark_block_size
@@ -49,7 +50,10 @@ def draft_pass(model, tables: DeviceBlockTables, rows: Tensor, anchors: Tensor, 
     for i in range(num_drafts):
         out = (base[:, i] + model.drafter.markov_logits(out)).argmax(dim=-1)
         drafts.append(out)
-    return base, y.view(b, k, -1), torch.stack(drafts, dim=1)
+    drafts = torch.stack(drafts, dim=1)
+    y = y.view(b, k, -1)
+    outs = torch.cat([anchors[:, None], drafts[:, :-1]], dim=1)  # the Markov inputs out_0..out_{k-1}
+    return base, y, drafts, model.drafter.confidence(y[:, :num_drafts], outs)
 
 
 class DraftGraphs:
@@ -86,9 +90,10 @@ class DraftGraphs:
         return b <= self.sizes[-1]
 
     def run(self, table_rows: np.ndarray, anchors: np.ndarray, positions: np.ndarray
-            ) -> tuple[Tensor, Tensor, Tensor]:
+            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """:func:`draft_pass` of B ≤ the largest size requests (host int64 [B] arrays) by one replay: views of the
-        graph's outputs [B, K, V] / [B, K, D] / [B, num_drafts], valid until the next replay of this size."""
+        graph's outputs [B, K, V] / [B, K, D] / [B, num_drafts] / [B, num_drafts], valid until the next replay of
+        this size."""
         b = anchors.shape[0]
         size = next(s for s in self.sizes if s >= b)
         if self._done is not None:

@@ -152,10 +152,11 @@ class ModelRunner:
 
     @torch.no_grad()
     def draft(self, table_rows: np.ndarray, anchors: np.ndarray, positions: np.ndarray
-              ) -> tuple[Tensor, Tensor, Tensor]:
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One DSpark draft pass for B requests (their block-table rows, anchor tokens and anchor positions n,
-        int64 [B] each): base logits [B, K, V] float32, the confidence head's hidden input [B, K, D] and greedy
-        drafts [B, k] int64 (:func:`.draft_graph.draft_pass`), replayed from a graph when one fits."""
+        int64 [B] each): base logits [B, K, V] float32, the confidence head's hidden input [B, K, D], greedy
+        drafts [B, k] int64 and their confidence logits [B, k] (:func:`.draft_graph.draft_pass`), replayed from a
+        graph when one fits."""
         if self.draft_graphs is not None and self.draft_graphs.fits(anchors.shape[0]):
             return self.draft_graphs.run(table_rows, anchors, positions)
         dev = torch.device(self.device)

@@ -76,11 +76,11 @@ class SpecDecoder:
             return []
         anchors = np.array([s.output_token_ids[-1] for s in seqs], dtype=np.int64)
         positions = [s.sampling.position for s in seqs]
-        base, hidden, greedy = self.executor.draft(np.asarray(table_rows, dtype=np.int64), anchors,
+        base, hidden, greedy, greedy_conf = self.executor.draft(np.asarray(table_rows, dtype=np.int64), anchors,
                                            np.asarray(positions, dtype=np.int64))
         states = [s.sampling for s in seqs]
         if self.greedy_drafts or all(st.params.is_greedy for st in states):
-            drafted, law = greedy, None
+            drafted, law, conf = greedy, None, greedy_conf
         else:
             out = torch.from_numpy(anchors).to(base.device)
             drafts, laws = [], []
@@ -89,10 +89,12 @@ class SpecDecoder:
                 drafts.append(out)
                 laws.append(q)
             drafted, law = torch.stack(drafts, dim=1), torch.stack(laws, dim=1)
+            if self.planner is not None:
+                outs = torch.cat([out.new_tensor(anchors)[:, None], drafted[:, :-1]], dim=1)
+                conf = self.drafter.confidence(hidden[:, :self.k], outs)
         rows = drafted.tolist()
         if self.planner is not None:
-            outs = torch.cat([torch.from_numpy(anchors).to(drafted.device)[:, None], drafted[:, :-1]], dim=1)
-            current = survivals(self.drafter.confidence(hidden[:, :self.k], outs).cpu())
+            current = survivals(conf.cpu())
             keep = self.planner.plan(current, [s.draft_survival for s in seqs])
             rows = [row[:c] for row, c in zip(rows, keep)]
             for seq, cur in zip(seqs, current):
