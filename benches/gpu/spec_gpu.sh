@@ -19,7 +19,7 @@ for stage in $STAGES; do
     mid) python3 benches/gpu/make_models.py /tmp >/dev/null && timeout 200 python3 benches/gpu/spec_check.py \
            --model /tmp/mid41 --load-format dummy --dtype float32 --batches 1 8 32 --ks 3 --adaptive-k 3 \
            --tokens 64 --mem 0.3 0.6 2>&1 | grep -v "^INFO" | tee "$OUT/spec_mid.txt" ;;
-    slice) timeout 300 python3 benches/gpu/spec_slice.py --out "$OUT" 2>&1 | grep -v "^INFO" \
+    slice) timeout 300 python3 benches/gpu/spec_slice.py --out "$OUT" ${SLICE_ARGS:-} 2>&1 | grep -v "^INFO" \
              | tee "$OUT/spec_slice.txt" ;;
   esac
 done

@@ -2,7 +2,7 @@
 with the 3 drafter stages at real size (``mtp.0..2``: 128 experts top-3 + shared, Markov rank 256, the target's LM
 head) fed by the slice's last three layers, random weights, checkpoint formats, CUDA graphs.
 
-    python3 benches/gpu/spec_slice.py [--batches 1 8 64] [--out DIR]
+    python3 benches/gpu/spec_slice.py [--batches 1 8 64] [--out DIR] [--linear-max-m 512]
 
 The engine starts with ``{"num_speculative_tokens": 5, "enable_adaptive_verification": true}``, so it captures a
 verify graph set per query-token count q = 1..6 and profiles them (``engine/adaptive_verify.py``): seconds of a
@@ -75,7 +75,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--linear-max-m", type=int, default=None,
+                    help="rows up to which dense linears take the Triton kernel (kernels/linear.py TRITON_MAX_M)")
     a = ap.parse_args()
+    if a.linear_max_m is not None:
+        import v41.kernels.linear as linear
+        linear.TRITON_MAX_M = a.linear_max_m
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": os.environ.get("V41_COMMIT", "?")}
     env.update(ceilings("cuda"))
     print("environment:", json.dumps(env), flush=True)
