@@ -18,7 +18,10 @@ from torch import Tensor
 from .dispatch import TRITON_DTYPES, dot_dtype, triton, use_triton
 from .packed import PackedWeight
 
-TRITON_MAX_M = 256  # above this the dequantize + BLAS path wins (compute-bound); measured in benches/
+# Above this many rows the dequantize + BLAS path wins (compute-bound prefill chunks). 512, not 256: speculative
+# verify steps and draft passes of 257..512 rows paid ~1.4x for the dequantization (benches/RESULTS.md 2026-12-02,
+# flash-slice-v41 + drafter: B = 64 draft pass 26.6 -> 13.6 ms, verify of 6 rows per request 94.1 -> 68.9 ms).
+TRITON_MAX_M = 512
 TARGET_PROGRAMS = 264  # ~2 waves of an H200's 132 SMs
 
 
