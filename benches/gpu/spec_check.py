@@ -6,7 +6,7 @@ engine's (margin rule, docs/numerics.md §4), then decode throughput with and wi
         [--model DIR --load-format dummy --mem 0.3 0.6] [--dtype float32]
 
 Checks first (exit status 1 on a mismatch), then one table: batch, K, mode, tokens/s plain and speculative, their
-ratio, acceptance (pooled over draft tokens) and mean acceptance length (docs/speculative-decoding.md §4). Plain
+ratio, acceptance (pooled over draft tokens) and mean acceptance length (docs/speculative-decoding.md §5). Plain
 decode replays CUDA graphs; speculation replays verify graphs (1 + K rows per request) and draft graphs, and with
 ``--eager-k`` also runs that K eagerly (``enforce_eager``) for comparison, with ``--adaptive-k`` with adaptive
 verification (a graph set per query-token count; its start-up cost profile is printed). ``--profile F`` writes a cProfile of the
