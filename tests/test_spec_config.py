@@ -95,8 +95,8 @@ def test_draft_tp_must_be_one_or_the_target_tp(v41_dir):
     with pytest.raises(ValueError, match=r"draft_tensor_parallel_size 2 must be 1 or the target's "
                                          r"tensor_parallel_size \(4\)"):
         SpeculativeConfig(5, draft_tensor_parallel_size=2).check(cfg, 4)
-    with pytest.raises(ValueError, match="the drafter shards like the target for now; use 4"):  # not built yet
-        SpeculativeConfig(5, draft_tensor_parallel_size=1).check(cfg, 4)
+    SpeculativeConfig(5, draft_tensor_parallel_size=1).check(cfg, 4)  # a replicated drafter
+    SpeculativeConfig(5, draft_tensor_parallel_size=4).check(cfg, 4)
 
 
 def test_adaptive_verification_passes_the_checkpoint_check(v41_dir):

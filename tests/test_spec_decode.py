@@ -137,7 +137,13 @@ def test_the_trained_drafter_is_accepted_and_counted():
 
 
 @pytest.mark.timeout(300)
-def test_speculation_over_two_tp_ranks_gives_the_oracles_tokens(oracle):
-    """§6.7: the drafter's stages shard like the target's over TP = 2 CPU ranks; greedy output is the oracle's."""
-    with spec_llm(3, max_num_seqs=2, tensor_parallel_size=2, all_reduce_backend="host") as llm:
+@pytest.mark.parametrize("draft_tp", [2, 1])
+def test_speculation_over_two_tp_ranks_gives_the_oracles_tokens(oracle, draft_tp):
+    """§6.7: over TP = 2 CPU ranks the drafter's stages shard like the target's (draft TP 2) or are whole on both
+    ranks (draft TP 1: no all-reduce inside them); either way greedy output is the oracle's."""
+    spec = {"num_speculative_tokens": 3, "draft_tensor_parallel_size": draft_tp}
+    with LLM(None, speculative_config=spec, max_num_seqs=2, tensor_parallel_size=2, all_reduce_backend="host") as llm:
         check_against_oracle(oracle, llm, PROMPTS[:2], 32)
+        model = llm.engine.executor.runner.model
+        experts = model.drafter.stages[0].ffn.w2.shape[2]  # the stage experts' intermediate slice
+        assert experts == model.cfg.moe_intermediate_size // (2 if draft_tp == 2 else 1)

@@ -46,9 +46,10 @@ def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None) -> Step
         return PagedModel(ref, args.index_scratch_bytes)
     from ..models.fast import load_fast
 
+    spec, world = args.speculative_config, (tp or SINGLE).world_size
     model = load_fast(args.model, dtype=dtype, device=device, quantization=args.quantization,
                       load_format=args.load_format, tp=tp, config_overrides=args.hf_overrides,
-                      lookahead_tokens=lookahead)
+                      lookahead_tokens=lookahead, draft_sharded=spec is None or spec.draft_tp(world) == world)
     model.index_scratch_bytes = args.index_scratch_bytes
     return model
 

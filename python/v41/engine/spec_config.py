@@ -36,8 +36,10 @@ class SpeculativeConfig:
     (default). num_speculative_tokens: K, draft tokens verified per step, an int ≥ 1 and at most the checkpoint's
     ``dspark_block_size`` (:meth:`check`); a K below the block size verifies a prefix of the drafted block, which
     is lossless. **Required**, as in vLLM: it sets the verify cost of every step, so no model-dependent default
-    is guessed. draft_tensor_parallel_size: ranks the drafter runs on, 1 or the target's TP size; None (default)
-    = the target's (:meth:`draft_tp`). draft_sample_method: how drafts are drawn, ``"probabilistic"`` (default:
+    is guessed. draft_tensor_parallel_size: ranks the drafter's stages are split over, 1 or the target's TP size;
+    None (default) = the target's (:meth:`draft_tp`). With 1 under TP > 1 every rank holds and runs the whole
+    stages (no all-reduce inside the draft pass, more memory); the embedding and LM head they share with the
+    target stay vocab-parallel. draft_sample_method: how drafts are drawn, ``"probabilistic"`` (default:
     keyed draws from the drafter's processed distribution Q) or ``"greedy"`` (argmax).
     rejection_sample_method: how the target verifies them: ``"block"`` (default, the seed's: Sun et al.'s
     block verification, lossless and never accepting fewer tokens on average than token-wise), ``"token"``
@@ -102,8 +104,7 @@ class SpeculativeConfig:
     def check(self, cfg: ModelConfig, tensor_parallel_size: int) -> None:
         """Check the options against the checkpoint ``cfg`` served at ``tensor_parallel_size`` ranks. Raises
         ValueError when the checkpoint has no DSpark draft stages, when K exceeds its ``dspark_block_size``
-        (naming both numbers), when ``draft_tensor_parallel_size`` is neither 1 nor ``tensor_parallel_size``, and
-        (not built yet) for a drafter on fewer ranks than the target."""
+        (naming both numbers), and when ``draft_tensor_parallel_size`` is neither 1 nor ``tensor_parallel_size``."""
         if not cfg.has_dspark:
             raise ValueError(
                 f"speculative_config.method 'dspark' needs a checkpoint with DSpark draft stages, and this one has "
@@ -119,9 +120,6 @@ class SpeculativeConfig:
         if dtp is not None and dtp not in (1, tensor_parallel_size):
             raise ValueError(f"speculative_config.draft_tensor_parallel_size {dtp} must be 1 or the target's "
                              f"tensor_parallel_size ({tensor_parallel_size})")
-        if self.draft_tp(tensor_parallel_size) != tensor_parallel_size:  # issue 15: a replicated drafter
-            raise ValueError(f"speculative_config.draft_tensor_parallel_size {dtp}: the drafter shards like the "
-                             f"target for now; use {tensor_parallel_size} (or leave it out)")
 
     def draft_tp(self, tensor_parallel_size: int) -> int:
         """Ranks the drafter runs on when the target runs on ``tensor_parallel_size`` (None resolved)."""

@@ -20,7 +20,9 @@ tensor (bare name, per layer / stage)        dim  rank r of W holds
 
 Everything else is replicated: ``wq_a``, ``q_norm``, ``wkv``, ``kv_norm`` (the MQA latent, §3.5), compressors,
 indexers (small heads, §8), routers (``gate.*``, ``tid2eid``), mHC, norms, Engram ``q_weight``/``k_weight``,
-DSpark ``main_proj``/``main_norm``/``norm``/``markov_head``/``confidence_head``, V4 ``hc_head_*``.
+DSpark ``main_proj``/``main_norm``/``norm``/``markov_head``/``confidence_head``, V4 ``hc_head_*``. The DSpark
+stages' attention and experts (``mtp.S.*``) shard like a layer's, or are replicated whole with
+``draft_tensor_parallel_size`` 1 (``draft_sharded=False``).
 
 Engram column c owns the table rows ``[offsets[c], offsets[c] + primes[c])`` (§3.3 "Prime buckets":
 the table is the concatenation of the columns' bucket ranges), so a contiguous column range owns a contiguous
@@ -67,11 +69,13 @@ def engram_rows(primes: Sequence[int], c0: int, c1: int) -> tuple[int, int]:
 
 
 def shard_plan(cfg: ModelConfig, rank: int, world_size: int,
-               hasher: EngramHasher | None = None) -> dict[str, Shard]:
+               hasher: EngramHasher | None = None, draft_sharded: bool = True) -> dict[str, Shard]:
     """Bare tensor name → :class:`Shard` for every tensor that is split across ranks (module docstring);
     tensors not listed are replicated. At ``world_size`` 1 every Shard covers its whole dimension.
 
     hasher: needed for Engram layers (their columns' bucket sizes). Raises ValueError when it is missing.
+    draft_sharded: False replicates the DSpark stages (``mtp.*``) on every rank (``draft_tensor_parallel_size``
+    1; their embedding and LM head are the target's, vocab-parallel as always).
     The caller checks the config first (:func:`v41.distributed.group.check_tp`).
     """
     split = (lambda n: split_range(n, world_size, rank))
@@ -110,7 +114,7 @@ def shard_plan(cfg: ModelConfig, rank: int, world_size: int,
             hde = cfg.engram_head_dim
             plan[f"{prefix}engram.embed.weight"] = Shard(0, r0, r1, hasher.table_rows[layer.layer_id])
             plan[f"{prefix}engram.wkv.weight"] = Shard(1, c0 * hde, c1 * hde, len(primes) * hde)
-    if cfg.has_dspark:
+    if cfg.has_dspark and draft_sharded:
         for s in range(cfg.num_nextn_predict_layers):
             attention(f"mtp.{s}.")
             experts(f"mtp.{s}.", cfg.dspark_n_routed_experts)

@@ -79,7 +79,7 @@ class _Loader:
 def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
               quantization: str = "auto", load_format: str = "auto", seed: int = 0,
               tp: TPGroup | None = None, config_overrides: dict | None = None,
-              lookahead_tokens: int = 0) -> FastModel:
+              lookahead_tokens: int = 0, draft_sharded: bool = True) -> FastModel:
     """Load a V4 / V4.1 checkpoint directory into the fast model on ``device``.
 
     dtype: compute dtype (activations and caches; bfloat16, float16, float32 or float64). quantization: ``auto``
@@ -87,7 +87,8 @@ def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str
     load_format: ``auto`` (safetensors) or ``dummy`` (random weights made on ``device`` from ``seed``). tp: this
     rank's group. config_overrides: fields replacing those of ``config.json`` (:func:`v41.config.load_config`).
     lookahead_tokens: draft tokens per verify step (speculative decoding): > 0 loads the DSpark stages
-    (``mtp.*``, :mod:`.dspark`) and sizes the cache for them; 0 reads past them.
+    (``mtp.*``, :mod:`.dspark`) and sizes the cache for them; 0 reads past them. draft_sharded: False loads the
+    stages whole on every rank (``draft_tensor_parallel_size`` 1 under TP; :func:`v41.models.sharding.shard_plan`).
     Raises ValueError (ConfigError, CheckpointError) for bad options, configs or checkpoints,
     FileNotFoundError for a missing directory, ``config.json`` or (Engram) ``tokenizer.json``.
     """
@@ -107,11 +108,11 @@ def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str
     primes = {lid: list(hasher.primes[lid]) for lid in cfg.engram_layer_ids} if hasher else None
     device = torch.device(device)
     with torch.device("meta"):
-        model = FastModel(cfg, dtype, device, primes, tp, lookahead_tokens)
+        model = FastModel(cfg, dtype, device, primes, tp, lookahead_tokens, draft_sharded)
     reader = DummyReader(cfg, device, seed) if load_format == "dummy" else PackedReader(path, cfg)
     if isinstance(reader, PackedReader) and model.drafter is None:
         reader.used.update(n for n in reader.tensors if n.startswith("mtp."))
-    ld = _Loader(reader, shard_plan(cfg, rank, world, hasher), dtype, device, quantization == "auto")
+    ld = _Loader(reader, shard_plan(cfg, rank, world, hasher, draft_sharded), dtype, device, quantization == "auto")
     _load(ld, model)
     reader.finish()
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]

@@ -37,7 +37,8 @@ class FastModel(nn.Module):
     """
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str,
-                 primes: dict[int, list[int]] | None = None, tp: TPGroup | None = None, lookahead_tokens: int = 0):
+                 primes: dict[int, list[int]] | None = None, tp: TPGroup | None = None, lookahead_tokens: int = 0,
+                 draft_sharded: bool = True):
         super().__init__()
         self.tp = tp or SINGLE
         check_tp(cfg, self.tp.world_size)
@@ -70,7 +71,8 @@ class FastModel(nn.Module):
         self.segment_ratios = sorted({p.ratio for p in cfg.plan if p.ratio > 1 and p.owns_compressor})
         self.cache: FastCache | None = None
         self.lookahead_tokens = lookahead_tokens
-        self.drafter = FastDrafter(cfg, self.tp, self.ropes["base"], self.head) if lookahead_tokens else None
+        draft_tp = self.tp if draft_sharded else SINGLE  # replicated stages: no collective inside them
+        self.drafter = FastDrafter(cfg, draft_tp, self.ropes["base"], self.head) if lookahead_tokens else None
 
     # -- cache ---------------------------------------------------------------------------------------------------
     def cache_layout(self, block_tokens: int | None = None):
