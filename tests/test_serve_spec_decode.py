@@ -2,10 +2,11 @@
 deltas, HTTP ``usage.spec_decode``, gRPC ``Complete.spec_decode`` / ``GetLoads`` / capabilities, and the Prometheus
 ``v41_spec_decode_*`` counters.
 
-The engine does not speculate yet, so one tiny V4.1 engine plays a speculating one: its core gets a speculative
-config, and every committed token of a real request counts one verify step, ``(verified, accepted) = STEP(t)`` for
-the completion's t-th token, in ``seq.spec_decode`` — what the engine step will do. Each test knows from the token
-counts alone what every reader must show."""
+So that every reader's figures are known exactly, one tiny V4.1 engine plays a speculating one with scripted
+counts: its core gets a speculative config, and every committed token of a real request counts one verify step,
+``(verified, accepted) = STEP(t)`` for the completion's t-th token, in ``seq.spec_decode``. Each test knows from
+the token counts alone what every reader must show. Real speculation behind the same servers:
+``test_serve_spec_streams.py``."""
 
 from __future__ import annotations
 
