@@ -18,10 +18,12 @@ verify steps cost.
 **Exactness** (§3, §4). Verification emits the target's law as long as the decision to verify draft ``t`` does
 not depend on draft ``t`` or what follows it. Selecting among the current survivals at a fixed budget keeps that:
 ``(r, t)`` is chosen from the entries ranked above it, which are other requests' (drawn independently) and
-``r``'s own earlier ones, functions of drafts ``< t``. Choosing ``q`` from the current survivals would not
-(``s_K`` reads drafts up to ``K − 1``, so verifying an early draft would depend on it), which is why ``q`` is
-chosen from *estimates* known before this step's drafts: each request's survivals from its previous block, or for
-a request without one the mean survival curve of the previous plan (all ones before the first).
+``r``'s own earlier ones, functions of drafts ``< t``. Choosing ``q`` from the current survivals of sampled
+drafts would not (``s_K`` reads drafts up to ``K − 1``, so verifying an early draft would depend on it), which is
+why ``q`` is chosen from *estimates* known before this step's draws: for a request with argmax drafts (greedy
+requests, ``draft_sample_method`` greedy) its current survivals, since its drafts are a function of its context
+and no draw of theirs can be biased; for sampled drafts the survivals of its previous block, or for a request
+without one the mean survival curve of the previous plan (all ones before the first).
 ``tests/test_spec_verify_lossless.py`` checks the planner with the χ² test (token-wise and block), and that a
 survival off by one (``Π_{i<=t}``, reading draft ``t`` itself) fails it.
 """
@@ -95,8 +97,8 @@ class AdaptivePlanner:
 
     def plan(self, current: np.ndarray, estimates: list[np.ndarray | None]) -> list[int]:
         """Drafts to verify per request, ``k_r ∈ [0, K]``. ``current`` [B, K]: this block's survivals;
-        ``estimates``: per request its previous block's survivals, or None (the prior stands in). Updates the
-        prior to this plan's mean curve."""
+        ``estimates``: per request survivals known before its drafts were drawn (module docstring), or None (the
+        prior stands in). Updates the prior to this plan's mean curve."""
         b = current.shape[0]
         if b == 0:
             return []

@@ -95,7 +95,8 @@ class SpecDecoder:
         rows = drafted.tolist()
         if self.planner is not None:
             current = survivals(conf.cpu())
-            keep = self.planner.plan(current, [s.draft_survival for s in seqs])
+            fixed = [self.greedy_drafts or st.params.is_greedy for st in states]  # argmax drafts: no draw to bias
+            keep = self.planner.plan(current, [c if f else s.draft_survival for c, f, s in zip(current, fixed, seqs)])
             rows = [row[:c] for row, c in zip(rows, keep)]
             for seq, cur in zip(seqs, current):
                 seq.draft_survival = cur
