@@ -2,7 +2,7 @@
 engine's (margin rule, docs/numerics.md §4), then decode throughput with and without speculation.
 
     python benches/gpu/spec_check.py [--tokens 128] [--batches 1 8] [--ks 1 3 5] [--eager-k 5] [--adaptive-k 5]
-        [--profile F]
+        [--repeats 3] [--profile F]
         [--model DIR --load-format dummy --mem 0.3 0.6] [--dtype float32]
 
 Checks first (exit status 1 on a mismatch), then one table: batch, K, mode, tokens/s plain and speculative, their
@@ -34,14 +34,18 @@ PROMPTS = ["def main(args):\n    ", "import os\nimport sys\n\n", "The scheduler 
 MARGIN = 2e-4
 
 
-def run(llm: LLM, prompts: list[str], tokens: int, logprobs: int | None = None):
+def run(llm: LLM, prompts: list[str], tokens: int, logprobs: int | None = None, repeats: int = 1):
+    """Outputs and the median seconds of ``repeats`` timed generations (after a warm-up)."""
     sp = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, logprobs=logprobs)
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)  # warm-up
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    outs = llm.generate(prompts, sp, use_tqdm=False)
-    torch.cuda.synchronize()
-    return outs, time.perf_counter() - t
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return outs, sorted(times)[len(times) // 2]
 
 
 def first_tie(out) -> int:
@@ -60,6 +64,7 @@ def main() -> int:
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5])
     ap.add_argument("--eager-k", type=int, nargs="*", default=[])
     ap.add_argument("--adaptive-k", type=int, nargs="*", default=[])
+    ap.add_argument("--repeats", type=int, default=1, help="timed generations per cell (median)")
     ap.add_argument("--profile", default=None)
     ap.add_argument("--model", default=None, help="checkpoint (default: the embedded model)")
     ap.add_argument("--load-format", default="auto", help="dummy: random weights (a config-only checkpoint)")
@@ -72,7 +77,7 @@ def main() -> int:
     for b in a.batches:
         prompts = (PROMPTS * b)[:b]
         ref, _ = run(plain, prompts, a.tokens, logprobs=2)  # the check's reference (logprobs cost host time)
-        _, t_plain = run(plain, prompts, a.tokens)
+        _, t_plain = run(plain, prompts, a.tokens, repeats=a.repeats)
         runs = [(k, "graphs") for k in a.ks] + [(k, "eager") for k in a.eager_k] + [(k, "adapt") for k in a.adaptive_k]
         for k, mode in runs:
             spec = LLM(a.model, speculative_config={"num_speculative_tokens": k,
@@ -83,7 +88,7 @@ def main() -> int:
             prof = cProfile.Profile() if a.profile and b == 1 and k == max(a.ks) and mode == "graphs" else None
             if prof is not None:
                 prof.enable()
-            outs, t_spec = run(spec, prompts, a.tokens)
+            outs, t_spec = run(spec, prompts, a.tokens, repeats=a.repeats)
             if prof is not None:
                 prof.disable()
                 with open(a.profile, "w") as f:

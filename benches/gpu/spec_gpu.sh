@@ -14,7 +14,7 @@ for stage in $STAGES; do
   case $stage in
     tests) timeout 240 python3 -m pytest -q -x --timeout 200 -p no:cacheprovider tests/test_gpu_fast.py \
              -k "${TESTS_K:-speculation or adaptive}" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -5 ;;
-    tiny) timeout 200 python3 benches/gpu/spec_check.py --batches 1 8 32 --ks 5 --adaptive-k 5 \
+    tiny) timeout 200 python3 benches/gpu/spec_check.py --batches 1 8 32 --ks 5 --adaptive-k 5 ${TINY_ARGS:-} \
             2>&1 | grep -v "^INFO" | tee "$OUT/spec_tiny.txt" ;;
     mid) python3 benches/gpu/make_models.py /tmp >/dev/null && timeout 200 python3 benches/gpu/spec_check.py \
            --model /tmp/mid41 --load-format dummy --dtype float32 --batches 1 8 32 --ks 3 --adaptive-k 3 \
