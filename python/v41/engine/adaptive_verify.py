@@ -113,8 +113,9 @@ class AdaptivePlanner:
 
 def measure_costs(runner, k: int, reps: int = 3, seed: int = 0) -> VerifyCosts:
     """Profile ``runner`` (a :class:`~.model_runner.ModelRunner` after ``init_cache``): verify steps of every
-    verify-graph size × q = 1..K+1 and draft passes, each timed over ``reps`` runs after one warm-up. Writes
-    nothing to the cache (every slot −1). Seconds of wall time around a device synchronisation."""
+    verify-graph size × q = 1..K+1 and draft passes, each timed over ``reps`` runs after one warm-up, the verify
+    times made non-decreasing in q. Writes nothing to the cache (every slot −1). Seconds of wall time around a
+    device synchronisation."""
     rng = np.random.default_rng(seed)
     vocab = runner.cfg.vocab_size
     sets = {g.query_tokens: g for g in runner.verify_graph_sets(k)}
@@ -131,6 +132,7 @@ def measure_costs(runner, k: int, reps: int = 3, seed: int = 0) -> VerifyCosts:
         anchors = rng.integers(0, vocab, size=size)
         zeros = np.zeros(size, dtype=np.int64)
         draft[i] = _timed(lambda: runner.draft(pad, anchors, zeros), reps, runner.device)
+    verify = np.maximum.accumulate(verify, axis=1)  # more query tokens never cost less: timing noise must not say so
     costs = VerifyCosts(tuple(sizes), verify, draft, uniform=any(g.capture for g in sets.values()))
     log.info("adaptive verification: verify-step cost profile (%s)\n%s",
              "CUDA graphs, padded to the largest q" if costs.uniform else "eager", costs.table())
