@@ -130,3 +130,13 @@ def test_seeded_sampled_adaptive_speculation_completes_with_consistent_counts():
         assert len(o.token_ids) == 20 and all(0 <= t < llm.engine.executor.cfg.vocab_size for t in o.token_ids)
         v = o.spec_decode.verified_per_position
         assert v == sorted(v, reverse=True) and o.spec_decode.num_draft_tokens == sum(v)
+
+
+@pytest.mark.timeout(600)
+def test_adaptive_speculation_over_two_tp_ranks_profiles_on_every_rank(oracle):
+    """Every rank runs the start-up profile (its steps hold all-reduces, so the ranks must run the same ones in the
+    same order); rank 0 plans; greedy output is the oracle's."""
+    spec = {"num_speculative_tokens": 3, "enable_adaptive_verification": True}
+    with LLM(None, speculative_config=spec, max_num_seqs=2, tensor_parallel_size=2, all_reduce_backend="host") as llm:
+        assert llm.engine.executor.runner.verify_costs.verify_s.shape[1] == 4
+        check_against_oracle(oracle, llm, PROMPTS[:2], 24)
