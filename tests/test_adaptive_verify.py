@@ -28,6 +28,9 @@ def adaptive_llm(k: int, **kwargs) -> LLM:
     return LLM(None, speculative_config=spec, **kwargs)
 
 
+KEYS = [11, 12]  # two requests' sampling keys
+
+
 def costs(verify: list[list[float]], draft: list[float], sizes=(1, 2, 4), uniform=False) -> VerifyCosts:
     return VerifyCosts(tuple(sizes), np.array(verify, dtype=np.float64), np.array(draft), uniform)
 
@@ -41,37 +44,59 @@ def test_survivals_are_running_products_of_sigmoids():
 
 def test_the_planner_maximises_tokens_per_second_and_keeps_prefixes():
     # One size; verify cost 1, 1.5, 1.6, 1.7 for q = 1..4, draft 0 (so seconds = verify cost).
-    planner = AdaptivePlanner(costs([[1.0, 1.5, 1.6, 1.7]], [0.0], sizes=(2,)), k=3)
+    planner = AdaptivePlanner(costs([[1.0, 1.5, 1.6, 1.7]], [0.0], sizes=(2,)), k=3, max_tokens=64)
     est = np.array([[0.9, 0.8, 0.1], [0.5, 0.2, 0.1]])
     # q=1: 2/1 = 2; q=2: (2 + .9 + .8)/1.5 = 2.47; q=3: (2 + 2.4)/1.6 = 2.75; q=4: (2 + 2.6)/1.7 = 2.71
     assert planner.choose_q(est) == 3
     current = np.array([[0.6, 0.55, 0.5], [0.9, 0.3, 0.2]])
-    keep = planner.plan(current, [est[0], est[1]])  # the 4 largest current survivals: .9, .6, .55, .5
+    keep = planner.plan(current, [est[0], est[1]], KEYS)  # the 4 largest current survivals: .9, .6, .55, .5
     assert keep == [3, 1]
     np.testing.assert_allclose(planner.prior, current.mean(axis=0))
-    ties = planner.plan(np.full((2, 3), 0.5), [est[0], est[1]])  # equal values: earlier request, earlier draft
+    ties = planner.plan(np.full((2, 3), 0.5), [est[0], est[1]], KEYS)  # equal values: earlier request, earlier draft
     assert ties == [3, 1]
 
 
 def test_the_budget_comes_from_estimates_never_from_the_current_block():
-    planner = AdaptivePlanner(costs([[1.0, 1.5, 1.6, 1.7]], [0.0], sizes=(2,)), k=3)
+    planner = AdaptivePlanner(costs([[1.0, 1.5, 1.6, 1.7]], [0.0], sizes=(2,)), k=3, max_tokens=64)
     est = [np.array([0.9, 0.8, 0.1]), np.array([0.5, 0.2, 0.1])]
     for current in (np.full((2, 3), 0.99), np.full((2, 3), 0.01), np.array([[0.2, 0.1, 0.0], [0.9, 0.9, 0.9]])):
-        assert sum(planner.plan(current, est)) == 4  # B·(q − 1) with q = 3, whatever the current block says
+        assert sum(planner.plan(current, est, KEYS)) == 4  # B·(q − 1) with q = 3, whatever the current block says
     low = [np.array([0.05, 0.01, 0.0])] * 2
-    assert planner.plan(np.full((2, 3), 0.99), low) == [0, 0]  # q = 1: verifying costs more than it brings
+    assert planner.plan(np.full((2, 3), 0.99), low, KEYS) == [0, 0]  # q = 1: verifying costs more than it brings
     planner.prior = np.array([0.9, 0.8, 0.1])  # requests without a previous block take the last plan's curve
-    assert sum(planner.plan(np.full((2, 3), 0.5), [None, None])) == 2 * 2
+    assert sum(planner.plan(np.full((2, 3), 0.5), [None, None], [5, 6])) == 2 * 2
+
+
+def test_plans_stay_within_the_token_budget_and_same_key_pairs_verify_everything():
+    cheap = costs([[1.0, 1.0, 1.0, 1.0]], [0.0], sizes=(2,))
+    est = [np.full(3, 0.9)] * 2
+    assert AdaptivePlanner(cheap, k=3, max_tokens=64).plan(np.full((2, 3), 0.9), est, KEYS) == [3, 3]
+    # a budget of 5 tokens: q = 2 (2·2 <= 5), the 2 drafts go to the largest survivals (ties: the first request)
+    assert AdaptivePlanner(cheap, k=3, max_tokens=5).plan(np.full((2, 3), 0.9), est, KEYS) == [2, 0]
+    steep = AdaptivePlanner(costs([[1.0, 9.0, 9.0, 9.0]], [0.0], sizes=(2,)), k=3, max_tokens=64)
+    assert steep.plan(np.full((2, 3), 0.9), est, KEYS) == [0, 0]
+    assert steep.plan(np.full((2, 3), 0.9), est, [7, 7]) == [3, 3]  # one key: nobody decides on the other
+
+
+def test_no_draft_pass_where_plain_decoding_wins_by_the_estimates():
+    # plain step 1.0 s; any verify 1.2 s plus a 0.5 s draft pass: drafting pays only with confident estimates
+    planner = AdaptivePlanner(costs([[1.0, 1.2, 1.2, 1.2]], [0.5], sizes=(2,)), k=3, max_tokens=64)
+    assert not planner.should_draft(KEYS, [np.array([0.2, 0.05, 0.0])] * 2)  # 2 / 1.0 > (2 + 0.5) / 1.7
+    assert planner.should_draft(KEYS, [np.array([0.9, 0.8, 0.7])] * 2)  # (2 + 4.8) / 1.7 = 4.0 > 2
+    assert planner.should_draft([3, 3], [np.zeros(3)] * 2)  # a shared key: verify everything, so draft
+    planner.prior, planner.prior_keys = np.zeros(3), {11}
+    assert planner.should_draft([11, 99], [None, np.array([0.9, 0.8, 0.7])])  # key 11 ignores the prior
 
 
 def test_graph_profiles_verify_the_same_prefix_for_every_request_and_scale_past_the_largest_size():
     c = costs([[1.0, 1.1, 1.2], [1.0, 1.2, 1.4], [2.0, 2.4, 2.8]], [0.5, 0.5, 0.5], uniform=True)
-    planner = AdaptivePlanner(c, k=2)
-    assert planner.plan(np.array([[0.9, 0.1], [0.1, 0.0], [0.5, 0.4]]), [None] * 3) == [2, 2, 2]
+    planner = AdaptivePlanner(c, k=2, max_tokens=64)
+    assert planner.plan(np.array([[0.9, 0.1], [0.1, 0.0], [0.5, 0.4]]), [None] * 3, [1, 2, 3]) == [2, 2, 2]
     assert c.step_seconds(3)[1] == pytest.approx(0.5 + 2.4)  # 3 requests pad to the size-4 graphs
     assert c.step_seconds(8)[0] == pytest.approx((0.5 + 2.0) * 2)  # beyond 4: scaled by 8 / 4
+    assert c.step_seconds(8, drafted=False)[0] == pytest.approx(2.0 * 2)  # a plain step runs no draft pass
     with pytest.raises(ValueError, match="3 query-token columns, K \\+ 1 = 4 expected"):
-        AdaptivePlanner(c, k=3)
+        AdaptivePlanner(c, k=3, max_tokens=64)
 
 
 def test_the_fast_drafters_confidences_are_the_oracles(oracle, monkeypatch):
@@ -140,3 +165,45 @@ def test_adaptive_speculation_over_two_tp_ranks_profiles_on_every_rank(oracle):
     with LLM(None, speculative_config=spec, max_num_seqs=2, tensor_parallel_size=2, all_reduce_backend="host") as llm:
         assert llm.engine.executor.runner.verify_costs.verify_s.shape[1] == 4
         check_against_oracle(oracle, llm, PROMPTS[:2], 24)
+
+
+def test_sampled_drafts_plan_from_their_previous_block_and_argmax_drafts_from_this_one(monkeypatch):
+    """The wiring of the exactness argument: a sampled request's estimate is its previous block's survivals (None
+    before its first block), never the block being decided on; a greedy request's is the current one."""
+    from v41.engine.adaptive_verify import AdaptivePlanner as Planner
+
+    calls = []
+    real_draft, real_plan = spec_decode.SpecDecoder.draft, Planner.plan
+
+    def draft(self, seqs, table_rows):
+        calls.append({"before": [None if s.draft_survival is None else s.draft_survival.copy() for s in seqs],
+                      "greedy": [s.sampling.params.is_greedy for s in seqs]})
+        return real_draft(self, seqs, table_rows)
+
+    def plan(self, current, own, keys):
+        calls[-1].update(current=current.copy(), own=[None if o is None else o.copy() for o in own])
+        return real_plan(self, current, own, keys)
+
+    monkeypatch.setattr(spec_decode.SpecDecoder, "draft", draft)
+    monkeypatch.setattr(Planner, "plan", plan)
+    params = [SamplingParams(temperature=0.8, seed=1, max_tokens=16, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)]
+    adaptive_llm(3, max_num_seqs=2).generate(PROMPTS[:2], params, use_tqdm=False)
+    planned = [c for c in calls if "current" in c and len(c["greedy"]) == 2]
+    assert len(planned) >= 3
+    for c in planned:
+        for r, greedy in enumerate(c["greedy"]):
+            want = c["current"][r] if greedy else c["before"][r]
+            got = c["own"][r]
+            assert (got is None and want is None) or np.array_equal(got, want), (r, greedy)
+
+
+def test_where_plain_decoding_wins_the_engine_runs_no_draft_pass(oracle, monkeypatch):
+    plain_wins = costs([[1.0, 9.0, 9.0, 9.0, 9.0, 9.0]] * 3, [0.5] * 3)
+    monkeypatch.setattr(model_runner, "measure_costs", lambda runner, k: plain_wins)
+    llm = adaptive_llm(5, max_num_seqs=4)
+    passes = []
+    real = llm.engine.executor.draft
+    llm.engine.executor.draft = lambda *a: passes.append(1) or real(*a)
+    check_against_oracle(oracle, llm, PROMPTS[:2], 16)
+    assert passes == [] and llm.engine.spec_decode_stats().num_drafts == 0

@@ -207,11 +207,12 @@ def _toy_survivals(anchors: torch.Tensor, d: torch.Tensor, shift: int = 0) -> np
 def _production_plan(n: int, shift: int = 0, argmax_drafts: bool = False):
     """The planner as ``SpecDecoder.draft`` runs it: estimates = the previous block's survivals for sampled drafts,
     the current ones for argmax drafts."""
-    planner, last = AdaptivePlanner(TOY_COSTS, 5), [None] * n
+    planner, last = AdaptivePlanner(TOY_COSTS, 5, max_tokens=10**9), [None] * n
 
     def plan(act, anchors, d):
         current = _toy_survivals(anchors, d, shift)
-        keep = planner.plan(current, list(current) if argmax_drafts else [last[i] for i in act.tolist()])
+        keep = planner.plan(current, list(current) if argmax_drafts else [last[i] for i in act.tolist()],
+                            act.tolist())
         for i, cur in zip(act.tolist(), current):
             last[i] = cur
         return torch.tensor(keep)

@@ -9,11 +9,14 @@ verify steps cost.
   line up; the planner reads rank 0's table): seconds of a verify step of ``size`` requests × ``q`` query tokens
   each (``q = 1..K+1``, padded static inputs with random token ids, replayed from the step's CUDA graphs where
   they exist) and of a draft pass of ``size`` requests.
-* **Plan** (:class:`AdaptivePlanner`): for ``B`` requests and each ``q``, the expected tokens of the step are
-  ``B + Σ`` of the ``B·(q − 1)`` largest survival estimates; the step takes the ``q`` with the most tokens per
-  second of draft + verify time, then verifies, per request, its drafts among the ``B·(q − 1)`` largest
-  *current* survivals (ties: earlier request, then earlier draft; so each request's set is a prefix). With CUDA
-  graphs every request pads to the step's largest ``q`` anyway, so every request verifies ``q − 1`` drafts.
+* **Plan** (:class:`AdaptivePlanner`): for ``B`` requests and each ``q`` (``B·q`` within the step token
+  budget), the expected tokens of the step are ``B + Σ`` of the ``B·(q − 1)`` largest survival estimates; the
+  step takes the ``q`` with the most tokens per second of draft + verify time, then verifies, per request, its
+  drafts among the ``B·(q − 1)`` largest *current* survivals (ties: earlier request, then earlier draft; so each
+  request's set is a prefix). With CUDA graphs every request pads to the step's largest ``q`` anyway, so every
+  request verifies ``q − 1`` drafts. Before drafting, the same choice with a plain step costing no draft pass
+  decides whether to draft at all (:meth:`AdaptivePlanner.should_draft`): where no ``q`` beats plain decoding
+  (large batches of a large model) the engine decodes plainly and runs no draft pass.
 
 **Exactness** (§3, §4). Verification emits the target's law as long as the decision to verify draft ``t`` does
 not depend on draft ``t`` or what follows it. Selecting among the current survivals at a fixed budget keeps that:
@@ -24,7 +27,9 @@ why ``q`` is chosen from *estimates* known before this step's draws: for a reque
 requests, ``draft_sample_method`` greedy) its current survivals, since its drafts are a function of its context
 and no draw of theirs can be biased; for sampled drafts the survivals of its previous block, or for a request
 without one the mean survival curve of the previous plan (all ones before the first).
-``tests/test_spec_verify_lossless.py`` checks the planner with the χ² test (token-wise and block), and that a
+Two requests with one sampling key draw the same numbers, so one must not decide on the other's block: a batch
+holding such a pair verifies every draft, and a request whose key is among those the prior averaged does not use
+the prior. ``tests/test_spec_verify_lossless.py`` checks the planner with the χ² test (token-wise and block), and that a
 survival off by one (``Π_{i<=t}``, reading draft ``t`` itself) fails it.
 """
 
@@ -59,11 +64,15 @@ class VerifyCosts:
     draft_s: np.ndarray
     uniform: bool
 
-    def step_seconds(self, batch: int) -> np.ndarray:
-        """Draft + verify seconds [K+1] of ``batch`` requests × q = 1..K+1 query tokens: the smallest profiled size
+    def step_seconds(self, batch: int, drafted: bool = True) -> np.ndarray:
+        """Seconds [K+1] of a step of ``batch`` requests × q = 1..K+1 query tokens: verify plus the draft pass
+        (for q = 1 only when ``drafted``: a step that verifies nothing need not draft). The smallest profiled size
         that holds the batch (graphs pad to it), or beyond the largest its times scaled by ``batch / size``."""
         i = next((j for j, s in enumerate(self.sizes) if s >= batch), len(self.sizes) - 1)
-        return (self.draft_s[i] + self.verify_s[i]) * max(1.0, batch / self.sizes[i])
+        seconds = self.draft_s[i] + self.verify_s[i]
+        if not drafted:
+            seconds[0] = self.verify_s[i, 0]
+        return seconds * max(1.0, batch / self.sizes[i])
 
     def table(self) -> str:
         """The profile as text (start-up log, benchmarks): one line per size, ms per q."""
@@ -75,36 +84,55 @@ class VerifyCosts:
 
 class AdaptivePlanner:
     """Per-step choice of how many drafts each request verifies (module docstring). ``costs``: the profile;
-    ``k``: drafts per block (``num_speculative_tokens``)."""
+    ``k``: drafts per block (``num_speculative_tokens``); ``max_tokens``: the step token budget
+    (``max_num_batched_tokens``): a plan never asks for more decode tokens, so the scheduler never cuts one."""
 
-    def __init__(self, costs: VerifyCosts, k: int):
+    def __init__(self, costs: VerifyCosts, k: int, max_tokens: int):
         if costs.verify_s.shape[1] != k + 1:
             raise ValueError(f"the verify-cost profile has {costs.verify_s.shape[1]} query-token columns, "
                              f"K + 1 = {k + 1} expected")
-        self.costs, self.k = costs, k
+        self.costs, self.k, self.max_tokens = costs, k, max_tokens
         self.prior = np.ones(k)  # the previous plan's mean survival curve
+        self.prior_keys: set[int] = set()  # the sampling keys of the requests it averages
 
-    def choose_q(self, estimates: np.ndarray) -> int:
-        """Query tokens per request (1..K+1) with the most expected tokens per second, from survival
-        ``estimates`` [B, K] known before this step's drafts."""
+    def estimates(self, keys: list[int], own: list[np.ndarray | None]) -> np.ndarray:
+        """[B, K] survival estimates: each request's ``own`` (known before its current draws), else the prior —
+        unless the request's sampling key is among the prior's, whose draws may be its own (then all ones)."""
+        ones = np.ones(self.k)
+        return np.stack([e if e is not None else ones if key in self.prior_keys else self.prior
+                         for key, e in zip(keys, own)])
+
+    def choose_q(self, estimates: np.ndarray, drafted: bool = True) -> int:
+        """Query tokens per request (1..K+1, at most ``max_tokens`` in all) with the most expected tokens per
+        second, from survival ``estimates`` [B, K]; ``drafted``: the draft pass has run (it costs every q)."""
         b = estimates.shape[0]
         if self.costs.uniform:  # q − 1 drafts of every request
             extra = np.cumsum(estimates.sum(axis=0))
         else:  # the b·(q − 1) largest estimates
             extra = np.cumsum(np.sort(estimates, axis=None)[::-1])[b * np.arange(1, self.k + 1) - 1]
-        score = (b + np.r_[0.0, extra]) / self.costs.step_seconds(b)
-        return int(np.argmax(score)) + 1  # the smallest q on ties
+        score = (b + np.r_[0.0, extra]) / self.costs.step_seconds(b, drafted)
+        q_max = max(1, min(self.k + 1, self.max_tokens // b))
+        return int(np.argmax(score[:q_max])) + 1  # the smallest q on ties
 
-    def plan(self, current: np.ndarray, estimates: list[np.ndarray | None]) -> list[int]:
-        """Drafts to verify per request, ``k_r ∈ [0, K]``. ``current`` [B, K]: this block's survivals;
-        ``estimates``: per request survivals known before its drafts were drawn (module docstring), or None (the
-        prior stands in). Updates the prior to this plan's mean curve."""
+    def should_draft(self, keys: list[int], own: list[np.ndarray | None]) -> bool:
+        """Whether this step's draft pass is worth running: False when, by the estimates, verifying nothing (a
+        plain step, no draft pass) beats every q (module docstring). ``keys``: the requests' sampling keys."""
+        if len(set(keys)) < len(keys):
+            return True
+        return self.choose_q(self.estimates(keys, own), drafted=False) > 1
+
+    def plan(self, current: np.ndarray, own: list[np.ndarray | None], keys: list[int]) -> list[int]:
+        """Drafts to verify per request, ``k_r ∈ [0, K]``. ``current`` [B, K]: this block's survivals; ``own``:
+        per request survivals known before its current draws (module docstring), or None; ``keys``: the requests'
+        sampling keys. Two requests with one key draw the same numbers, so neither may decide on the other's
+        block: such a batch verifies all K drafts. Updates the prior to this plan's mean curve."""
         b = current.shape[0]
         if b == 0:
             return []
-        est = np.stack([self.prior if e is None else e for e in estimates])
-        q = self.choose_q(est)
-        self.prior = current.mean(axis=0)
+        if len(set(keys)) < len(keys):
+            return [self.k] * b
+        q = self.choose_q(self.estimates(keys, own))
+        self.prior, self.prior_keys = current.mean(axis=0), set(keys)
         if self.costs.uniform or q == 1:
             return [q - 1] * b
         order = np.argsort(-current, axis=None, kind="stable")[:b * (q - 1)]  # value desc, then request, draft

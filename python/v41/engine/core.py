@@ -91,7 +91,7 @@ class EngineCore:
         if not str(self.device).startswith("cuda"):
             return self.args.kv_cache_bytes
         free, total = torch.cuda.mem_get_info(torch.device(self.device))
-        used = total - free
+        used = total - free + self.executor.runner.graph_output_bytes()  # captured after the cache is sized
         budget = int(total * self.args.gpu_memory_utilization) - used
         if budget <= 0:
             raise ValueError(f"no room for the KV cache: gpu_memory_utilization={self.args.gpu_memory_utilization} "

@@ -104,6 +104,15 @@ class ModelRunner:
         if self._adaptive():
             self.verify_costs = measure_costs(self, k)
 
+    def graph_output_bytes(self) -> int:
+        """Bytes of the float32 logits the verify / decode graphs keep ([size·q, V] per captured graph, every q of
+        adaptive verification), 0 when this runner will not capture; the engine leaves them out of the KV budget."""
+        if not self._capture_wanted():
+            return 0
+        k = self.args.lookahead_tokens()
+        qs = range(1, k + 2) if self._adaptive() else [1 + k]
+        return sum(size * q * self.cfg.vocab_size * 4 for q in qs for size in self._sizes(q))
+
     def _sizes(self, query_tokens: int) -> list[int]:
         return graph_sizes(self.args.max_cudagraph_capture_size or 512, self.args.max_num_seqs, query_tokens)
 

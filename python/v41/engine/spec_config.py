@@ -38,8 +38,8 @@ class SpeculativeConfig:
     is lossless. **Required**, as in vLLM: it sets the verify cost of every step, so no model-dependent default
     is guessed. draft_tensor_parallel_size: ranks the drafter's stages are split over, 1 or the target's TP size;
     None (default) = the target's (:meth:`draft_tp`). With 1 under TP > 1 every rank holds and runs the whole
-    stages (no all-reduce inside the draft pass, more memory); the embedding and LM head they share with the
-    target stay vocab-parallel. draft_sample_method: how drafts are drawn, ``"probabilistic"`` (default:
+    stages (no all-reduce inside them, more memory); the embedding and LM head they share with the target stay
+    vocab-parallel (one all-reduce and one all-gather per draft pass). draft_sample_method: how drafts are drawn, ``"probabilistic"`` (default:
     keyed draws from the drafter's processed distribution Q) or ``"greedy"`` (argmax).
     rejection_sample_method: how the target verifies them: ``"block"`` (default, the seed's: Sun et al.'s
     block verification, lossless and never accepting fewer tokens on average than token-wise), ``"token"``

@@ -36,8 +36,9 @@ class SpecDecoder:
         self.greedy_drafts = config.draft_sample_method == "greedy"
         self.executor, self.verifier = executor, SpecVerifier(sampler)
         self.drafter = executor.runner.model.drafter
-        costs = executor.runner.verify_costs
-        self.planner = AdaptivePlanner(costs, self.k) if config.enable_adaptive_verification else None
+        runner = executor.runner
+        self.planner = AdaptivePlanner(runner.verify_costs, self.k, runner.args.max_num_batched_tokens) \
+            if config.enable_adaptive_verification else None
 
     def verify(self, seqs: list[Sequence], logits: Tensor, counts: list[int]) -> list[list[int]]:
         """Tokens to commit per sequence: the accepted drafts, then ``y``. ``logits`` [Σ (k_r + 1), V]: each
@@ -74,6 +75,11 @@ class SpecDecoder:
         replay); otherwise the Markov slots run here on its base logits."""
         if not seqs:
             return []
+        keys = [s.sampling.seed for s in seqs]
+        if self.planner is not None and not self.planner.should_draft(keys, [s.draft_survival for s in seqs]):
+            for seq in seqs:  # a plain step: nothing to verify, no draft pass
+                seq.draft, seq.draft_q = [], None
+            return [[] for _ in seqs]
         anchors = np.array([s.output_token_ids[-1] for s in seqs], dtype=np.int64)
         positions = [s.sampling.position for s in seqs]
         base, hidden, greedy, greedy_conf = self.executor.draft(np.asarray(table_rows, dtype=np.int64), anchors,
@@ -96,7 +102,8 @@ class SpecDecoder:
         if self.planner is not None:
             current = survivals(conf.cpu())
             fixed = [self.greedy_drafts or st.params.is_greedy for st in states]  # argmax drafts: no draw to bias
-            keep = self.planner.plan(current, [c if f else s.draft_survival for c, f, s in zip(current, fixed, seqs)])
+            keep = self.planner.plan(current, [c if f else s.draft_survival for c, f, s in zip(current, fixed, seqs)],
+                                     keys)
             rows = [row[:c] for row, c in zip(rows, keep)]
             for seq, cur in zip(seqs, current):
                 seq.draft_survival = cur

@@ -14,8 +14,10 @@ Three draft stages (``mtp.0..S-1``), each a delayed-mHC block with window attent
   collapsed hidden, ``e_i`` the Markov embedding of ``out_i``), which adaptive verification reads
   (docs/speculative-decoding.md §4).
 
-Under tensor parallelism the stages shard like backbone layers (heads, experts); ``main_*``, ``norm`` and the
-Markov and confidence heads are replicated, the base logits all-gathered, so every rank computes the same drafts.
+Under tensor parallelism the stages shard like backbone layers (heads, experts), or with
+``draft_tensor_parallel_size`` 1 are whole on every rank (built with a single-rank group: no all-reduce inside
+them); ``main_*``, ``norm`` and the Markov and confidence heads are replicated, the embedding and LM head are the
+target's (vocab-parallel, the base logits all-gathered), so every rank computes the same drafts.
 """
 
 from __future__ import annotations
