@@ -147,3 +147,59 @@ def test_speculation_over_two_tp_ranks_gives_the_oracles_tokens(oracle, draft_tp
         model = llm.engine.executor.runner.model
         experts = model.drafter.stages[0].ffn.w2.shape[2]  # the stage experts' intermediate slice
         assert experts == model.cfg.moe_intermediate_size // (2 if draft_tp == 2 else 1)
+
+
+def _first_tie(out, margin: float = 2e-4) -> int:
+    """The first position whose plain top-2 logprob margin is below ``margin`` (its length if none)."""
+    for i, lp in enumerate(out.logprobs):
+        top = sorted((v.logprob for v in lp.values()), reverse=True)
+        if len(top) > 1 and top[0] - top[1] < margin:
+            return i
+    return len(out.token_ids)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("batch", [1, 8, 64])
+def test_long_greedy_speculation_gives_the_plain_tokens(batch):
+    """§6.1 at length: 2,000 greedy tokens per request at batch 1 / 8 / 64, K = 5, equal to the plain engine's up to
+    each request's first near-tie (the margin rule), the window rings wrapping hundreds of times."""
+    prompts = [PROMPTS[i % len(PROMPTS)] + "#" * (i // len(PROMPTS)) for i in range(batch)]
+    sp = SamplingParams(temperature=0, max_tokens=2000, ignore_eos=True)
+    plain = LLM(None, max_num_seqs=batch).generate(prompts, SamplingParams(temperature=0, max_tokens=2000,
+                                                                           ignore_eos=True, logprobs=2),
+                                                   use_tqdm=False)
+    spec = spec_llm(5, max_num_seqs=batch).generate(prompts, sp, use_tqdm=False)
+    compared = 0
+    for p, s in zip(plain, spec):
+        n = _first_tie(p.outputs[0])
+        assert list(s.outputs[0].token_ids[:n]) == list(p.outputs[0].token_ids[:n])
+        compared += n
+    assert compared >= 500 * batch, compared  # most of the text is compared, not cut at a tie
+    assert sum(s.outputs[0].spec_decode.num_accepted_tokens for s in spec) > 0
+
+
+@pytest.mark.timeout(300)
+def test_draft_ids_stay_in_the_vocabulary_over_an_uneven_tp_split(tmp_path, monkeypatch):
+    """§6.8: a 1,021-id vocabulary split over 2 ranks pads the gathered logits; drafts (greedy, and sampled at
+    temperature 1) and committed tokens never take a padding column."""
+    from v41.engine import spec_decode
+    from v41.testing.tiny import make_tiny
+
+    path = make_tiny(tmp_path / "m", "deepseek_v41", vocab_size=1021)
+    seen = []
+    real = spec_decode.SpecDecoder.draft
+
+    def record(self, seqs, table_rows):
+        rows = real(self, seqs, table_rows)
+        seen.extend(t for r in rows for t in r)
+        return rows
+
+    monkeypatch.setattr(spec_decode.SpecDecoder, "draft", record)
+    params = [SamplingParams(temperature=t, seed=i, max_tokens=24, ignore_eos=True) for i, t in enumerate((0, 1.0))]
+    with LLM(str(path), speculative_config={"num_speculative_tokens": 3}, max_num_seqs=2, tensor_parallel_size=2,
+             all_reduce_backend="host") as llm:
+        outs = llm.generate([{"prompt_token_ids": [5, 77, 900]}, {"prompt_token_ids": [1020, 3]}], params,
+                            use_tqdm=False)
+    assert len(seen) > 20 and all(0 <= t < 1021 for t in seen)
+    assert all(0 <= t < 1021 for o in outs for t in o.outputs[0].token_ids)
