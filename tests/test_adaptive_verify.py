@@ -31,6 +31,14 @@ def adaptive_llm(k: int, **kwargs) -> LLM:
 KEYS = [11, 12]  # two requests' sampling keys
 
 
+@pytest.fixture
+def drafting_pays(monkeypatch):
+    """A profile under which drafting always pays (the measured one depends on the machine's load)."""
+    cheap = costs([[1.0, 1.02, 1.04, 1.06, 1.08, 1.1]] * 3, [0.05] * 3)
+    monkeypatch.setattr(model_runner, "measure_costs", lambda runner, k: VerifyCosts(
+        cheap.sizes, cheap.verify_s[:, :k + 1], cheap.draft_s, cheap.uniform))
+
+
 def costs(verify: list[list[float]], draft: list[float], sizes=(1, 2, 4), uniform=False) -> VerifyCosts:
     return VerifyCosts(tuple(sizes), np.array(verify, dtype=np.float64), np.array(draft), uniform)
 
@@ -99,7 +107,7 @@ def test_graph_profiles_verify_the_same_prefix_for_every_request_and_scale_past_
         AdaptivePlanner(c, k=3, max_tokens=64)
 
 
-def test_the_fast_drafters_confidences_are_the_oracles(oracle, monkeypatch):
+def test_the_fast_drafters_confidences_are_the_oracles(oracle, monkeypatch, drafting_pays):
     """Every survival curve the engine plans with equals the oracle's DSpark block's (greedy), up to the first
     draft where the oracle's own top-2 margin is a near-tie."""
     seen = []
@@ -167,7 +175,7 @@ def test_adaptive_speculation_over_two_tp_ranks_profiles_on_every_rank(oracle):
         check_against_oracle(oracle, llm, PROMPTS[:2], 24)
 
 
-def test_sampled_drafts_plan_from_their_previous_block_and_argmax_drafts_from_this_one(monkeypatch):
+def test_sampled_drafts_plan_from_their_previous_block_and_argmax_drafts_from_this_one(monkeypatch, drafting_pays):
     """The wiring of the exactness argument: a sampled request's estimate is its previous block's survivals (None
     before its first block), never the block being decided on; a greedy request's is the current one."""
     from v41.engine.adaptive_verify import AdaptivePlanner as Planner
