@@ -11,6 +11,7 @@ the token counts alone what every reader must show. Real speculation behind the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
@@ -170,8 +171,9 @@ def test_prometheus_counters_skip_an_older_snapshot_instead_of_counting_twice():
 
 
 # -- gRPC ---------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def stub(engine):
+@contextlib.contextmanager
+def grpc_stub(engine):
+    """An ``EngineStub`` on a gRPC server for ``engine`` on a free local port (its own event-loop thread)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="grpc-spec-loop", daemon=True)
     thread.start()
@@ -188,6 +190,12 @@ def stub(engine):
             asyncio.run_coroutine_threadsafe(srv.stop(0), loop).result(TIMEOUT_S)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def stub(engine):
+    with grpc_stub(engine) as s:
+        yield s
 
 
 def from_proto(p) -> SpecDecodeStats:

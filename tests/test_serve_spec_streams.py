@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-
-import grpc
 import pytest
 from test_engine import assert_all_blocks_free
-from test_serve_spec_decode import TIMEOUT_S, http, last_usage
+from test_serve_spec_decode import TIMEOUT_S, grpc_stub, http, last_usage
 
 from v41.engine.async_engine import AsyncEngine
 from v41.engine.llm import LLM
 from v41.engine.params import SamplingParams
-from v41.serve.grpc_server import pb2, pb2_grpc, serve_grpc
+from v41.serve.grpc_server import pb2
 from v41.serve.openai_app import build_app
 from v41.testing.embedded import embedded_model_dir
 
@@ -70,27 +66,15 @@ def test_grpc_stream_with_speculation_gives_the_plain_token_ids(engines):
         return got
 
     want = asyncio.run(plain_ids())
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="grpc-spec-stream", daemon=True)
-    thread.start()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = asyncio.run_coroutine_threadsafe(serve_grpc(spec, "127.0.0.1", port, "m"), loop).result(TIMEOUT_S)
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            req = pb2.GenerateRequest(tokens=pb2.TokenIds(ids=ids), stream=True, sampling_params=pb2.SamplingParams(
-                temperature=0.0, max_tokens=TOKENS, ignore_eos=True))
-            got, done = [], None
-            for r in pb2_grpc.EngineStub(channel).Generate(req, timeout=TIMEOUT_S):
-                if r.HasField("chunk"):
-                    got.extend(r.chunk.token_ids)
-                elif r.HasField("complete"):
-                    done = r.complete
-    finally:
-        asyncio.run_coroutine_threadsafe(srv.stop(0), loop).result(TIMEOUT_S)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(TIMEOUT_S)
+    req = pb2.GenerateRequest(tokens=pb2.TokenIds(ids=ids), stream=True, sampling_params=pb2.SamplingParams(
+        temperature=0.0, max_tokens=TOKENS, ignore_eos=True))
+    got, done = [], None
+    with grpc_stub(spec) as stub:
+        for r in stub.Generate(req, timeout=TIMEOUT_S):
+            if r.HasField("chunk"):
+                got.extend(r.chunk.token_ids)
+            elif r.HasField("complete"):
+                done = r.complete
     assert got == want
     assert done is not None and done.spec_decode.num_drafts > 0
 
