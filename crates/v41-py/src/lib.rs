@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 mod comm;
+mod engram;
 mod sched;
 
 /// Native extension of v41 (Rust).
@@ -14,6 +15,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     sched::register(m)?;
     comm::register(m)?;
+    engram::register(m)?;
     Ok(())
 }
 
