@@ -8,6 +8,7 @@ import torch
 
 from ..distributed.runtime import check_backend
 from .params import DEFAULT_MAX_N
+from .engram_config import EngramConfig
 from .spec_config import SpeculativeConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
@@ -46,7 +47,9 @@ class EngineArgs:
     :class:`~v41.engine.spec_config.SpeculativeConfig`, a dict or a JSON object string (vLLM's
     ``speculative_config``); parsed into a SpeculativeConfig when the EngineArgs is made (ValueError naming the
     key), checked against the checkpoint by ``EngineCore`` (:meth:`SpeculativeConfig.check`); None = no
-    speculation.
+    speculation. engram_config: Engram offload (:class:`~v41.engine.engram_config.EngramConfig`, a dict or a JSON
+    object string, the seed's ``--engram-config``): ``{"cpu_offload": true}`` keeps the Engram tables in host memory
+    and pages the rows each step needs into a device cache (docs/engram.md); None = tables on the device.
 
     Tensor parallelism (one worker process per rank; rank 0 is this process): tensor_parallel_size: ranks
     (1, 2, 4, 8; must divide the heads and ``o_groups``). all_reduce_backend: ``auto`` | ``nccl`` | ``gloo`` |
@@ -86,10 +89,16 @@ class EngineArgs:
     max_n: int = DEFAULT_MAX_N
     hf_overrides: dict | None = None
     speculative_config: SpeculativeConfig | None = None
+    engram_config: EngramConfig | None = None
 
     def __post_init__(self) -> None:
         # dict / JSON text (keyword callers, asdict + JSON across the engine-process boundary) → the typed object
         object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
+        object.__setattr__(self, "engram_config", EngramConfig.parse(self.engram_config))
+
+    def engram_offload(self) -> bool:
+        """True when ``engram_config`` asks for the Engram tables in host memory (``cpu_offload``)."""
+        return self.engram_config is not None and self.engram_config.cpu_offload
 
     def lookahead_tokens(self) -> int:
         """Draft tokens a verify step computes beyond the committed length (speculative decoding), else 0."""

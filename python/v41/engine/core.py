@@ -23,6 +23,7 @@ from ..models.engram_loader import engram_hasher
 from .args import EngineArgs
 from .context_limit import cap_max_model_len
 from .detokenizer import IncrementalDetokenizer
+from .engram_rows import StepRowHasher
 from .executor import make_executor
 from .host_step import HostStep
 from .output import delta_output
@@ -59,7 +60,8 @@ class EngineCore:
             self.cfg, self.device = self.executor.cfg, self.executor.device
             self.tokenizer = Tokenizer.from_file(str(Path(args.model) / "tokenizer.json"))
             self.max_model_len = args.max_model_len or min(self.cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
-            self.hasher = engram_hasher(self.cfg, Path(args.model) / "tokenizer.json")
+            hasher = engram_hasher(self.cfg, Path(args.model) / "tokenizer.json")
+            self.engram_rows = StepRowHasher(hasher) if hasher is not None else None
             self.layout = layout = self.executor.cache_layout(args.block_size)
             budget = self._cache_budget(dtype)
             num_blocks = args.num_kv_blocks or blocks_for_budget(layout, budget, args.max_num_seqs, dtype.itemsize)
@@ -240,7 +242,7 @@ class EngineCore:
     def _host_step(self, plan, seqs: list[Sequence]):
         """The step's host plan from the scheduler's, plus per request the rows to sample (the last row, or the
         k + 1 verify rows of k drafts; None) and the rows whose logits score prompt tokens (prompt_logprobs).
-        Engram rows are hashed here from committed ids."""
+        Engram rows are hashed here (natively, :mod:`.engram_rows`) from committed ids."""
         counts = plan.num_scheduled.astype(np.int64)
         first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
         token_ids = plan.token_ids.astype(np.int64)
@@ -257,10 +259,9 @@ class EngineCore:
             else:
                 prompt_rows.append(None)
         engram = {}
-        if self.hasher is not None:
-            runs = [(token_ids[a:a + n], seq.history(p))
-                    for a, n, p, seq in zip(first.tolist(), counts.tolist(), plan.start_pos.tolist(), seqs)]
-            engram = {lid: self.hasher.hash_runs(lid, runs) for lid in self.cfg.engram_layer_ids}
+        if self.engram_rows is not None:
+            engram = self.engram_rows.rows(token_ids, counts, [seq.history(p) for p, seq in
+                                                               zip(plan.start_pos.tolist(), seqs)])
         step = HostStep(token_ids=token_ids, positions=plan.positions.astype(np.int64), num_scheduled=counts,
                         start_pos=plan.start_pos.astype(np.int64), table_rows=plan.table_rows,
                         table_diffs=dict(plan.table_diffs), max_blocks=dict(plan.max_blocks),
@@ -353,12 +354,16 @@ class EngineCore:
         self.executor.shutdown()
 
     def stats(self) -> dict:
-        """Scheduler statistics (running, waiting, blocks per kind, prefix hit rate), and while speculating
-        ``spec_decode``: :meth:`spec_decode_stats` as :meth:`SpecDecodeStats.to_dict`."""
+        """Scheduler statistics (running, waiting, blocks per kind, prefix hit rate), while speculating
+        ``spec_decode``: :meth:`spec_decode_stats` as :meth:`SpecDecodeStats.to_dict`, and with Engram offload
+        ``engram``: rank 0's paging counters (:meth:`~.engram_pager.EngramPager.stats`; every rank pages its own
+        hash columns alike)."""
         stats = self.scheduler.stats()
         spec = self.spec_decode_stats()
         if spec is not None:
             stats["spec_decode"] = spec.to_dict()
+        if self.executor.runner.engram is not None:
+            stats["engram"] = self.executor.runner.engram.stats()
         return stats
 
     def spec_decode_stats(self) -> SpecDecodeStats | None:

@@ -131,7 +131,7 @@ class TPExecutor:
         self._release = weakref.finalize(self, _Ranks.release, self._ranks)  # also runs at interpreter exit
         try:
             self._ranks.runtime = Runtime.start(self.info, args.all_reduce_backend, self._ranks.dead_worker)
-            self.runner = ModelRunner(args, self.device, self.runtime.group)
+            self.runner = ModelRunner(args, self.device, self.runtime.group, self.info.session)
         except BaseException:
             self.shutdown()
             raise

@@ -10,6 +10,7 @@ Rank 0 (:mod:`.executor`) and every tensor-parallel worker (:mod:`.tp_worker`) b
 from __future__ import annotations
 
 import logging
+import uuid
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ from .block_tables import DeviceBlockTables
 from .adaptive_verify import VerifyCosts, measure_costs
 from .cuda_graph import CudaGraphRunner, capture_sizes
 from .draft_graph import DraftGraphs, draft_pass
+from .engram_pager import EngramPager
 from .graph_inputs import GraphInputs
 from .host_step import HostStep
 from .input_buffers import InputBuffers
@@ -30,14 +32,18 @@ log = logging.getLogger("v41.engine")
 CAPTURABLE_GROUPS = ("single", "torch-nccl")  # host shared memory and PCIe pull run host code in a collective
 
 
-def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None) -> StepModel:
-    """The step model ``args`` describe (this rank's shard with ``tp``) on ``device``. Raises ValueError for
-    speculative decoding on the paged bridge (the drafter lives in the fast model)."""
+def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None, session: str | None = None) -> StepModel:
+    """The step model ``args`` describe (this rank's shard with ``tp``) on ``device``. ``session``: a name shared
+    by the engine's ranks (Engram offload's ``/dev/shm`` files). Raises ValueError for speculative decoding or
+    Engram offload on the paged bridge (the drafter and the pager live with the fast model)."""
     dtype = args.torch_dtype()
     lookahead = args.lookahead_tokens()
+    offload = args.engram_offload()
     if args.resolved_model_impl() == "paged":
         if lookahead:
             raise ValueError("speculative decoding runs on the fast model: use model_impl 'fast' (--model-impl fast)")
+        if offload:
+            raise ValueError("Engram offload runs on the fast model: use model_impl 'fast' (--model-impl fast)")
         from ..models.paged import PagedModel
         from ..models.reference import load
 
@@ -49,7 +55,8 @@ def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None) -> Step
     spec, world = args.speculative_config, (tp or SINGLE).world_size
     model = load_fast(args.model, dtype=dtype, device=device, quantization=args.quantization,
                       load_format=args.load_format, tp=tp, config_overrides=args.hf_overrides,
-                      lookahead_tokens=lookahead, draft_sharded=spec is None or spec.draft_tp(world) == world)
+                      lookahead_tokens=lookahead, draft_sharded=spec is None or spec.draft_tp(world) == world,
+                      engram_offload=f"v41-engram-{session or uuid.uuid4().hex[:12]}" if offload else None)
     model.index_scratch_bytes = args.index_scratch_bytes
     return model
 
@@ -66,10 +73,16 @@ class ModelRunner:
     """The model of one rank plus its cache and input buffers. ``execute(step)`` → float32 logits [N, vocab] of
     ``step.logits_rows``."""
 
-    def __init__(self, args: EngineArgs, device: str, tp: TPGroup | None = None):
+    def __init__(self, args: EngineArgs, device: str, tp: TPGroup | None = None, session: str | None = None):
         self.args, self.device, self.tp = args, device, tp or SINGLE
-        self.model = load_model(args, device, tp)
+        self.model = load_model(args, device, tp, session)
         self.cfg = self.model.cfg
+        self.engram: EngramPager | None = None
+        if args.engram_offload():
+            self.engram = EngramPager(self.model, args.engram_config, args.max_num_batched_tokens, device)
+            self.tp.barrier()  # every rank has mapped its tables: their /dev/shm names can go
+            for pager in self.engram.layers.values():
+                pager.engram.host.unlink()
         self.buffers: InputBuffers | None = None
         self.graphs: CudaGraphRunner | None = None  # 1 + K query tokens per request
         self.narrow_graphs: list[CudaGraphRunner] = []  # adaptive verification: 1 .. K query tokens
@@ -87,7 +100,7 @@ class ModelRunner:
         layout = self.model.cache_layout(block_tokens)
         widths = {k.name: -(-max_model_len // block_tokens) + 1 for k in layout.kinds}
         cols = (self.cfg.engram_max_ngram_size - 1) * self.cfg.engram_n_heads
-        engram = {lid: cols for lid in self.cfg.engram_layer_ids}
+        engram = self.engram.local_columns() if self.engram else {lid: cols for lid in self.cfg.engram_layer_ids}
         self.tables = DeviceBlockTables(widths, self.args.max_num_seqs, self.device)
         self.buffers = InputBuffers(self.device, self.args.max_num_batched_tokens, self.args.max_num_seqs,
                                     self.tables, self.model.segment_ratios, engram)
@@ -155,6 +168,8 @@ class ModelRunner:
 
     @torch.no_grad()
     def execute(self, step: HostStep):
+        if self.engram is not None:
+            step = self.engram.prepare(step)
         for graphs in (*self.narrow_graphs, self.graphs):
             if graphs is not None and graphs.fits(step):
                 return graphs.run(step)

@@ -28,7 +28,7 @@ def worker_main(args: EngineArgs, info: RankInfo, log_level: int = logging.INFO)
                         format=f"%(asctime)s %(levelname)s tp-rank{info.rank}: %(message)s")
     runtime = Runtime.start(info, args.all_reduce_backend)
     try:
-        runner = ModelRunner(args, info.torch_device, runtime.group)
+        runner = ModelRunner(args, info.torch_device, runtime.group, info.session)
         while True:
             try:
                 data = runtime.channel.recv(None)

@@ -2,6 +2,10 @@
 host from committed token ids); rows are gathered from the FP8 table and dequantized, projected by ``wkv`` and
 gated into every residual copy in float32.
 
+Offload (docs/engram.md): with ``host`` set the table stays in host memory (:class:`~v41.models.engram_host.HostTable`)
+and the step's rows arrive as slot ids ``[T, cols_local]`` into ``slots``, the device row cache the engine's pager
+fills before the forward (``engine/engram_pager.py``); the records there are decoded and dequantized the same way.
+
 Tensor parallelism: rank r holds the hash columns ``[c0, c1)`` (:mod:`v41.models.sharding`): their table rows
 ``[row0, row1)`` and ``wkv``'s input columns; ``wkv``'s partial output is all-reduced before the gate.
 """
@@ -14,6 +18,7 @@ from torch import Tensor, nn
 from ...config import ModelConfig
 from ...distributed.group import SINGLE, TPGroup, split_range
 from ...kernels.packed import PackedWeight
+from ..engram_host import HostTable
 from ..sharding import engram_rows
 from .layers import PackedLinear
 
@@ -29,6 +34,7 @@ class FastEngram(nn.Module):
         self.tp = tp or SINGLE
         self.col0, self.col1 = split_range(len(primes), self.tp.world_size, self.tp.rank)
         self.row0, self.row1 = engram_rows(primes, self.col0, self.col1)
+        self.table_rows = sum(int(p) for p in primes)
         cols = self.col1 - self.col0
         self.register_buffer("table", torch.empty(0), persistent=False)
         self.register_buffer("table_scale", None, persistent=False)
@@ -37,6 +43,16 @@ class FastEngram(nn.Module):
         self.q_weight = nn.Parameter(torch.zeros(cfg.hc_mult, cfg.hidden_size), requires_grad=False)
         self.k_weight = nn.Parameter(torch.zeros(cfg.hc_mult, cfg.hidden_size), requires_grad=False)
         self.hc, self.dim, self.eps, self.head_dim = cfg.hc_mult, cfg.hidden_size, cfg.rms_norm_eps, cfg.engram_head_dim
+        self.host: HostTable | None = None  # offload: this rank's rows in host memory
+        self.register_buffer("slots", None, persistent=False)  # offload: uint8 [slots, record_bytes] on the device
+
+    def set_host(self, host: HostTable) -> None:
+        """Offload: keep the table in ``host`` (rows [row0, row1) of this rank); the device holds only ``slots``."""
+        if (host.row0, host.row1) != (self.row0, self.row1) or host.fmt.head_dim != self.head_dim:
+            raise ValueError(f"host table rows {host.row0}..{host.row1} × {host.fmt.head_dim}, expected "
+                             f"{self.row0}..{self.row1} × {self.head_dim}")
+        self.host = host
+        self.table = torch.empty(0)
 
     def set_table(self, w: PackedWeight) -> None:
         want = (self.row1 - self.row0, self.head_dim)
@@ -45,7 +61,11 @@ class FastEngram(nn.Module):
         self.table, self.table_scale, self.table_fmt, self.table_block = w.data, w.scale, w.fmt, w.block
 
     def lookup(self, row_ids: Tensor, dtype: torch.dtype) -> Tensor:
-        """row_ids [T, cols] (full table rows) → this rank's dequantized rows flattened [T, cols_local·hd_e]."""
+        """row_ids [T, cols] (full table rows; offload: slot ids [T, cols_local]) → this rank's dequantized rows
+        flattened [T, cols_local·hd_e]."""
+        if self.host is not None:
+            rows = self.host.fmt.decode(self.slots[row_ids.reshape(-1)]).dequantize(dtype)
+            return rows.view(row_ids.shape[0], -1)
         local = row_ids[:, self.col0:self.col1] - self.row0
         flat = local.reshape(-1)
         scale = None if self.table_scale is None else self.table_scale[flat]

@@ -16,8 +16,9 @@ from torch import nn
 
 from ...checkpoint_packed import DummyReader, PackedReader
 from ...config import load_config
-from ...distributed.group import TPGroup, check_tp
+from ...distributed.group import Shard, TPGroup, check_tp
 from ...kernels.packed import concat_rows, stack_experts
+from ..engram_host import CHUNK_ROWS, HostTable, RecordFormat, load_records
 from ..engram_loader import engram_hasher
 from ..sharding import shard_plan
 from .layers import PackedLinear
@@ -79,7 +80,7 @@ class _Loader:
 def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
               quantization: str = "auto", load_format: str = "auto", seed: int = 0,
               tp: TPGroup | None = None, config_overrides: dict | None = None,
-              lookahead_tokens: int = 0, draft_sharded: bool = True) -> FastModel:
+              lookahead_tokens: int = 0, draft_sharded: bool = True, engram_offload: str | None = None) -> FastModel:
     """Load a V4 / V4.1 checkpoint directory into the fast model on ``device``.
 
     dtype: compute dtype (activations and caches; bfloat16, float16, float32 or float64). quantization: ``auto``
@@ -89,6 +90,8 @@ def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str
     lookahead_tokens: draft tokens per verify step (speculative decoding): > 0 loads the DSpark stages
     (``mtp.*``, :mod:`.dspark`) and sizes the cache for them; 0 reads past them. draft_sharded: False loads the
     stages whole on every rank (``draft_tensor_parallel_size`` 1 under TP; :func:`v41.models.sharding.shard_plan`).
+    engram_offload: keep the Engram tables in host memory (:class:`~v41.models.engram_host.HostTable`, pinned on
+    CUDA) under ``/dev/shm`` names starting with this string (shared by the engine's ranks); None = on the device.
     Raises ValueError (ConfigError, CheckpointError) for bad options, configs or checkpoints,
     FileNotFoundError for a missing directory, ``config.json`` or (Engram) ``tokenizer.json``.
     """
@@ -113,6 +116,7 @@ def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str
     if isinstance(reader, PackedReader) and model.drafter is None:
         reader.used.update(n for n in reader.tensors if n.startswith("mtp."))
     ld = _Loader(reader, shard_plan(cfg, rank, world, hasher, draft_sharded), dtype, device, quantization == "auto")
+    ld.engram_offload = engram_offload
     _load(ld, model)
     reader.finish()
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
@@ -134,7 +138,11 @@ def _load(ld: _Loader, model: FastModel) -> None:
         _load_block(ld, block, p, cfg.hidden_size)
         if plan.engram:
             eng = block.engram
-            eng.set_table(ld.weight(f"{p}engram.embed.weight", (eng.row1 - eng.row0, eng.head_dim)).to(ld.device))
+            name = f"{p}engram.embed.weight"
+            if ld.engram_offload is not None:
+                eng.set_host(_host_table(ld, eng, name, eng.table_rows, f"{ld.engram_offload}-L{plan.layer_id}"))
+            else:
+                eng.set_table(ld.weight(name, (eng.row1 - eng.row0, eng.head_dim)).to(ld.device))
             ld.modules(eng, f"{p}engram.")
     if model.drafter is not None:
         for s, stage in enumerate(model.drafter.stages):
@@ -145,6 +153,15 @@ def _load(ld: _Loader, model: FastModel) -> None:
             for name in ("main_norm", "norm", "markov_head", "confidence_head"):
                 if hasattr(stage, name):
                     ld.modules(getattr(stage, name), f"{p}{name}.")
+
+
+def _host_table(ld: _Loader, eng, name: str, full_rows: int, shm_name: str) -> HostTable:
+    """This rank's rows of Engram table ``name`` read into host records (:mod:`..engram_host`)."""
+    one = ld.reader.packed(name, (1, eng.head_dim), Shard(0, eng.row0, eng.row0 + 1, full_rows), ld.dtype)
+    host = HostTable(RecordFormat.of(one), full_rows, eng.row0, eng.row1, ld.device.type == "cuda", shm_name)
+    chunk = CHUNK_ROWS if isinstance(ld.reader, PackedReader) else eng.row1 - eng.row0  # dummy: one draw
+    load_records(ld.reader, name, host, full_rows, ld.dtype, chunk)
+    return host
 
 
 def _load_block(ld: _Loader, block: nn.Module, p: str, d: int) -> None:

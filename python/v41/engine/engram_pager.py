@@ -1,0 +1,138 @@
+"""Engram offload paging on one rank (docs/engram.md): each step's table rows → device slots, misses copied in.
+
+For every Engram layer of the fast model whose table is in host memory (``FastEngram.host``) a
+:class:`LayerPager` owns the device slots (``hot`` cached + ``staging`` per-step, one record each) and the crate's
+slot cache (``v41._native.EngramSlotCache``: CLOCK, rows of an in-flight step pinned). :meth:`EngramPager.prepare`
+runs when the step is scheduled, before the forward: it plans every layer (the rank's hash columns of the step's
+rows → slot ids, plus the copy list of misses), copies the misses into their slots and hands the model a step whose
+``engram_rows[layer]`` are slot ids ``[T, cols_local]``. Copies run on a side stream ordered after all earlier work
+of the compute stream (so a slot an earlier step reads is never overwritten under it); the compute stream waits
+for them before the forward. ``transfer`` ``uva``: one Triton launch reads the pinned records over UVA
+(:func:`v41.kernels.engram_fill.fill_slots_uva`); ``copy``: the records are gathered on the host into a pinned
+staging buffer and copied in one transfer, then scattered into their slots.
+
+Counters (:meth:`EngramPager.stats`, summed over layers): ``lookups`` (distinct rows per step and layer), ``hits``,
+``misses`` (= copies), ``evictions``, and ``copy_seconds``: host time spent planning and issuing the copies (the
+time a step waits before its forward starts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .. import _native
+from ..kernels.engram_fill import fill_slots_uva
+from .engram_config import EngramConfig
+from .host_step import HostStep
+
+
+class LayerPager:
+    """Slots and slot cache of one Engram layer (``engram``: a FastEngram with ``host`` set)."""
+
+    def __init__(self, engram, hot_rows: int, staging_rows: int, transfer: str, device: torch.device):
+        self.engram, self.transfer, self.device = engram, transfer, device
+        host = engram.host
+        self.records: Tensor = host.records
+        self.cache = _native.EngramSlotCache(hot_rows, staging_rows, host.row1 - host.row0)
+        b = host.fmt.record_bytes
+        engram.slots = torch.zeros(hot_rows + staging_rows, b, dtype=torch.uint8, device=device)
+        self.staging_host = None
+        if device.type == "cuda" and transfer == "copy":
+            self.staging_host = torch.empty(staging_rows, b, dtype=torch.uint8, pin_memory=True)
+
+    def plan(self, step_id: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """rows int64 [T, cols] (full table rows) → (slot ids [T, cols_local], copy rows [M] local, copy slots [M])."""
+        eng = self.engram
+        local = np.ascontiguousarray(rows[:, eng.col0:eng.col1]) - eng.row0
+        slots, copy_rows, copy_slots = self.cache.plan(step_id, local.reshape(-1))
+        return slots.reshape(local.shape), copy_rows, copy_slots
+
+    def fill(self, copy_rows: np.ndarray, copy_slots: np.ndarray) -> None:
+        """Copy records ``copy_rows`` into ``copy_slots`` (on the current stream)."""
+        if copy_rows.size == 0:
+            return
+        slots = self.engram.slots
+        if self.device.type != "cuda":
+            slots[torch.from_numpy(copy_slots)] = self.records[torch.from_numpy(copy_rows)]
+            return
+        dst = torch.from_numpy(copy_slots).to(self.device, non_blocking=True)
+        if self.transfer == "uva":
+            fill_slots_uva(self.records, torch.from_numpy(copy_rows).to(self.device, non_blocking=True), dst, slots)
+            return
+        staged = self.staging_host[: copy_rows.size]
+        torch.index_select(self.records, 0, torch.from_numpy(copy_rows), out=staged)
+        slots.index_copy_(0, dst, staged.to(self.device, non_blocking=True))
+
+
+class EngramPager:
+    """Every offloaded Engram layer of ``model`` on this rank. ``max_step_tokens``: the most tokens one step
+    schedules (staging slots per layer = that × the rank's columns)."""
+
+    def __init__(self, model, config: EngramConfig, max_step_tokens: int, device: str):
+        self.device = torch.device(device)
+        transfer = config.resolved_transfer(device)
+        self.layers: dict[int, LayerPager] = {}
+        for plan, layer in zip(model.cfg.plan, model.layers):
+            eng = getattr(layer, "engram", None) if plan.engram else None
+            if eng is None or eng.host is None:
+                continue
+            cols = eng.col1 - eng.col0
+            staging = max_step_tokens * cols
+            hot = config.resolved_hot_rows(eng.host.fmt.record_bytes, staging, eng.row1 - eng.row0)
+            self.layers[plan.layer_id] = LayerPager(eng, hot, staging, transfer, self.device)
+        self.transfer = transfer
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._step = 0
+        self._in_flight: int | None = None
+        self.copy_seconds = 0.0
+
+    def local_columns(self) -> dict[int, int]:
+        """Engram layer → this rank's hash columns (the width of the slot ids the model reads)."""
+        return {lid: p.engram.col1 - p.engram.col0 for lid, p in self.layers.items()}
+
+    def prepare(self, step: HostStep) -> HostStep:
+        """Plan and copy every layer's rows of ``step``; the step with slot ids as its Engram rows. Raises
+        ValueError (from the slot cache) for a row outside this rank's table."""
+        t0 = time.perf_counter()
+        self.release()
+        self._step += 1
+        slot_ids = {}
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            for lid, pager in self.layers.items():
+                ids, copy_rows, copy_slots = pager.plan(self._step, step.engram_rows[lid])
+                pager.fill(copy_rows, copy_slots)
+                slot_ids[lid] = ids
+        self._in_flight = self._step
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        self.copy_seconds += time.perf_counter() - t0
+        return dataclasses.replace(step, engram_rows={**step.engram_rows, **slot_ids})
+
+    def release(self) -> None:
+        """The previous step's forward is enqueued: unpin its slots (later copies are ordered after it)."""
+        if self._in_flight is not None:
+            for pager in self.layers.values():
+                pager.cache.release(self._in_flight)
+            self._in_flight = None
+
+    def stats(self) -> dict:
+        """Counters summed over layers (module docstring)."""
+        total = {"lookups": 0, "hits": 0, "misses": 0, "evictions": 0}
+        for pager in self.layers.values():
+            s = pager.cache.stats()
+            for k in total:
+                total[k] += s[k]
+        return {**total, "copy_seconds": self.copy_seconds, "transfer": self.transfer,
+                "hot_rows": {lid: p.cache.hot_rows for lid, p in self.layers.items()}}
+
+    def close(self) -> None:
+        for pager in self.layers.values():
+            pager.engram.host.close()

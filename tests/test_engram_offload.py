@@ -1,0 +1,112 @@
+"""Engram offload paging in the engine (issue 16; docs/engram.md) on the embedded tiny V4.1 model: with the tables in
+host memory and a device row cache of 16 slots (evictions every step), greedy and seeded tokens equal the
+device-resident tables' through chunked prefill, prefix hits, preemption, speculation and TP = 2; the counters add
+up; bad options and bad tables are clear errors."""
+
+from __future__ import annotations
+
+import glob
+
+import pytest
+
+from v41.engine.engram_config import EngramConfig
+from v41.engine.llm import LLM
+from v41.engine.params import SamplingParams
+
+OFFLOAD = {"cpu_offload": True, "hot_rows": 16}
+PROMPTS = [[0, 17, 45, 300, 12, 9, 9, 81, 640, 5], [0, 3, 4, 5, 6, 7] * 6, [0, 999, 2], [0] + list(range(100, 140))]
+PARAMS = [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+          SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=16, ignore_eos=True),
+          SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+          SamplingParams(temperature=1.0, seed=3, max_tokens=14, ignore_eos=True)]
+
+
+def tokens(llm: LLM, prompts=PROMPTS, params=PARAMS) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def resident():
+    return tokens(LLM(None, max_num_seqs=4))
+
+
+def assert_engram_counts(llm: LLM) -> dict:
+    s = llm.engine.stats()["engram"]
+    assert s["hits"] + s["misses"] == s["lookups"] > 0
+    assert s["evictions"] > 0 and s["transfer"] == "copy"
+    return s
+
+
+def test_offload_with_a_16_row_cache_gives_the_resident_tokens(resident):
+    llm = LLM(None, max_num_seqs=4, engram_config=OFFLOAD)
+    assert tokens(llm) == resident
+    s = assert_engram_counts(llm)
+    assert s["hot_rows"] == {1: 16, 4: 16}
+    assert not glob.glob("/dev/shm/v41-engram-*"), "the /dev/shm names are removed once every rank has mapped"
+
+
+def test_default_cache_holds_the_whole_tiny_table_and_hits(resident):
+    llm = LLM(None, max_num_seqs=4, engram_config={"cpu_offload": True})
+    assert tokens(llm) == resident
+    s = llm.engine.stats()["engram"]
+    assert s["hot_rows"] == {1: 660, 4: 864} and s["evictions"] == 0 and s["hits"] > 0
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7])
+def test_offload_through_chunked_prefill(resident, chunk):
+    llm = LLM(None, max_num_seqs=4, engram_config=OFFLOAD, max_num_batched_tokens=max(chunk, 4) * 4,
+              long_prefill_token_threshold=chunk)
+    assert tokens(llm) == resident
+    assert_engram_counts(llm)
+
+
+def test_offload_with_prefix_hits_and_preemption():
+    base = [0] + list(range(200, 260))
+    prompts = [base + [7, 8], base + [9], base + [10, 11, 12]]
+    params = [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)] * 3
+    want = tokens(LLM(None, max_num_seqs=3, enable_prefix_caching=False), prompts, params)
+    hits = LLM(None, max_num_seqs=3, block_size=16, engram_config=OFFLOAD)
+    assert tokens(hits, prompts[:1], params[:1]) + tokens(hits, prompts[1:], params[1:]) == want
+    assert hits.engine.stats()["prefix_hit_rate"] > 0
+    tight = LLM(None, max_num_seqs=3, block_size=16, num_kv_blocks=7, engram_config=OFFLOAD)
+    assert tokens(tight, prompts, params) == want
+    assert tight.engine.stats()["num_preemptions"] > 0
+
+
+def test_offload_with_speculation(resident):
+    llm = LLM(None, max_num_seqs=4, engram_config=OFFLOAD,
+              speculative_config={"method": "dspark", "num_speculative_tokens": 3})
+    assert tokens(llm)[0::2] == resident[0::2]  # greedy requests: speculation is exact
+    assert_engram_counts(llm)
+
+
+def test_offload_over_tp2(resident):
+    with LLM(None, max_num_seqs=4, engram_config=OFFLOAD, tensor_parallel_size=2,
+             all_reduce_backend="host") as llm:
+        assert tokens(llm) == resident
+        assert_engram_counts(llm)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"cpu_offload": True, "hot": 3}, "unknown key 'hot'"),
+    ({"cpu_offload": "yes"}, "cpu_offload must be true or false"),
+    ({"cpu_offload": True, "hot_rows": -1}, "hot_rows must be an integer >= 0"),
+    ({"cpu_offload": True, "hot_rows": 2.5}, "hot_rows must be an integer"),
+    ({"cpu_offload": True, "transfer": "dma"}, "transfer must be one of 'uva', 'copy'"),
+    ("[1]", "must be a JSON object"),
+    ("{", "not valid JSON"),
+])
+def test_bad_engram_config_is_a_value_error(bad, match):
+    with pytest.raises(ValueError, match=match):
+        EngramConfig.parse(bad)
+
+
+def test_offload_on_the_paged_bridge_is_refused():
+    with pytest.raises(ValueError, match="Engram offload runs on the fast model"):
+        LLM(None, model_impl="paged", engram_config={"cpu_offload": True})
+
+
+def test_a_table_that_disagrees_with_the_config_is_a_start_up_error():
+    """Other primes (engram_vocab_size) make other table sizes: the stored table no longer fits."""
+    with pytest.raises(ValueError, match="engram.embed.weight"):
+        LLM(None, engram_config=OFFLOAD, hf_overrides={"engram_vocab_size": 103, "engram_num_embeddings": [690, 896]})
