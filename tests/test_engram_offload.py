@@ -6,8 +6,10 @@ up; bad options and bad tables are clear errors."""
 from __future__ import annotations
 
 import glob
+import re
 
 import pytest
+import torch
 
 from v41.engine.engram_config import EngramConfig
 from v41.engine.llm import LLM
@@ -33,7 +35,7 @@ def resident():
 def assert_engram_counts(llm: LLM) -> dict:
     s = llm.engine.stats()["engram"]
     assert s["hits"] + s["misses"] == s["lookups"] > 0
-    assert s["evictions"] > 0 and s["transfer"] == "copy"
+    assert s["evictions"] > 0 and s["transfer"] == ("copy" if llm.engine.device == "cpu" else "uva")
     return s
 
 
@@ -110,3 +112,56 @@ def test_a_table_that_disagrees_with_the_config_is_a_start_up_error():
     """Other primes (engram_vocab_size) make other table sizes: the stored table no longer fits."""
     with pytest.raises(ValueError, match="engram.embed.weight"):
         LLM(None, engram_config=OFFLOAD, hf_overrides={"engram_vocab_size": 103, "engram_num_embeddings": [690, 896]})
+
+
+def test_prometheus_engram_metrics_follow_the_engine_counts():
+    from v41.serve.metrics import ServerMetrics
+
+    llm = LLM(None, max_num_seqs=4, engram_config=OFFLOAD)
+    metrics = ServerMetrics()
+    tokens(llm, PROMPTS[:1], PARAMS[:1])
+    older = llm.engine.stats()
+    tokens(llm, PROMPTS[1:2], PARAMS[1:2])
+    newer = llm.engine.stats()
+    for snapshot in (older, newer, older):  # a stale snapshot after a fresh one adds nothing
+        metrics.update_engine(snapshot, alive=True)
+    text = metrics.render()[0].decode()
+    for k in ("lookups", "hits", "evictions"):
+        assert re.search(rf"^v41_engram_{k}_total {newer['engram'][k]}\.0$", text, re.M), (k, newer["engram"])
+    assert re.search(r"^v41_engram_copy_seconds [0-9.e-]+$", text, re.M)
+    assert newer["engram"]["lookups"] > older["engram"]["lookups"]
+
+
+def test_dummy_tables_are_the_same_in_any_row_range():
+    """load_format="dummy" draws Engram tables in fixed row blocks: a TP shard or an offload chunk is a slice of the
+    whole table, and offload then gives the resident tokens."""
+    from v41.checkpoint_packed import TABLE_BLOCK_ROWS, DummyReader
+    from v41.config import load_config
+    from v41.distributed.group import Shard
+    from v41.testing.embedded import embedded_model_dir
+
+    cfg = load_config(embedded_model_dir())
+    reader = DummyReader(cfg, "cpu", seed=5)
+    name, full = "layers.1.engram.embed.weight", (3 * TABLE_BLOCK_ROWS // 2, 32)
+    whole = reader.packed(name, full, None, torch.float32)
+    part = reader.packed(name, (1000, 32), Shard(0, TABLE_BLOCK_ROWS - 10, TABLE_BLOCK_ROWS + 990, full[0]),
+                         torch.float32)
+    assert torch.equal(part.data.view(torch.uint8), whole.data[TABLE_BLOCK_ROWS - 10:TABLE_BLOCK_ROWS + 990]
+                       .view(torch.uint8))
+    assert torch.equal(part.scale, whole.scale[TABLE_BLOCK_ROWS - 10:TABLE_BLOCK_ROWS + 990])
+    dummy = tokens(LLM(None, max_num_seqs=4, load_format="dummy"), PROMPTS[:2], PARAMS[:2])
+    assert tokens(LLM(None, max_num_seqs=4, load_format="dummy", engram_config=OFFLOAD), PROMPTS[:2],
+                  PARAMS[:2]) == dummy
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("transfer", ["uva", "copy"])
+def test_offload_on_the_gpu_with_cuda_graphs_gives_the_resident_tokens(transfer):
+    want = tokens(LLM(None, max_num_seqs=4, device="cuda"))
+    llm = LLM(None, max_num_seqs=4, device="cuda", engram_config={**OFFLOAD, "transfer": transfer})
+    assert llm.engine.executor.runner.graphs is not None
+    assert tokens(llm) == want
+    s = llm.engine.stats()["engram"]
+    assert s["transfer"] == transfer and s["evictions"] > 0
+    pager = llm.engine.executor.runner.engram
+    assert all(p.records.is_pinned() for p in pager.layers.values())

@@ -69,18 +69,17 @@ def write_config(root: Path, which: str) -> Path:
 
 
 # -- v41 -----------------------------------------------------------------------------------------------------------
-def v41_engine(path: Path, max_seqs: int, max_tokens: int, max_len: int, quantization: str):
+def v41_engine(path: Path, max_seqs: int, max_tokens: int, max_len: int, quantization: str, **kw):
     from v41.engine.args import EngineArgs
     from v41.engine.core import EngineCore
 
     args = EngineArgs(model=str(path), load_format="dummy", device="cuda", max_num_seqs=max_seqs,
                       max_num_batched_tokens=max_tokens, max_model_len=max_len, enable_prefix_caching=False,
-                      quantization=quantization, num_kv_blocks=max(64, max_seqs * (-(-max_len // 128) + 2)))
+                      quantization=quantization, num_kv_blocks=max(64, max_seqs * (-(-max_len // 128) + 2)), **kw)
     core = EngineCore(args)
-    if core.hasher is not None:  # the slice's tokenizer is the tiny one: fold the 129k ids onto its token map
-        hash_runs, n = core.hasher.hash_runs, core.hasher.token_map.size
-        core.hasher.hash_runs = lambda lid, runs: hash_runs(lid, [(t % n, tuple(h % n for h in hist))
-                                                                  for t, hist in runs])
+    if core.engram_rows is not None:  # the slice's tokenizer is the tiny one: fold the 129k ids onto its token map
+        rows, n = core.engram_rows.rows, core.engram_rows.vocab
+        core.engram_rows.rows = lambda ids, counts, hist: rows(ids % n, counts, [[h % n for h in hh] for hh in hist])
     return core
 
 

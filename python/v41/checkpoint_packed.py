@@ -13,6 +13,7 @@ refuses tensors nobody asked for. :class:`DummyReader` serves random weights by 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from .kernels.packed import MX_BLOCK, PackedWeight, from_dense
 from .models.random_init import init_tensor
 
 _QUANTIZED = (torch.float8_e4m3fn, torch.int8, torch.uint8)
+TABLE_BLOCK_ROWS = 1 << 16  # DummyReader: rows of an Engram table drawn per generator
 _FUSED = re.compile(r"^(layers\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight$")
 
 
@@ -144,7 +146,7 @@ class DummyReader:
     shape on ``device`` from ``seed`` and cut to the shard (so every rank draws the same full tensors)."""
 
     def __init__(self, cfg: ModelConfig, device: torch.device | str, seed: int = 0):
-        self.cfg = cfg
+        self.cfg, self.seed = cfg, seed
         self.g = torch.Generator(device=torch.device(device)).manual_seed(seed)
 
     def dense(self, name: str, local_shape, shard: Shard | None, dtype: torch.dtype) -> torch.Tensor:
@@ -155,6 +157,8 @@ class DummyReader:
     def packed(self, name: str, local_shape, shard: Shard | None, dtype: torch.dtype,
                keep_packed: bool = True) -> PackedWeight:
         fmt = storage_format(name, self.cfg.expert_dtype)
+        if name.endswith("engram.embed.weight") and fmt == "fp8":
+            return self._table_rows(name, _full(local_shape, shard), shard)
         w = init_tensor(name, _full(local_shape, shard), self.g, self.cfg)
         if fmt == "fp8":
             block = fp8_block(name, self.cfg.weight_block_size)
@@ -170,6 +174,26 @@ class DummyReader:
         if pw.fmt == "dense":
             return from_dense(pw.data.to(dtype))
         return pw if keep_packed else from_dense(pw.dequantize(dtype))
+
+    def _table_rows(self, name: str, full: tuple[int, int], shard: Shard | None) -> PackedWeight:
+        """Rows of an Engram table (FP8): drawn in blocks of :data:`TABLE_BLOCK_ROWS` rows, each from its own
+        generator, so any row range (a TP shard, an offload chunk) is the same without drawing the whole table
+        (V4.1's is 101 GB) and without moving the shared generator."""
+        a, b = (0, full[0]) if shard is None else (shard.start, shard.stop)
+        block = fp8_block(name, self.cfg.weight_block_size)
+        seed = self.seed * 1_000_003 + int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
+        dev = self.g.device
+        data = torch.empty(b - a, full[1], dtype=torch.float8_e4m3fn, device=dev)
+        scale = torch.empty(b - a, -(-full[1] // block[1]), dtype=torch.uint8, device=dev)
+        for k in range(a // TABLE_BLOCK_ROWS, -(-b // TABLE_BLOCK_ROWS)):
+            g = torch.Generator(device=dev).manual_seed(seed + k)
+            r0 = k * TABLE_BLOCK_ROWS
+            rows = min(TABLE_BLOCK_ROWS, full[0] - r0)
+            q, sc = quant.quant_fp8_block(torch.randn(rows, full[1], generator=g, device=dev), block)
+            lo, hi = max(a, r0), min(b, r0 + rows)
+            data[lo - a:hi - a] = q[lo - r0:hi - r0]
+            scale[lo - a:hi - a] = sc.view(torch.uint8)[lo - r0:hi - r0]
+        return PackedWeight(data, scale, "fp8", block).check()
 
     def finish(self) -> None:
         pass

@@ -22,6 +22,7 @@ class StepRowHasher:
 
     def __init__(self, hasher: EngramHasher):
         self.layer_ids = hasher.layer_ids
+        self.vocab = hasher.token_map.size  # token ids the map covers
         self.keep = hasher.max_ngram_size - 1
         self.native = _native.EngramHasher(
             hasher.token_map, hasher.compressed_vocab_size, hasher.pad_token_id, hasher.max_ngram_size,

@@ -63,9 +63,11 @@ class RecordFormat:
     def encode(self, w: PackedWeight, out: Tensor) -> None:
         """Write ``w`` [n, hd] into records ``out`` uint8 [n, record_bytes]."""
         data = w.data.contiguous().view(torch.uint8).reshape(w.data.shape[0], -1)
-        out[:, : self.data_bytes].copy_(data)
+        rec = torch.empty(out.shape, dtype=torch.uint8, device=data.device)  # whole records: one contiguous copy
+        rec[:, : self.data_bytes] = data
         if self.fmt == "fp8":
-            out[:, self.data_bytes:].copy_(w.scale)
+            rec[:, self.data_bytes:] = w.scale
+        out.copy_(rec)
 
     def decode(self, records: Tensor) -> PackedWeight:
         """Records uint8 [n, record_bytes] → the rows as a PackedWeight [n, hd] (views where possible)."""

@@ -110,7 +110,7 @@ def engine_args(opts: argparse.Namespace, model_dir: Path, device: str):
               tensor_parallel_size=opts.tensor_parallel_size, all_reduce_backend=opts.all_reduce_backend,
               nnodes=opts.nnodes, node_rank=opts.node_rank, master_addr=opts.master_addr,
               master_port=opts.master_port, threads=opts.threads, max_n=opts.max_n, hf_overrides=opts.hf_overrides,
-              speculative_config=opts.speculative_config)
+              speculative_config=opts.speculative_config, engram_config=opts.engram_config)
     if opts.kv_cache_bytes is not None:
         kw["kv_cache_bytes"] = opts.kv_cache_bytes
     try:

@@ -135,4 +135,6 @@ def _add_peer_flags(p: argparse.ArgumentParser) -> None:
                         "\"num_speculative_tokens\": 5}'; keys: draft_tensor_parallel_size, draft_sample_method, "
                         "rejection_sample_method, enable_adaptive_verification (docs/speculative-decoding.md)")
     g.add_argument("--engram-config", type=json_object, default=None, metavar="JSON",
-                   help="not available yet (Engram host offload)")
+                   help="Engram offload, e.g. '{\"cpu_offload\": true}': tables in pinned host memory, rows paged into "
+                        "a device cache; keys hot_rows (slots per layer per rank), transfer (uva | copy) "
+                        "(docs/engram.md)")

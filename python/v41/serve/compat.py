@@ -20,8 +20,9 @@ with a clear error, or accepted with one warning; none is ignored silently:
   wrong type or value is an error naming it) and handed to the engine, which checks it against the checkpoint;
   the seed's drafter kernel keys ``moe_backend`` / ``attention_backend`` name a path like the backend flags and
   get one warning each: v41's drafter runs the target's kernel paths.
-* ``--engram-config``, ``--kv-cache-dtype`` other than ``auto``: not available yet; an error names every such
-  flag at once.
+* ``--engram-config``: parsed into :class:`v41.engine.engram_config.EngramConfig` (an unknown key, a wrong type
+  or value is an error naming it) and handed to the engine (docs/engram.md).
+* ``--kv-cache-dtype`` other than ``auto``: not available yet; an error says so.
 
 Errors: :class:`FlagError` (a ``ValueError``; ``v41-serve`` exits with status 2).
 """
@@ -45,9 +46,7 @@ PEER_BACKENDS = {
                   "flashinfer", "cutlass_mla"),
 }
 ATTENTION_CONFIG_KEYS = ("indexer_tp_shard_min_rows",)
-_NOT_YET = {
-    "engram_config": "--engram-config: Engram host offload is not available yet",
-}
+_NOT_YET: dict[str, str] = {}
 
 
 class FlagError(ValueError):
@@ -71,6 +70,7 @@ def resolve(opts: argparse.Namespace, device: str) -> PeerSettings:
     settings = PeerSettings(chat_revision(opts), kernel_env(opts, device), opts.enable_auto_tool_choice)
     check_attention_config(opts.attention_config)
     check_speculative_config(opts.speculative_config)
+    check_engram_config(opts.engram_config)
     if opts.trust_remote_code:
         log.info("--trust-remote-code: accepted; v41 runs no code from the model repository")
     if opts.enable_flashinfer_autotune is not None:
@@ -158,6 +158,16 @@ def check_speculative_config(config: dict | None) -> None:
                             f"(other engines' names {', '.join(PEER_BACKENDS[family])})")
         log.warning("--speculative-config %s %s: v41's drafter runs the target's %s kernel path (%s); ignored", key,
                     name, family, KERNEL_FLAGS[family][0])
+
+
+def check_engram_config(config: dict | None) -> None:
+    """Parse ``--engram-config`` (FlagError naming the flag and the key)."""
+    from ..engine.engram_config import EngramConfig
+
+    try:
+        EngramConfig.parse(config)
+    except ValueError as e:
+        raise FlagError(f"--engram-config: {e}") from None
 
 
 def check_attention_config(config: dict | None) -> None:

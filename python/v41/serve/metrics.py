@@ -18,6 +18,12 @@ Speculative decoding (docs/speculative-decoding.md "Metrics"), vLLM's counters u
 cumulative counts (``stats()["spec_decode"]``: every sequence since start, running ones included): each scrape
 adds what those counts grew by since the previous one, so every verify step is counted exactly once (a running
 request's steps as they happen, not again when it ends). They stay 0 while the engine does not speculate.
+
+Engram offload (docs/engram.md "Metrics"), rank 0's pager: ``v41_engram_lookups_total`` (distinct table rows per
+step and layer), ``v41_engram_hits_total`` (of those, already in the device cache), ``v41_engram_evictions_total``
+(cached rows replaced), advanced by what the engine's cumulative counts grew, and the gauge
+``v41_engram_copy_seconds``: host seconds since start spent planning and issuing the copies of misses before the
+steps' forwards (the copy time a step is exposed to). They stay 0 without offload.
 """
 
 from __future__ import annotations
@@ -42,7 +48,9 @@ METRIC_NAMES = (
     "v41_prefix_cache_hit_rate", "v41_prompt_tokens_total", "v41_generation_tokens_total", "v41_engine_alive",
     "v41_spec_decode_num_drafts_total", "v41_spec_decode_num_draft_tokens_total",
     "v41_spec_decode_num_accepted_tokens_total", "v41_spec_decode_num_accepted_tokens_per_pos_total",
+    "v41_engram_lookups_total", "v41_engram_hits_total", "v41_engram_evictions_total", "v41_engram_copy_seconds",
 )
+_ENGRAM_COUNTS = ("lookups", "hits", "evictions")
 
 
 class ServerMetrics:
@@ -86,6 +94,13 @@ class ServerMetrics:
                                              "at each position of the draft block (0-based).", ["position"],
                                              registry=r)
         self._spec_seen = SpecDecodeStats()  # the engine's counts at the previous scrape
+        self.engram = {k: Counter(f"v41_engram_{k}", f"Engram offload: {what}.", registry=r) for k, what in zip(
+            _ENGRAM_COUNTS, ("distinct table rows looked up per step and layer", "lookups already in the device "
+                             "row cache", "cached rows replaced"))}
+        self.engram_copy_seconds = Gauge("v41_engram_copy_seconds", "Engram offload: host seconds since start "
+                                         "spent planning and issuing the copies of misses before the forwards.",
+                                         registry=r)
+        self._engram_seen = dict.fromkeys(_ENGRAM_COUNTS, 0)
 
     def track(self, arrival_s: float | None = None) -> RequestTracker:
         """A tracker for one engine request that arrived at ``arrival_s`` (``time.monotonic``; default now)."""
@@ -97,7 +112,7 @@ class ServerMetrics:
     def update_engine(self, stats: dict | None, alive: bool) -> None:
         """Refresh the engine gauges from a ``stats()`` dict (running, waiting, blocks{kind: used/cached/free/
         total}, prefix_hit_rate) and advance the spec-decode counters (``spec_decode``, when the engine
-        speculates); None leaves them as they are."""
+        speculates) and the Engram ones (``engram``, with offload); None leaves them as they are."""
         self.alive.set(1.0 if alive else 0.0)
         if not stats:
             return
@@ -113,6 +128,12 @@ class ServerMetrics:
             self.prefix_hit_rate.set(stats["prefix_hit_rate"])
         if stats.get("spec_decode") is not None:
             self._advance_spec_decode(SpecDecodeStats.from_dict(stats["spec_decode"]))
+        engram = stats.get("engram")
+        if engram is not None and all(engram[k] >= self._engram_seen[k] for k in _ENGRAM_COUNTS):
+            for k in _ENGRAM_COUNTS:
+                self.engram[k].inc(engram[k] - self._engram_seen[k])
+                self._engram_seen[k] = engram[k]
+            self.engram_copy_seconds.set(engram["copy_seconds"])
 
     def _advance_spec_decode(self, total: SpecDecodeStats) -> None:
         """Add to the spec-decode counters what the engine's cumulative counts ``total`` grew by since the last

@@ -159,8 +159,7 @@ def _host_table(ld: _Loader, eng, name: str, full_rows: int, shm_name: str) -> H
     """This rank's rows of Engram table ``name`` read into host records (:mod:`..engram_host`)."""
     one = ld.reader.packed(name, (1, eng.head_dim), Shard(0, eng.row0, eng.row0 + 1, full_rows), ld.dtype)
     host = HostTable(RecordFormat.of(one), full_rows, eng.row0, eng.row1, ld.device.type == "cuda", shm_name)
-    chunk = CHUNK_ROWS if isinstance(ld.reader, PackedReader) else eng.row1 - eng.row0  # dummy: one draw
-    load_records(ld.reader, name, host, full_rows, ld.dtype, chunk)
+    load_records(ld.reader, name, host, full_rows, ld.dtype, CHUNK_ROWS)
     return host
 
 
