@@ -134,7 +134,7 @@ fn planning(c: &mut Criterion) {
         let steps: Vec<Vec<i64>> = (0..64)
             .map(|_| step_rows(&h, &zipf, &mut rng, requests, tokens))
             .collect();
-        let mut cache = SlotCache::new(600_000, 4096 * COLS, h.table_rows(0));
+        let mut cache = SlotCache::new(4 << 20, 4096 * COLS, h.table_rows(0)); // the engine's default: 1 GiB
         let mut id = 0u64;
         group.throughput(Throughput::Elements((requests * tokens) as u64));
         group.bench_function(format!("{requests}x{tokens}_tokens_layer"), |b| {
@@ -180,8 +180,53 @@ fn print_hit_rates() {
     }
 }
 
+/// Hit rate when every hash column's rows follow Zipf(s = 1) themselves (the kernels notes' estimate: rank `k`
+/// drawn as `⌊N^u⌋`, the continuous inverse CDF, then scattered over the column's bucket).
+fn print_row_zipf_hit_rates() {
+    let h = flash();
+    println!("engram hot-row cache, rows Zipf(s=1) within each of the 24 columns, 64 lookups of 24 rows per step:");
+    println!("{:>12} {:>10} {:>9}", "hot rows", "GiB@264B", "hit rate");
+    let primes = h.primes(0).to_vec();
+    let offsets: Vec<u64> = primes
+        .iter()
+        .scan(0, |a, &p| {
+            let o = *a;
+            *a += p;
+            Some(o)
+        })
+        .collect();
+    for hot in [65_536usize, 262_144, 1 << 20, 4 << 20, 16 << 20] {
+        let mut rng = Rng(5);
+        let mut cache = SlotCache::new(hot, 64 * COLS, h.table_rows(0));
+        let mut at_warm = cache.stats();
+        for step in 0..4_000u64 {
+            let rows: Vec<i64> = (0..64 * COLS)
+                .map(|i| {
+                    let c = i % COLS;
+                    let k = (primes[c] as f64).powf(rng.uniform()) as u64;
+                    let scattered = k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20;
+                    (offsets[c] + scattered % primes[c]) as i64
+                })
+                .collect();
+            cache.plan(step, &rows).unwrap();
+            cache.release(step).unwrap();
+            if step + 1 == 2_000 {
+                at_warm = cache.stats();
+            }
+        }
+        let s = cache.stats();
+        let rate = (s.hits - at_warm.hits) as f64 / (s.lookups - at_warm.lookups) as f64;
+        println!(
+            "{hot:>12} {:>10.3} {:>9.3}",
+            hot as f64 * 264.0 / (1u64 << 30) as f64,
+            rate
+        );
+    }
+}
+
 fn hit_rates(_: &mut Criterion) {
     print_hit_rates();
+    print_row_zipf_hit_rates();
 }
 
 criterion_group!(benches, hashing, planning, hit_rates);

@@ -1,24 +1,52 @@
 //! The GPU hot-row cache of one Engram layer on one rank: which table rows sit in which device slot.
 //!
-//! The device holds `hot + staging` slots of one record each. `hot` slots cache rows across steps,
-//! replaced by CLOCK (second chance): a hit sets the slot's reference bit; the hand clears set bits and
-//! evicts the first slot whose bit is clear. A slot used by a step that is still in flight (planned, not
-//! yet [`SlotCache::release`]d) is pinned and never evicted, so a step's rows stay put until its forward
-//! has read them. Misses that find no evictable hot slot (a step with more distinct rows than the cache,
-//! or every slot pinned) go to the `staging` slots, which are never cached and return to their free list
-//! when the step is released; sized for the largest step (times the steps in flight), every step can be
-//! planned.
+//! The device holds `hot + staging` slots of one record each. The `hot` slots cache rows across steps in a
+//! set-associative layout: a row can only live in the `ways` (8) slots of its set (a hash of the row picks the
+//! set), so finding it reads one cache line of tags — no hash map, which is what keeps planning a 4,096-token
+//! chunk (98k lookups) fast. Within a set, CLOCK (second chance) replaces: a hit sets the slot's reference bit;
+//! the set's hand clears set bits and evicts the first slot whose bit is clear. A slot used by a step that is
+//! still in flight (planned, not yet [`SlotCache::release`]d) is pinned and never evicted, so a step's rows stay
+//! put until its forward has read them. Misses that find no evictable slot in their set (every way pinned) go
+//! to the `staging` slots, which are never cached and return to their free list when the step is released;
+//! sized for the largest step (times the steps in flight), every step can be planned.
 //!
 //! [`SlotCache::plan`] turns a step's rows into the slot of each lookup plus the copy list of misses
 //! (`row → slot`), which the caller moves to the device before the Engram layer runs. Rows are known from
 //! token ids before the forward, so the plan is made when the step is scheduled. Counters: `lookups`
 //! (distinct rows per step, summed), `hits + misses = lookups`, `evictions` (cached rows replaced).
+//!
+//! One tag word per hot slot: bits 0–39 `row + 1` (0 = empty), bit 40 the reference bit, bit 41 "used by the
+//! step being planned" (a repeat within the step is neither a new lookup nor a new pin), bits 42–63 the pin
+//! count (in-flight steps using the slot).
 
 use rustc_hash::FxHashMap;
 
 use crate::error::EngramError;
 
-const EMPTY: u64 = u64::MAX;
+const WAYS: usize = 8;
+const ROW_MASK: u64 = (1 << 40) - 1;
+const REF: u64 = 1 << 40;
+const IN_STEP: u64 = 1 << 41;
+const PIN: u64 = 1 << 42;
+const PREFETCH_AHEAD: usize = 16;
+
+/// A zeroed `Vec<u64>` of `n` entries whose pages the kernel is asked to back with transparent huge pages (Linux
+/// `MADV_HUGEPAGE`, before the first write): lookups touch random tags, and with 4 KiB pages every one of them
+/// would also miss the TLB (a 1 GiB cache has 32 MiB of tags).
+fn huge_zeroed(n: usize) -> Vec<u64> {
+    let v = vec![0u64; n]; // large zeroed allocations are fresh, untouched mappings
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = v.as_ptr() as usize;
+        let (lo, hi) = (start.next_multiple_of(HUGE), (start + n * 8) / HUGE * HUGE);
+        if hi > lo {
+            // SAFETY: [lo, hi) lies inside `v`'s allocation; MADV_HUGEPAGE is advice and changes no contents.
+            unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE) };
+        }
+    }
+    v
+}
 
 /// Cumulative counters of one cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,22 +75,6 @@ pub struct StepPlan {
     pub copy_slots: Vec<i64>,
 }
 
-/// The slot map of one layer's device cache (module docs).
-#[derive(Debug)]
-pub struct SlotCache {
-    hot: usize,
-    staging: usize,
-    table_rows: u64,
-    resident: FxHashMap<u64, u32>,
-    owner: Vec<u64>,
-    referenced: Vec<bool>,
-    pins: Vec<u32>,
-    hand: usize,
-    staging_free: Vec<u32>,
-    in_flight: FxHashMap<u64, InFlight>,
-    stats: CacheStats,
-}
-
 /// What an in-flight step holds: its pinned hot slots and its staging slots.
 #[derive(Debug, Default)]
 struct InFlight {
@@ -70,27 +82,46 @@ struct InFlight {
     staging: Vec<u32>,
 }
 
+/// The slot map of one layer's device cache (module docs).
+#[derive(Debug)]
+pub struct SlotCache {
+    ways: usize,
+    sets: usize,
+    staging: usize,
+    table_rows: u64,
+    tags: Vec<u64>,
+    hands: Vec<u8>,
+    staging_free: Vec<u32>,
+    in_flight: FxHashMap<u64, InFlight>,
+    stats: CacheStats,
+}
+
 impl SlotCache {
-    /// A cache of `hot` cached slots and `staging` per-step slots for a table of `table_rows` rows.
+    /// A cache of `hot` cached slots (rounded down to a multiple of 8 ways when above 8) and `staging`
+    /// per-step slots for a table of `table_rows` rows (< 2^40).
     pub fn new(hot: usize, staging: usize, table_rows: u64) -> Self {
+        assert!(table_rows < ROW_MASK, "table rows must fit 40 bits");
+        let ways = hot.min(WAYS);
+        let sets = hot.checked_div(ways).unwrap_or(0);
+        let tags = huge_zeroed(sets * ways);
         Self {
-            hot,
+            ways,
+            sets,
             staging,
             table_rows,
-            resident: FxHashMap::with_capacity_and_hasher(hot, Default::default()),
-            owner: vec![EMPTY; hot],
-            referenced: vec![false; hot],
-            pins: vec![0; hot],
-            hand: 0,
-            staging_free: (hot as u32..(hot + staging) as u32).rev().collect(),
+            tags,
+            hands: vec![0; sets],
+            staging_free: ((sets * ways) as u32..(sets * ways + staging) as u32)
+                .rev()
+                .collect(),
             in_flight: FxHashMap::default(),
             stats: CacheStats::default(),
         }
     }
 
-    /// Cached slots.
+    /// Cached slots (slots `0 .. hot`).
     pub fn hot(&self) -> usize {
-        self.hot
+        self.tags.len()
     }
 
     /// Per-step staging slots (they follow the hot ones: slots `hot .. hot + staging`).
@@ -103,22 +134,57 @@ impl SlotCache {
         self.stats
     }
 
-    /// The hot slot holding `row`, if cached.
-    pub fn slot_of(&self, row: u64) -> Option<u32> {
-        self.resident.get(&row).copied()
-    }
-
     /// Steps planned and not yet released.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
+    }
+
+    /// The hot slot holding `row`, if cached.
+    pub fn slot_of(&self, row: u64) -> Option<u32> {
+        if self.sets == 0 {
+            return None;
+        }
+        let base = self.set_of(row) * self.ways;
+        (base..base + self.ways)
+            .find(|&s| self.tags[s] & ROW_MASK == row + 1)
+            .map(|s| s as u32)
+    }
+
+    #[inline]
+    fn set_of(&self, row: u64) -> usize {
+        let h = row.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        ((h as u128 * self.sets as u128) >> 64) as usize
+    }
+
+    #[inline]
+    fn prefetch(&self, set: usize) {
+        self.prefetch_slot(set * self.ways);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `prefetch_slot`; `set < sets == hands.len()`.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(self.hands.as_ptr().add(set) as *const i8);
+        }
+    }
+
+    #[inline]
+    fn prefetch_slot(&self, slot: usize) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch is a hint; it never faults, and the address is inside `tags`.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(self.tags.as_ptr().add(slot) as *const i8);
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = slot;
     }
 
     /// Plan step `step` over `rows` (each in `[0, table_rows)`; repeats share one slot): pins the hot
     /// slots it uses until [`Self::release`]`(step)`.
     ///
     /// Errors: [`EngramError::RowOutOfRange`], [`EngramError::DuplicateStep`] for a step still in flight,
-    /// [`EngramError::NoFreeSlots`] when the misses outnumber the evictable hot slots plus the staging
-    /// slots. On error the cache is as before (bar evictions of rows nobody was using).
+    /// [`EngramError::NoFreeSlots`] when a set's misses outnumber its evictable ways and the staging
+    /// slots run out. On error the cache is as before (bar evictions of rows nobody was using).
     pub fn plan(&mut self, step: u64, rows: &[i64]) -> Result<StepPlan, EngramError> {
         if self.in_flight.contains_key(&step) {
             return Err(EngramError::DuplicateStep(step));
@@ -129,58 +195,71 @@ impl SlotCache {
                 rows: self.table_rows,
             });
         }
+        let sets: Vec<usize> = if self.sets == 0 {
+            Vec::new()
+        } else {
+            rows.iter().map(|&r| self.set_of(r as u64)).collect()
+        };
         let mut plan = StepPlan {
             slots: Vec::with_capacity(rows.len()),
             ..StepPlan::default()
         };
-        let mut assigned: FxHashMap<u64, i64> =
-            FxHashMap::with_capacity_and_hasher(rows.len(), Default::default());
         let mut held = InFlight::default();
         let mut inserted: Vec<u32> = Vec::new();
+        let mut staged_rows: FxHashMap<u64, i64> = FxHashMap::default();
         let (mut hits, mut evictions) = (0u64, 0u64);
-        for &r in rows {
-            let row = r as u64;
-            if let Some(&slot) = assigned.get(&row) {
-                plan.slots.push(slot);
-                continue;
+        for (i, &r) in rows.iter().enumerate() {
+            if let Some(&set) = sets.get(i + PREFETCH_AHEAD) {
+                self.prefetch(set);
             }
-            let slot = if let Some(&slot) = self.resident.get(&row) {
-                hits += 1;
-                self.referenced[slot as usize] = true;
-                self.pin(slot, &mut held.pinned);
-                i64::from(slot)
-            } else {
-                let slot = match self.victim() {
-                    Some(slot) => {
-                        let old = std::mem::replace(&mut self.owner[slot as usize], row);
-                        if old != EMPTY {
-                            self.resident.remove(&old);
-                            evictions += 1;
-                        }
-                        self.resident.insert(row, slot);
-                        self.referenced[slot as usize] = true;
-                        self.pin(slot, &mut held.pinned);
-                        inserted.push(slot);
-                        i64::from(slot)
-                    }
-                    None => match self.staging_free.pop() {
-                        Some(slot) => {
-                            held.staging.push(slot);
-                            i64::from(slot)
-                        }
-                        None => {
-                            self.undo(held, &inserted);
-                            return Err(self.no_free_slots(rows));
-                        }
-                    },
-                };
-                plan.copy_rows.push(r);
-                plan.copy_slots.push(slot);
-                slot
+            let row = r as u64;
+            let slot = match sets.get(i) {
+                Some(&set) => self.lookup(set, row),
+                None => None,
             };
-            assigned.insert(row, slot);
+            let slot = match slot {
+                Some(s) => {
+                    let tag = &mut self.tags[s];
+                    if *tag & IN_STEP == 0 {
+                        hits += 1;
+                        *tag |= IN_STEP | REF;
+                        *tag += PIN;
+                        held.pinned.push(s as u32);
+                    }
+                    s as i64
+                }
+                None if staged_rows.contains_key(&row) => staged_rows[&row],
+                None => {
+                    let slot = match sets.get(i).and_then(|&set| self.victim(set)) {
+                        Some(s) => {
+                            if self.tags[s] & ROW_MASK != 0 {
+                                evictions += 1;
+                            }
+                            self.tags[s] = (row + 1) | REF | IN_STEP | PIN;
+                            held.pinned.push(s as u32);
+                            inserted.push(s as u32);
+                            s as i64
+                        }
+                        None => match self.staging_free.pop() {
+                            Some(s) => {
+                                held.staging.push(s);
+                                staged_rows.insert(row, i64::from(s));
+                                i64::from(s)
+                            }
+                            None => {
+                                self.undo(held, &inserted);
+                                return Err(self.no_free_slots(rows));
+                            }
+                        },
+                    };
+                    plan.copy_rows.push(r);
+                    plan.copy_slots.push(slot);
+                    slot
+                }
+            };
             plan.slots.push(slot);
         }
+        self.each_pinned(&held.pinned, |tag| *tag &= !IN_STEP);
         let misses = plan.copy_rows.len() as u64;
         self.stats.lookups += hits + misses;
         self.stats.hits += hits;
@@ -203,59 +282,73 @@ impl SlotCache {
         Ok(())
     }
 
-    fn pin(&mut self, slot: u32, pinned: &mut Vec<u32>) {
-        self.pins[slot as usize] += 1;
-        pinned.push(slot);
+    #[inline]
+    fn lookup(&self, set: usize, row: u64) -> Option<usize> {
+        let base = set * self.ways;
+        (base..base + self.ways).find(|&s| self.tags[s] & ROW_MASK == row + 1)
     }
 
-    /// CLOCK: the next unpinned hot slot whose reference bit is clear (clearing bits on the way); None
-    /// when two sweeps find none (every slot pinned, or no hot slots).
-    fn victim(&mut self) -> Option<u32> {
-        for _ in 0..2 * self.hot {
-            let slot = self.hand;
-            self.hand = (self.hand + 1) % self.hot;
-            if self.pins[slot] > 0 {
+    /// CLOCK within `set`: the next unpinned way whose reference bit is clear (clearing bits on the way);
+    /// None when two sweeps find none (every way pinned).
+    fn victim(&mut self, set: usize) -> Option<usize> {
+        let base = set * self.ways;
+        for _ in 0..2 * self.ways {
+            let way = self.hands[set] as usize;
+            self.hands[set] = if way + 1 == self.ways {
+                0
+            } else {
+                way as u8 + 1
+            };
+            let tag = &mut self.tags[base + way];
+            if *tag >= PIN {
                 continue;
             }
-            if self.referenced[slot] {
-                self.referenced[slot] = false;
+            if *tag & REF != 0 {
+                *tag &= !REF;
                 continue;
             }
-            return Some(slot as u32);
+            return Some(base + way);
         }
         None
+    }
+
+    /// `f` on the tag of every slot in `slots` (random slots: the tags are prefetched ahead).
+    fn each_pinned(&mut self, slots: &[u32], f: impl Fn(&mut u64)) {
+        for (i, &s) in slots.iter().enumerate() {
+            if let Some(&ahead) = slots.get(i + PREFETCH_AHEAD) {
+                self.prefetch_slot(ahead as usize);
+            }
+            f(&mut self.tags[s as usize]);
+        }
+    }
+
+    fn unhold(&mut self, held: InFlight) {
+        self.each_pinned(&held.pinned, |tag| *tag -= PIN);
+        self.staging_free.extend(held.staging.into_iter().rev());
     }
 
     fn no_free_slots(&self, rows: &[i64]) -> EngramError {
         let mut missing: Vec<u64> = rows
             .iter()
             .map(|&r| r as u64)
-            .filter(|r| !self.resident.contains_key(r))
+            .filter(|&r| self.slot_of(r).is_none())
             .collect();
         missing.sort_unstable();
         missing.dedup();
         EngramError::NoFreeSlots {
             needed: missing.len(),
-            free: self.pins.iter().filter(|&&p| p == 0).count() + self.staging_free.len(),
-            hot: self.hot,
+            free: self.tags.iter().filter(|&&t| t < PIN).count() + self.staging_free.len(),
+            hot: self.tags.len(),
             staging: self.staging,
         }
     }
 
-    fn unhold(&mut self, held: InFlight) {
-        for slot in held.pinned {
-            self.pins[slot as usize] -= 1;
-        }
-        self.staging_free.extend(held.staging.into_iter().rev());
-    }
-
     /// Roll back a failed plan: unpin its slots and forget the rows it placed (never copied).
     fn undo(&mut self, held: InFlight, inserted: &[u32]) {
+        self.each_pinned(&held.pinned, |tag| *tag &= !IN_STEP);
         self.unhold(held);
-        for &slot in inserted {
-            let row = std::mem::replace(&mut self.owner[slot as usize], EMPTY);
-            self.resident.remove(&row);
-            self.referenced[slot as usize] = false;
+        for &s in inserted {
+            self.tags[s as usize] = 0;
         }
     }
 }

@@ -67,11 +67,11 @@ proptest! {
     /// always hold each lookup's row, no slot is owned twice, and the counters add up.
     #[test]
     fn slot_cache_keeps_every_lookup_correct(
-        hot in 0usize..12,
-        steps in prop::collection::vec((prop::collection::vec(0i64..30, 0..16), any::<bool>()), 1..40),
+        hot in 0usize..40,
+        steps in prop::collection::vec((prop::collection::vec(0i64..60, 0..24), any::<bool>()), 1..40),
     ) {
-        let staging = 16;
-        let mut c = SlotCache::new(hot, staging, 30);
+        let staging = 24;
+        let mut c = SlotCache::new(hot, staging, 60);
         let mut device: Vec<Option<i64>> = vec![None; hot + staging];
         let mut open: Vec<(u64, Vec<i64>, Vec<i64>)> = Vec::new(); // in-flight: step, rows, slots
         for (step, (rows, release_oldest)) in steps.into_iter().enumerate() {
@@ -93,9 +93,9 @@ proptest! {
             }
             // a hot slot is owned by at most one row, and resident rows map to their slot
             let mut owners = std::collections::HashMap::new();
-            for row in 0..30u64 {
+            for row in 0..60u64 {
                 if let Some(s) = c.slot_of(row) {
-                    prop_assert!((s as usize) < hot);
+                    prop_assert!((s as usize) < c.hot() && c.hot() <= hot);
                     prop_assert!(owners.insert(s, row).is_none(), "slot {} owned twice", s);
                     prop_assert_eq!(device[s as usize], Some(row as i64));
                 }

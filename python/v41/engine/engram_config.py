@@ -26,11 +26,12 @@ class EngramConfig:
     cpu_offload: keep the Engram tables in pinned host memory (one ``/dev/shm`` mapping per layer shared by the
     node's ranks, each pinning its own hash columns' rows) and page the rows each step needs into a device cache
     (default False: tables on the device). hot_rows: device slots per Engram layer per rank that cache rows across
-    steps (CLOCK); None (default) = :data:`DEFAULT_HOT_BYTES` of slots, at least the rows of one full step, at
+    steps (8-way set-associative CLOCK, rounded down to whole sets); None (default) = :data:`DEFAULT_HOT_BYTES` of slots, at least the rows of one full step, at
     most the rank's table rows; 0 = no cache (every row copied every step). Besides them each layer holds
     staging slots for the misses of one full step. transfer: how misses reach the device: ``"uva"`` (a Triton
     kernel reads the pinned rows over UVA; the default on CUDA) or ``"copy"`` (gathered on the host into a pinned
-    buffer and copied in one transfer); a CPU device always copies (slots are an ordinary tensor there).
+    buffer and copied in one transfer); default ``uva`` on CUDA, ``copy`` on a CPU device (where slots are an
+    ordinary tensor and ``uva`` runs the in-forward fill with a PyTorch gather: a test path).
     """
 
     cpu_offload: bool = False
@@ -66,10 +67,8 @@ class EngramConfig:
         return cls(**value)
 
     def resolved_transfer(self, device: str) -> str:
-        """``uva`` or ``copy`` for ``device`` (CPU devices copy)."""
-        if not str(device).startswith("cuda"):
-            return "copy"
-        return self.transfer or "uva"
+        """``uva`` or ``copy`` for ``device`` (default: ``uva`` on CUDA, ``copy`` on a CPU device)."""
+        return self.transfer or ("uva" if str(device).startswith("cuda") else "copy")
 
     def resolved_hot_rows(self, record_bytes: int, step_rows: int, table_rows: int) -> int:
         """Hot slots of one layer: ``hot_rows``, or the default budget (docstring), never above ``table_rows``."""

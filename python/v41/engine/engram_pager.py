@@ -5,11 +5,18 @@ For every Engram layer of the fast model whose table is in host memory (``FastEn
 slot cache (``v41._native.EngramSlotCache``: CLOCK, rows of an in-flight step pinned). :meth:`EngramPager.prepare`
 runs when the step is scheduled, before the forward: it plans every layer (the rank's hash columns of the step's
 rows → slot ids, plus the copy list of misses), copies the misses into their slots and hands the model a step whose
-``engram_rows[layer]`` are slot ids ``[T, cols_local]``. Copies run on a side stream ordered after all earlier work
-of the compute stream (so a slot an earlier step reads is never overwritten under it); the compute stream waits
-for them before the forward. ``transfer`` ``uva``: one Triton launch reads the pinned records over UVA
-(:func:`v41.kernels.engram_fill.fill_slots_uva`); ``copy``: the records are gathered on the host into a pinned
-staging buffer and copied in one transfer, then scattered into their slots.
+``engram_rows[layer]`` are slot ids ``[T, cols_local]``.
+
+``transfer`` ``uva`` (CUDA): the copy list travels with the step (``engram_copies[layer]`` [2, M], packed into the
+step's one input copy, a graph input under CUDA graphs) and the forward itself launches the fill
+(:meth:`v41.models.fast.engram.FastEngram.start_fill`: one Triton launch reading the pinned records over UVA,
+:func:`v41.kernels.engram_fill.fill_slots_uva`) on a side stream forked at the start of the forward, joined just
+before the Engram layer: layer 1's rows arrive while the embedding and layer 0 run, and nothing of it is host work
+inside the step. ``copy``: here, before the forward, the records are gathered on the host into a pinned staging
+buffer, copied in one transfer and scattered into their slots on a side stream ordered after all earlier work of
+the compute stream (so a slot an earlier step reads is never overwritten under it); the compute stream waits for
+them before the forward. On a CPU device ``copy`` copies directly and ``uva`` (never the default there) runs the
+same in-forward path with the PyTorch gather, so CI exercises it.
 
 Counters (:meth:`EngramPager.stats`, summed over layers): ``lookups`` (distinct rows per step and layer), ``hits``,
 ``misses`` (= copies), ``evictions``, and ``copy_seconds``: host time spent planning and issuing the copies (the
@@ -27,7 +34,6 @@ import torch
 from torch import Tensor
 
 from .. import _native
-from ..kernels.engram_fill import fill_slots_uva
 from .engram_config import EngramConfig
 from .host_step import HostStep
 
@@ -45,6 +51,10 @@ class LayerPager:
         self.staging_host = None
         if device.type == "cuda" and transfer == "copy":
             self.staging_host = torch.empty(staging_rows, b, dtype=torch.uint8, pin_memory=True)
+        if device.type == "cuda" and transfer == "uva":
+            if not self.records.is_pinned():
+                raise RuntimeError("Engram offload transfer 'uva' needs the host table pinned")
+            engram.fill_stream = torch.cuda.Stream(device)
 
     def plan(self, step_id: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """rows int64 [T, cols] (full table rows) → (slot ids [T, cols_local], copy rows [M] local, copy slots [M])."""
@@ -54,7 +64,7 @@ class LayerPager:
         return slots.reshape(local.shape), copy_rows, copy_slots
 
     def fill(self, copy_rows: np.ndarray, copy_slots: np.ndarray) -> None:
-        """Copy records ``copy_rows`` into ``copy_slots`` (on the current stream)."""
+        """Copy records ``copy_rows`` into ``copy_slots`` now (``copy`` transfer, on the current stream)."""
         if copy_rows.size == 0:
             return
         slots = self.engram.slots
@@ -62,9 +72,6 @@ class LayerPager:
             slots[torch.from_numpy(copy_slots)] = self.records[torch.from_numpy(copy_rows)]
             return
         dst = torch.from_numpy(copy_slots).to(self.device, non_blocking=True)
-        if self.transfer == "uva":
-            fill_slots_uva(self.records, torch.from_numpy(copy_rows).to(self.device, non_blocking=True), dst, slots)
-            return
         staged = self.staging_host[: copy_rows.size]
         torch.index_select(self.records, 0, torch.from_numpy(copy_rows), out=staged)
         slots.index_copy_(0, dst, staged.to(self.device, non_blocking=True))
@@ -87,10 +94,12 @@ class EngramPager:
             hot = config.resolved_hot_rows(eng.host.fmt.record_bytes, staging, eng.row1 - eng.row0)
             self.layers[plan.layer_id] = LayerPager(eng, hot, staging, transfer, self.device)
         self.transfer = transfer
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.in_forward = transfer == "uva"  # the forward fills (module docstring)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" and not self.in_forward else None
         self._step = 0
         self._in_flight: int | None = None
         self.copy_seconds = 0.0
+        self.steps = 0
 
     def local_columns(self) -> dict[int, int]:
         """Engram layer → this rank's hash columns (the width of the slot ids the model reads)."""
@@ -102,19 +111,23 @@ class EngramPager:
         t0 = time.perf_counter()
         self.release()
         self._step += 1
-        slot_ids = {}
+        slot_ids, copies = {}, {}
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             for lid, pager in self.layers.items():
                 ids, copy_rows, copy_slots = pager.plan(self._step, step.engram_rows[lid])
-                pager.fill(copy_rows, copy_slots)
+                if self.in_forward:
+                    copies[lid] = np.stack([copy_rows, copy_slots])
+                else:
+                    pager.fill(copy_rows, copy_slots)
                 slot_ids[lid] = ids
         self._in_flight = self._step
         if self.stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self.copy_seconds += time.perf_counter() - t0
-        return dataclasses.replace(step, engram_rows={**step.engram_rows, **slot_ids})
+        self.steps += 1
+        return dataclasses.replace(step, engram_rows={**step.engram_rows, **slot_ids}, engram_copies=copies)
 
     def release(self) -> None:
         """The previous step's forward is enqueued: unpin its slots (later copies are ordered after it)."""
@@ -130,7 +143,7 @@ class EngramPager:
             s = pager.cache.stats()
             for k in total:
                 total[k] += s[k]
-        return {**total, "copy_seconds": self.copy_seconds, "transfer": self.transfer,
+        return {**total, "copy_seconds": self.copy_seconds, "steps": self.steps, "transfer": self.transfer,
                 "hot_rows": {lid: p.cache.hot_rows for lid, p in self.layers.items()}}
 
     def close(self) -> None:

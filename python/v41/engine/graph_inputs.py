@@ -33,11 +33,12 @@ class GraphInputs:
     """The static inputs of the graph of ``size`` requests of ``query_tokens`` rows each (module docstring).
 
     tables: the persistent block tables; block_tables: kind → [≥ size, width] static gather target shared by every
-    graph (graphs replay one at a time); engram_cols: layer → columns; ratios: the model's segment ratios."""
+    graph (graphs replay one at a time); engram_cols: layer → columns; ratios: the model's segment ratios;
+    engram_copies: the forward fills offloaded Engram slots (a copy list of up to T·cols entries per layer)."""
 
     def __init__(self, size: int, tables: DeviceBlockTables, block_tables: dict[str, torch.Tensor],
                  engram_cols: dict[int, int], ratios: list[int], max_model_len: int, dummy_state_row: int,
-                 device: torch.device, query_tokens: int = 1):
+                 device: torch.device, query_tokens: int = 1, engram_copies: bool = False):
         self.size, self.q, self.max_model_len, self.dummy_state_row = size, query_tokens, max_model_len, dummy_state_row
         self.tables = tables
         self.block_tables = {k: t[:size] for k, t in block_tables.items()}
@@ -51,13 +52,16 @@ class GraphInputs:
         self.fields += [("table_diffs", k, (3, self.diff_capacity)) for k in tables.widths]
         self.fields += [("slot_mapping", k, (t,)) for k in tables.widths]
         self.fields += [("engram_rows", lid, (t, c)) for lid, c in engram_cols.items()]
+        if engram_copies:
+            self.fields += [("engram_copies", lid, (2, t * c)) for lid, c in engram_cols.items()]
         self.fields += [("segments", r, (b * n, w)) for r, (n, w) in self.seg_shape.items()]
         n = sum(int(np.prod(s)) for *_, s in self.fields)
         cuda = torch.device(device).type == "cuda"
         self.host = torch.zeros(n, dtype=torch.int64, pin_memory=cuda)
         self.dev = torch.zeros(n, dtype=torch.int64, device=device) if cuda else self.host
         self._done: torch.cuda.Event | None = None
-        self.views: dict[str, object] = {"table_diffs": {}, "slot_mapping": {}, "engram_rows": {}, "segments": {}}
+        self.views: dict[str, object] = {"table_diffs": {}, "slot_mapping": {}, "engram_rows": {}, "segments": {},
+                                         "engram_copies": {}}
         self.offsets = []
         off = 0
         for name, key, shape in self.fields:
@@ -145,6 +149,9 @@ class GraphInputs:
                 rows[:, :src.shape[1]] = src
             elif name in ("slot_mapping", "engram_rows"):
                 rows[grow] = getattr(step, name)[key]
+            elif name == "engram_copies":
+                src = step.engram_copies[key]
+                rows[:, :src.shape[1]] = src
             elif name == "segments":
                 self._pack_segments(rows, step.segments(key), req, grow, key)
 
@@ -176,4 +183,6 @@ class GraphInputs:
             return 1
         if name == "slot_mapping":
             return -1
+        if name == "engram_copies":  # row 0, slot −1: nothing to copy
+            return np.array([[0], [-1]])
         return 0

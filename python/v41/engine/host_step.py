@@ -18,7 +18,9 @@ class HostStep:
     the persistent block tables). Per kind: table_diffs[kind] [3, D] int32 (row, logical block, physical block;
     −1 = none) — the entries that changed since each row was last sent, applied in step order on every rank
     (:mod:`.block_tables`) — and max_blocks[kind], the columns this step reads. engram_rows[layer] [T, cols]
-    int64 table rows; logits_rows [N] int64 rows whose logits the step returns."""
+    int64 table rows; logits_rows [N] int64 rows whose logits the step returns. engram_copies[layer] [2, M] int64:
+    this rank's copy list of Engram misses (rows; slots) when the forward fills its slots (docs/engram.md §5);
+    made on each rank by its pager, never sent."""
 
     token_ids: np.ndarray
     positions: np.ndarray
@@ -31,6 +33,7 @@ class HostStep:
     state_rows: np.ndarray
     logits_rows: np.ndarray
     engram_rows: dict[int, np.ndarray] = field(default_factory=dict)
+    engram_copies: dict[int, np.ndarray] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

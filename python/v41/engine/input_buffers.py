@@ -38,7 +38,7 @@ class InputBuffers:
         self.device = torch.device(device)
         self.ratios = list(ratios)
         self.tables, self.engram_cols = tables, dict(engram_cols)
-        per_token = 4 + len(tables.widths) + sum(engram_cols.values())
+        per_token = 4 + len(tables.widths) + 3 * sum(engram_cols.values())  # Engram rows, copy lists
         per_req = 4 + 3 * 2 * len(tables.widths)  # diffs: about two changed entries per kind and request
         segs = sum((2 * max_reqs + max_tokens // r + 1) * r for r in self.ratios)
         self._turn = 0
@@ -68,6 +68,7 @@ class InputBuffers:
             fields.append(("table_diffs", k, diff))
         fields += [("slot_mapping", k, v) for k, v in step.slot_mapping.items()]
         fields += [("engram_rows", k, v) for k, v in step.engram_rows.items()]
+        fields += [("engram_copies", k, v) for k, v in step.engram_copies.items()]
         fields += [("segments", r, step.segments(r)) for r in self.ratios]
         need = sum(a.size for *_, a in fields)
         if need > self.capacity:
@@ -88,7 +89,8 @@ class InputBuffers:
             self.dev[:off].copy_(host[:off], non_blocking=True)
             self._done[turn] = torch.cuda.Event()
             self._done[turn].record()
-        out: dict[str, object] = {"table_diffs": {}, "slot_mapping": {}, "engram_rows": {}, "segments": {}}
+        out: dict[str, object] = {"table_diffs": {}, "slot_mapping": {}, "engram_rows": {}, "segments": {},
+                                  "engram_copies": {}}
         for name, key, o, shape in views:
             t = self.dev[o:o + int(np.prod(shape, dtype=np.int64))].view(*shape)
             if key is None:

@@ -153,7 +153,8 @@ class ModelRunner:
         engram = self.buffers.engram_cols
         return CudaGraphRunner(self.model, sizes, lambda size: GraphInputs(
             size, self.tables, static, engram, self.model.segment_ratios, self.max_model_len,
-            self.model.cache.dummy_state_row, torch.device(self.device), query_tokens=query_tokens), capture, pool)
+            self.model.cache.dummy_state_row, torch.device(self.device), query_tokens=query_tokens,
+            engram_copies=self.engram is not None and self.engram.in_forward), capture, pool)
 
     def _capture_wanted(self) -> bool:
         if self.args.enforce_eager or not str(self.device).startswith("cuda"):

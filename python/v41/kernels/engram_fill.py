@@ -86,18 +86,19 @@ def _sm_count(device: torch.device) -> int:
 
 
 def fill_slots_uva(host: Tensor, copy_rows: Tensor, copy_slots: Tensor, slots: Tensor,
-                   num_programs: int | None = None) -> None:
+                   num_programs: int | None = None, check_pinned: bool = True) -> None:
     """:func:`fill_slots_reference` as one Triton launch reading ``host`` over UVA (module docstring).
 
     On CUDA, ``host`` must be pinned (``pin_memory()`` or ``cudaHostRegister``): a pageable tensor raises
     ValueError before the launch. Under Triton's interpreter (``TRITON_INTERPRET=1``) every tensor is on the CPU.
     ``num_programs``: the persistent grid (default: the device's SM count; ``CPU_PROGRAMS`` on the CPU), never more
-    than the copy list needs. M = 0 launches nothing. Live entries out of range are skipped, not raised."""
+    than the copy list needs. M = 0 launches nothing. Live entries out of range are skipped, not raised.
+    ``check_pinned=False`` skips the pinned check (a caller that checked once, e.g. inside a CUDA-graph capture)."""
     _check(host, copy_rows, copy_slots, slots)
     if triton is None:
         raise RuntimeError("fill_slots_uva needs Triton")
     if slots.is_cuda:
-        if not host.is_pinned():
+        if check_pinned and not host.is_pinned():
             raise ValueError("transfer='uva' needs a pinned host table (pin_memory() or cudaHostRegister): "
                              "a pageable tensor has no device mapping")
     elif not interpreting():

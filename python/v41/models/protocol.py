@@ -9,7 +9,7 @@ fields below are fixed per batch shape, so a decode batch can be captured in a C
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from torch import Tensor
@@ -29,7 +29,10 @@ class StepBatch:
     compressor-state row of each request; engram_rows: Engram layer id → [T, cols] int64 table rows of each
     token (hashed on the host from committed ids, docs/model.md §3.3); logits_rows [N] int64 rows whose
     logits the step returns; segments: compression ratio r → [S, L] int64 token rows of each (request, window of
-    r positions) run in this step, in position order, −1 = padding (the compressors pool over them).
+    r positions) run in this step, in position order, −1 = padding (the compressors pool over them);
+    engram_copies: Engram offload with the fill inside the forward (``transfer`` uva) → [2, M] int64 per layer:
+    host-table rows (row 0) to copy into device slots (row 1, −1 = padding) before the layer reads
+    ``engram_rows`` (then slot ids), docs/engram.md §5.
 
     Host fields: max_seq_len ≥ every seq_len (bounds per-request scratch such as indexer scores; a captured
     graph uses the engine's max_model_len); starts: per request (first token row, token count, first position),
@@ -48,6 +51,7 @@ class StepBatch:
     segments: dict[int, Tensor]
     max_seq_len: int
     starts: tuple[tuple[int, int, int], ...] | None = None
+    engram_copies: dict[int, Tensor] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from ...config import ModelConfig
 from ...distributed.group import SINGLE, TPGroup, split_range
+from ...kernels.engram_fill import fill_slots_reference, fill_slots_uva
 from ...kernels.packed import PackedWeight
 from ..engram_host import HostTable
 from ..sharding import engram_rows
@@ -45,6 +46,7 @@ class FastEngram(nn.Module):
         self.hc, self.dim, self.eps, self.head_dim = cfg.hc_mult, cfg.hidden_size, cfg.rms_norm_eps, cfg.engram_head_dim
         self.host: HostTable | None = None  # offload: this rank's rows in host memory
         self.register_buffer("slots", None, persistent=False)  # offload: uint8 [slots, record_bytes] on the device
+        self.fill_stream: torch.cuda.Stream | None = None  # offload, uva: the forward fills the slots on it
 
     def set_host(self, host: HostTable) -> None:
         """Offload: keep the table in ``host`` (rows [row0, row1) of this rank); the device holds only ``slots``."""
@@ -60,10 +62,24 @@ class FastEngram(nn.Module):
             raise ValueError(f"Engram table {w.shape}, expected {want}")
         self.table, self.table_scale, self.table_fmt, self.table_block = w.data, w.scale, w.fmt, w.block
 
+    def start_fill(self, copies: Tensor) -> None:
+        """Offload, uva: copy the step's misses ``copies`` [2, M] (host rows; slots, −1 = padding) from the pinned
+        table into ``slots`` on ``fill_stream``, forked from the current stream (so the copies run beside the layers
+        before this one, and after every earlier read of the slots); :meth:`forward` joins it. Capturable."""
+        if self.fill_stream is None:  # a CPU device: the PyTorch gather, in order
+            fill_slots_reference(self.host.records, copies[0], copies[1], self.slots)
+            return
+        cur = torch.cuda.current_stream(self.slots.device)
+        self.fill_stream.wait_stream(cur)
+        with torch.cuda.stream(self.fill_stream):
+            fill_slots_uva(self.host.records, copies[0], copies[1], self.slots, check_pinned=False)
+
     def lookup(self, row_ids: Tensor, dtype: torch.dtype) -> Tensor:
         """row_ids [T, cols] (full table rows; offload: slot ids [T, cols_local]) → this rank's dequantized rows
         flattened [T, cols_local·hd_e]."""
         if self.host is not None:
+            if self.fill_stream is not None:
+                torch.cuda.current_stream(self.slots.device).wait_stream(self.fill_stream)
             rows = self.host.fmt.decode(self.slots[row_ids.reshape(-1)]).dequantize(dtype)
             return rows.view(row_ids.shape[0], -1)
         local = row_ids[:, self.col0:self.col1] - self.row0

@@ -114,6 +114,8 @@ class FastModel(nn.Module):
                               device=h.device)
         pre_mix[:, 0] = 1
         aux = []
+        for lid, copies in batch.engram_copies.items():  # offload: slot fills run beside the layers before them
+            self.layers[lid].engram.start_fill(copies)  # layer ids index cfg.plan
         for plan, layer in zip(cfg.plan, self.layers):
             if plan.engram:
                 h = layer.engram(h, batch.engram_rows[plan.layer_id])
