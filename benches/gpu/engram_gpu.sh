@@ -14,7 +14,7 @@ df -h /dev/shm | tee -a "$OUT/gpu.txt"; free -g | tee -a "$OUT/gpu.txt"; ulimit 
 for stage in $STAGES; do
   case $stage in
     tests) timeout 300 python3 -m pytest -q -x --timeout 250 -p no:cacheprovider tests/test_engram_fill.py \
-             tests/test_engram_offload.py -k "${TESTS_K:-gpu or uva or pinned or pageable or graph}" 2>&1 \
+             tests/test_engram_offload.py -k "${TESTS_K:-(gpu or graph) and not interpreter}" 2>&1 \
              | tee "$OUT/gpu_tests.txt" | tail -5 ;;
     bench) timeout 540 python3 benches/gpu/engram_offload.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | grep -v "^INFO" \
              | tee "$OUT/engram_offload.txt" ;;
