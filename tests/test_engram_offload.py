@@ -64,6 +64,18 @@ def test_offload_through_chunked_prefill(resident, chunk):
     assert_engram_counts(llm)
 
 
+def test_a_long_step_plans_its_layers_on_threads():
+    """A 300-token prefill step plans both Engram layers at once (PARALLEL_PLAN_TOKENS)."""
+    from v41.engine.engram_pager import PARALLEL_PLAN_TOKENS
+
+    prompt = [[0] + [(7 * i) % 1000 + 3 for i in range(299)]]
+    greedy = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)]
+    assert len(prompt[0]) >= PARALLEL_PLAN_TOKENS
+    llm = LLM(None, engram_config=OFFLOAD)
+    assert llm.engine.executor.runner.engram._pool is not None
+    assert tokens(llm, prompt, greedy) == tokens(LLM(None), prompt, greedy)
+
+
 def test_offload_with_prefix_hits_and_preemption():
     base = [0] + list(range(200, 260))
     prompts = [base + [7, 8], base + [9], base + [10, 11, 12]]
@@ -159,8 +171,13 @@ def test_dummy_tables_are_the_same_in_any_row_range():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("transfer", ["uva", "copy"])
 def test_offload_on_the_gpu_with_cuda_graphs_gives_the_resident_tokens(transfer):
-    want = tokens(LLM(None, max_num_seqs=4, device="cuda"))
-    llm = LLM(None, max_num_seqs=4, device="cuda", engram_config={**OFFLOAD, "transfer": transfer})
+    import gc
+
+    want = tokens(LLM(None, max_num_seqs=4, device="cuda", gpu_memory_utilization=0.3))
+    gc.collect()
+    torch.cuda.empty_cache()  # the first engine's cache must not count as in use for the second
+    llm = LLM(None, max_num_seqs=4, device="cuda", gpu_memory_utilization=0.3,
+              engram_config={**OFFLOAD, "transfer": transfer})
     assert llm.engine.executor.runner.graphs is not None
     assert tokens(llm) == want
     s = llm.engine.stats()["engram"]

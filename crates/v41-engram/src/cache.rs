@@ -31,10 +31,10 @@ const PIN: u64 = 1 << 42;
 const PREFETCH_AHEAD: usize = 16;
 
 /// A zeroed `Vec<u64>` of `n` entries whose pages the kernel is asked to back with transparent huge pages (Linux
-/// `MADV_HUGEPAGE`, before the first write): lookups touch random tags, and with 4 KiB pages every one of them
-/// would also miss the TLB (a 1 GiB cache has 32 MiB of tags).
+/// `MADV_HUGEPAGE`, before the first write), all faulted in: lookups touch random tags, and with 4 KiB pages
+/// every one of them would also miss the TLB (a 1 GiB cache has 32 MiB of tags).
 fn huge_zeroed(n: usize) -> Vec<u64> {
-    let v = vec![0u64; n]; // large zeroed allocations are fresh, untouched mappings
+    let mut v = vec![0u64; n]; // large zeroed allocations are fresh, untouched mappings
     #[cfg(target_os = "linux")]
     {
         const HUGE: usize = 2 << 20;
@@ -45,6 +45,9 @@ fn huge_zeroed(n: usize) -> Vec<u64> {
             unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_HUGEPAGE) };
         }
     }
+    // Fault every page in now: otherwise the first steps pay a page fault per random tag they touch
+    // (hundreds of µs per step for a few thousand steps).
+    v.fill(0);
     v
 }
 
@@ -104,13 +107,15 @@ impl SlotCache {
         let ways = hot.min(WAYS);
         let sets = hot.checked_div(ways).unwrap_or(0);
         let tags = huge_zeroed(sets * ways);
+        let mut hands = vec![0u8; sets];
+        hands.fill(0); // faulted in now, as the tags
         Self {
             ways,
             sets,
             staging,
             table_rows,
             tags,
-            hands: vec![0; sets],
+            hands,
             staging_free: ((sets * ways) as u32..(sets * ways + staging) as u32)
                 .rev()
                 .collect(),

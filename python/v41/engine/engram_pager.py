@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -36,6 +37,8 @@ from torch import Tensor
 from .. import _native
 from .engram_config import EngramConfig
 from .host_step import HostStep
+
+PARALLEL_PLAN_TOKENS = 256  # steps of at least this many tokens plan their layers on threads
 
 
 class LayerPager:
@@ -100,6 +103,7 @@ class EngramPager:
         self._in_flight: int | None = None
         self.copy_seconds = 0.0
         self.steps = 0
+        self._pool = ThreadPoolExecutor(len(self.layers), "v41-engram") if len(self.layers) > 1 else None
 
     def local_columns(self) -> dict[int, int]:
         """Engram layer → this rank's hash columns (the width of the slot ids the model reads)."""
@@ -114,9 +118,10 @@ class EngramPager:
         slot_ids, copies = {}, {}
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        plans = self._plan_all(step)
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             for lid, pager in self.layers.items():
-                ids, copy_rows, copy_slots = pager.plan(self._step, step.engram_rows[lid])
+                ids, copy_rows, copy_slots = plans[lid]
                 if self.in_forward:
                     copies[lid] = np.stack([copy_rows, copy_slots])
                 else:
@@ -128,6 +133,14 @@ class EngramPager:
         self.copy_seconds += time.perf_counter() - t0
         self.steps += 1
         return dataclasses.replace(step, engram_rows={**step.engram_rows, **slot_ids}, engram_copies=copies)
+
+    def _plan_all(self, step: HostStep) -> dict:
+        """Every layer's plan of ``step``; a large step plans the layers on threads at once (the crate releases the
+        GIL: a 4,096-token chunk that misses is ~10 ms per layer)."""
+        if self._pool is None or step.num_tokens < PARALLEL_PLAN_TOKENS:
+            return {lid: p.plan(self._step, step.engram_rows[lid]) for lid, p in self.layers.items()}
+        futures = {lid: self._pool.submit(p.plan, self._step, step.engram_rows[lid]) for lid, p in self.layers.items()}
+        return {lid: f.result() for lid, f in futures.items()}
 
     def release(self) -> None:
         """The previous step's forward is enqueued: unpin its slots (later copies are ordered after it)."""
@@ -147,5 +160,7 @@ class EngramPager:
                 "hot_rows": {lid: p.cache.hot_rows for lid, p in self.layers.items()}}
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
         for pager in self.layers.values():
             pager.engram.host.close()
