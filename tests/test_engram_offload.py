@@ -173,6 +173,8 @@ def test_dummy_tables_are_the_same_in_any_row_range():
 def test_offload_on_the_gpu_with_cuda_graphs_gives_the_resident_tokens(transfer):
     import gc
 
+    gc.collect()
+    torch.cuda.empty_cache()  # engines of earlier tests
     want = tokens(LLM(None, max_num_seqs=4, device="cuda", gpu_memory_utilization=0.3))
     gc.collect()
     torch.cuda.empty_cache()  # the first engine's cache must not count as in use for the second
