@@ -28,10 +28,12 @@ class EngramConfig:
     (default False: tables on the device). hot_rows: device slots per Engram layer per rank that cache rows across
     steps (8-way set-associative CLOCK, rounded down to whole sets); None (default) = :data:`DEFAULT_HOT_BYTES` of slots, at least the rows of one full step, at
     most the rank's table rows; 0 = no cache (every row copied every step). Besides them each layer holds
-    staging slots for the misses of one full step. transfer: how misses reach the device: ``"uva"`` (a Triton
-    kernel reads the pinned rows over UVA; the default on CUDA) or ``"copy"`` (gathered on the host into a pinned
-    buffer and copied in one transfer); default ``uva`` on CUDA, ``copy`` on a CPU device (where slots are an
-    ordinary tensor and ``uva`` runs the in-forward fill with a PyTorch gather: a test path).
+    staging slots for the misses of one full step. transfer: how misses reach the device: ``"copy"`` (the default:
+    gathered on the host into a pinned buffer, copied in one transfer before the forward) or ``"uva"`` (inside the
+    forward a Triton kernel reads the pinned rows over UVA on a side stream, beside the layers before each Engram
+    layer). Both were measured on the H200 (benches/RESULTS.md, "Engram offload"): ``copy`` was as fast at batch 1
+    and faster at batch 64 and in prefill, so it is the default. On a CPU device slots are an ordinary tensor and
+    ``uva`` runs the in-forward fill with a PyTorch gather (a test path).
     """
 
     cpu_offload: bool = False
@@ -67,8 +69,8 @@ class EngramConfig:
         return cls(**value)
 
     def resolved_transfer(self, device: str) -> str:
-        """``uva`` or ``copy`` for ``device`` (default: ``uva`` on CUDA, ``copy`` on a CPU device)."""
-        return self.transfer or ("uva" if str(device).startswith("cuda") else "copy")
+        """``uva`` or ``copy`` (the default, on every device; ``device`` kept for a per-device default)."""
+        return self.transfer or "copy"
 
     def resolved_hot_rows(self, record_bytes: int, step_rows: int, table_rows: int) -> int:
         """Hot slots of one layer: ``hot_rows``, or the default budget (docstring), never above ``table_rows``."""

@@ -136,5 +136,5 @@ def _add_peer_flags(p: argparse.ArgumentParser) -> None:
                         "rejection_sample_method, enable_adaptive_verification (docs/speculative-decoding.md)")
     g.add_argument("--engram-config", type=json_object, default=None, metavar="JSON",
                    help="Engram offload, e.g. '{\"cpu_offload\": true}': tables in pinned host memory, rows paged into "
-                        "a device cache; keys hot_rows (slots per layer per rank), transfer (uva | copy) "
+                        "a device cache; keys hot_rows (slots per layer per rank), transfer (copy | uva) "
                         "(docs/engram.md)")
