@@ -6,8 +6,10 @@ up; bad options and bad tables are clear errors."""
 from __future__ import annotations
 
 import glob
+import os
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -39,12 +41,67 @@ def assert_engram_counts(llm: LLM) -> dict:
     return s
 
 
-def test_offload_with_a_16_row_cache_gives_the_resident_tokens(resident):
-    llm = LLM(None, max_num_seqs=4, engram_config=OFFLOAD)
+def shm_paths(llm: LLM) -> list[str]:
+    """The /dev/shm files rank 0's host tables were mapped from (they must be gone: removed after mapping)."""
+    return [p.engram.host.path for p in llm.engine.executor.runner.engram.layers.values()]
+
+
+@pytest.mark.parametrize("hot", [0, 12, 16])
+def test_offload_with_a_tiny_cache_gives_the_resident_tokens(resident, hot):
+    """hot 0: every row copied every step (staging only); 12: one set of 8 ways; 16: two sets."""
+    llm = LLM(None, max_num_seqs=4, engram_config={"cpu_offload": True, "hot_rows": hot})
+    paths = shm_paths(llm)
+    assert all(p is not None and p.startswith("/dev/shm/v41-engram-") and not os.path.exists(p) for p in paths)
     assert tokens(llm) == resident
-    s = assert_engram_counts(llm)
-    assert s["hot_rows"] == {1: 16, 4: 16}
-    assert not glob.glob("/dev/shm/v41-engram-*"), "the /dev/shm names are removed once every rank has mapped"
+    s = llm.engine.stats()["engram"]
+    assert s["hits"] + s["misses"] == s["lookups"] > 0
+    assert s["hot_rows"] == {1: hot // 8 * 8, 4: hot // 8 * 8}
+    assert (s["evictions"] > 0) == (hot > 0) and (s["hits"] > 0) == (hot > 0)
+
+
+def test_slot_cache_bindings():
+    from v41 import _native
+
+    assert [_native.EngramSlotCache(h, 4, 100).hot_rows for h in (0, 5, 12, 16)] == [0, 5, 8, 16]
+    c = _native.EngramSlotCache(2, 1, 100)
+    slots, rows, dst = c.plan(1, np.array([7, 8, 7], dtype=np.int64))
+    assert slots.tolist() == [0, 1, 0] and rows.tolist() == [7, 8] and dst.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="needs 2 slots for its missing rows, only 1 are free"):
+        c.plan(2, np.array([9, 10], dtype=np.int64))  # 7 and 8 pinned by step 1, one staging slot
+    c.release(1)
+    assert c.stats() == {"lookups": 2, "hits": 0, "misses": 2, "evictions": 0, "staged": 0}
+    with pytest.raises(ValueError, match="outside the table"):
+        c.plan(3, np.array([100], dtype=np.int64))
+    with pytest.raises(ValueError, match="not in flight"):
+        c.release(3)
+    with pytest.raises(ValueError, match="below 2\\^40 rows"):
+        _native.EngramSlotCache(8, 8, 1 << 41)
+
+
+def test_a_failed_plan_leaves_nothing_pinned():
+    """A step whose rows fall outside the table is a ValueError; the layers that planned it are released."""
+    import dataclasses
+
+    llm = LLM(None, max_num_seqs=4, engram_config={"cpu_offload": True, "hot_rows": 8})
+    pager = llm.engine.executor.runner.engram
+    good = tokens(llm, PROMPTS[:1], PARAMS[:1])
+    lids = sorted(pager.layers)
+    rows = {lids[0]: np.zeros((3, 12), dtype=np.int64), lids[1]: np.full((3, 12), 10**9, dtype=np.int64)}
+    fake = dataclasses.replace(_one_step(llm), engram_rows=rows)
+    with pytest.raises(ValueError, match="outside the table"):
+        pager.prepare(fake)
+    pager.release()
+    assert all(p.cache.stats()["lookups"] >= 0 for p in pager.layers.values())
+    assert tokens(llm, PROMPTS[:1], PARAMS[:1]) == good  # every slot still usable: 8 hot, nothing stuck
+
+
+def _one_step(llm):
+    from v41.engine.host_step import HostStep
+
+    z = np.zeros(3, dtype=np.int64)
+    return HostStep(token_ids=z, positions=z, num_scheduled=np.array([3]), start_pos=np.array([0]),
+                    table_rows=np.array([0], dtype=np.int32), table_diffs={}, max_blocks={}, slot_mapping={},
+                    state_rows=np.array([-1], dtype=np.int32), logits_rows=np.array([2]))
 
 
 def test_default_cache_is_sized_by_the_tiny_table_and_hits(resident):
@@ -99,6 +156,7 @@ def test_offload_with_speculation(resident):
 def test_offload_over_tp2(resident):
     with LLM(None, max_num_seqs=4, engram_config=OFFLOAD, tensor_parallel_size=2,
              all_reduce_backend="host") as llm:
+        assert not any(os.path.exists(p) for p in shm_paths(llm) if p is not None)
         assert tokens(llm) == resident
         assert_engram_counts(llm)
 
@@ -122,10 +180,16 @@ def test_offload_on_the_paged_bridge_is_refused():
         LLM(None, model_impl="paged", engram_config={"cpu_offload": True})
 
 
-def test_a_table_that_disagrees_with_the_config_is_a_start_up_error():
-    """Other primes (engram_vocab_size) make other table sizes: the stored table no longer fits."""
+def test_a_table_that_disagrees_with_the_config_is_a_start_up_error(monkeypatch):
+    """Other primes (engram_vocab_size) make other table sizes: the stored table no longer fits (and nothing is left
+    in /dev/shm)."""
+    import uuid
+
+    session = uuid.uuid4()
+    monkeypatch.setattr(uuid, "uuid4", lambda: session)
     with pytest.raises(ValueError, match="engram.embed.weight"):
         LLM(None, engram_config=OFFLOAD, hf_overrides={"engram_vocab_size": 103, "engram_num_embeddings": [690, 896]})
+    assert not glob.glob(f"/dev/shm/v41-engram-{session.hex[:12]}-*")
 
 
 def test_prometheus_engram_metrics_follow_the_engine_counts():
@@ -166,6 +230,8 @@ def test_dummy_tables_are_the_same_in_any_row_range():
     dummy = tokens(LLM(None, max_num_seqs=4, load_format="dummy"), PROMPTS[:2], PARAMS[:2])
     assert tokens(LLM(None, max_num_seqs=4, load_format="dummy", engram_config=OFFLOAD), PROMPTS[:2],
                   PARAMS[:2]) == dummy
+    dense = reader.packed(name, (1000, 32), Shard(0, 0, 1000, full[0]), torch.float32, keep_packed=False)
+    assert dense.fmt == "dense" and torch.equal(dense.data, whole.dequantize(torch.float32)[:1000])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -185,7 +251,7 @@ def test_offload_on_the_gpu_with_cuda_graphs_gives_the_resident_tokens(transfer)
     s = llm.engine.stats()["engram"]
     assert s["transfer"] == transfer and s["evictions"] > 0
     pager = llm.engine.executor.runner.engram
-    assert all(p.records.is_pinned() for p in pager.layers.values())
+    assert all(p.records.is_pinned() == (transfer == "uva") for p in pager.layers.values())  # uva reads over the bus
 
 
 def test_in_forward_fill_path_on_the_cpu(resident):

@@ -252,3 +252,70 @@ class HostComm:
         ``CommError``. Also done on garbage collection and by ``with HostComm(...) as comm:``."""
     def __enter__(self) -> HostComm: ...
     def __exit__(self, *exc: object) -> None: ...
+
+# --- Engram offload paging (crate v41-engram; bindings in crates/v41-py/src/engram.rs) --------------------------
+
+@final
+class EngramHasher:
+    """Token ids of a step → Engram table rows of every layer (docs/model.md §3.3; docs/engram.md §2).
+
+    ``token_map``: int64 ``[len(tokenizer)]`` compressed id per token id, each < ``compressed_vocab_size``;
+    ``layers``: ``(layer id, multipliers [max_ngram_size])`` per Engram layer, in ``engram_layer_ids`` order (the
+    primes are derived here, as §3.3's rule). Raises ``ValueError`` for inconsistent parameters."""
+
+    def __init__(
+        self,
+        token_map: npt.NDArray[np.int64],
+        compressed_vocab_size: int,
+        pad_token_id: int,
+        max_ngram_size: int,
+        n_heads: int,
+        engram_vocab_size: int,
+        layers: Sequence[tuple[int, Sequence[int]]],
+    ) -> None: ...
+    @property
+    def columns(self) -> int:
+        """Hash columns per layer, ``(max_ngram_size − 1)·n_heads``."""
+    @property
+    def layer_ids(self) -> list[int]: ...
+    def primes(self, index: int) -> list[int]:
+        """Bucket primes of the layer at ``index`` (construction order). ``ValueError`` out of range."""
+    def table_rows(self, index: int) -> int:
+        """Rows of that layer's table (the sum of its primes)."""
+    def hash_step(
+        self,
+        token_ids: npt.NDArray[np.int64],
+        counts: npt.NDArray[np.int64],
+        history: npt.NDArray[np.int64],
+        dead: npt.NDArray[np.bool_] | None = None,
+    ) -> npt.NDArray[np.int64]:
+        """``int64 [layers, T, columns]`` rows of one step. ``token_ids [T]``: requests' runs concatenated;
+        ``counts [R]``; ``history [R·(max_ngram_size − 1)]``: per request the committed ids before its run, oldest
+        first, −1 = before the sequence start, −2 = a dead (image) token; ``dead [T]``: dead tokens of the runs.
+        Releases the GIL. Raises ``ValueError`` (lengths, an id outside the token map); nothing is returned then."""
+
+@final
+class EngramSlotCache:
+    """The device row cache of one Engram layer on one rank (docs/engram.md §4): ``hot_rows`` cached slots
+    (8-way set-associative CLOCK; above 8 rounded down to whole sets), then ``staging_rows`` per-step slots.
+    Raises ``ValueError`` for a table of 2^40 rows or more, or more than 2^32 slots."""
+
+    def __init__(self, hot_rows: int, staging_rows: int, table_rows: int) -> None: ...
+    @property
+    def hot_rows(self) -> int: ...
+    @property
+    def staging_rows(self) -> int: ...
+    def plan(
+        self, step: int, rows: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """``(slots [N], copy_rows [M], copy_slots [M])`` for ``rows [N]`` (each in ``[0, table_rows)``): the slot
+        of every lookup and the distinct misses to copy in; pins the step's slots until :meth:`release`. Releases
+        the GIL. Raises ``ValueError``: a row out of range, a step still in flight, no free slot for a miss (the
+        cache is then as before)."""
+    def release(self, step: int) -> None:
+        """The step's forward has read its slots: unpin them. ``ValueError`` for a step not in flight."""
+    def slot_of(self, row: int) -> int | None:
+        """The hot slot holding ``row``, or None."""
+    def stats(self) -> dict[str, int]:
+        """Cumulative ``lookups`` (distinct rows per step), ``hits``, ``misses`` (hits + misses = lookups),
+        ``evictions``, ``staged`` (misses placed in staging slots)."""

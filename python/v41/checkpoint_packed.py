@@ -158,7 +158,8 @@ class DummyReader:
                keep_packed: bool = True) -> PackedWeight:
         fmt = storage_format(name, self.cfg.expert_dtype)
         if name.endswith("engram.embed.weight") and fmt == "fp8":
-            return self._table_rows(name, _full(local_shape, shard), shard)
+            pw = self._table_rows(name, _full(local_shape, shard), shard)
+            return pw if keep_packed else from_dense(pw.dequantize(dtype))
         w = init_tensor(name, _full(local_shape, shard), self.g, self.cfg)
         if fmt == "fp8":
             block = fp8_block(name, self.cfg.weight_block_size)
@@ -181,12 +182,12 @@ class DummyReader:
         (V4.1's is 101 GB) and without moving the shared generator."""
         a, b = (0, full[0]) if shard is None else (shard.start, shard.stop)
         block = fp8_block(name, self.cfg.weight_block_size)
-        seed = self.seed * 1_000_003 + int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
         dev = self.g.device
         data = torch.empty(b - a, full[1], dtype=torch.float8_e4m3fn, device=dev)
         scale = torch.empty(b - a, -(-full[1] // block[1]), dtype=torch.uint8, device=dev)
         for k in range(a // TABLE_BLOCK_ROWS, -(-b // TABLE_BLOCK_ROWS)):
-            g = torch.Generator(device=dev).manual_seed(seed + k)
+            key = hashlib.sha256(f"{self.seed}:{name}:{k}".encode()).digest()
+            g = torch.Generator(device=dev).manual_seed(int.from_bytes(key[:8], "little") >> 1)
             r0 = k * TABLE_BLOCK_ROWS
             rows = min(TABLE_BLOCK_ROWS, full[0] - r0)
             q, sc = quant.quant_fp8_block(torch.randn(rows, full[1], generator=g, device=dev), block)

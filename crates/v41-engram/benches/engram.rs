@@ -134,7 +134,7 @@ fn planning(c: &mut Criterion) {
         let steps: Vec<Vec<i64>> = (0..64)
             .map(|_| step_rows(&h, &zipf, &mut rng, requests, tokens))
             .collect();
-        let mut cache = SlotCache::new(4 << 20, 4096 * COLS, h.table_rows(0)); // the engine's default: 1 GiB
+        let mut cache = SlotCache::new(4 << 20, 4096 * COLS, h.table_rows(0)).unwrap(); // the engine's default: 1 GiB
         let mut id = 0u64;
         group.throughput(Throughput::Elements((requests * tokens) as u64));
         group.bench_function(format!("{requests}x{tokens}_tokens_layer"), |b| {
@@ -159,7 +159,7 @@ fn print_hit_rates() {
     println!("{:>12} {:>10} {:>9}", "hot rows", "GiB@264B", "hit rate");
     for hot in [16_384usize, 65_536, 262_144, 1 << 20, 4 << 20] {
         let mut rng = Rng(3);
-        let mut cache = SlotCache::new(hot, 64 * COLS, h.table_rows(0));
+        let mut cache = SlotCache::new(hot, 64 * COLS, h.table_rows(0)).unwrap();
         let (warm, measured) = (2_000u64, 2_000u64);
         let mut at_warm = cache.stats();
         for step in 0..warm + measured {
@@ -197,7 +197,7 @@ fn print_row_zipf_hit_rates() {
         .collect();
     for hot in [65_536usize, 262_144, 1 << 20, 4 << 20, 16 << 20] {
         let mut rng = Rng(5);
-        let mut cache = SlotCache::new(hot, 64 * COLS, h.table_rows(0));
+        let mut cache = SlotCache::new(hot, 64 * COLS, h.table_rows(0)).unwrap();
         let mut at_warm = cache.stats();
         for step in 0..4_000u64 {
             let rows: Vec<i64> = (0..64 * COLS)

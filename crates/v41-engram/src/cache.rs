@@ -101,15 +101,26 @@ pub struct SlotCache {
 
 impl SlotCache {
     /// A cache of `hot` cached slots (rounded down to a multiple of 8 ways when above 8) and `staging`
-    /// per-step slots for a table of `table_rows` rows (< 2^40).
-    pub fn new(hot: usize, staging: usize, table_rows: u64) -> Self {
-        assert!(table_rows < ROW_MASK, "table rows must fit 40 bits");
+    /// per-step slots for a table of `table_rows` rows.
+    ///
+    /// Errors: [`EngramError::InvalidParams`] for a table of 2^40 rows or more, or more than 2^32 slots.
+    pub fn new(hot: usize, staging: usize, table_rows: u64) -> Result<Self, EngramError> {
+        if table_rows >= ROW_MASK
+            || hot
+                .checked_add(staging)
+                .is_none_or(|n| n > u32::MAX as usize)
+        {
+            return Err(EngramError::InvalidParams(format!(
+                "a slot cache holds tables below 2^40 rows and at most 2^32 slots, got {table_rows} rows and {hot} + \
+                 {staging} slots"
+            )));
+        }
         let ways = hot.min(WAYS);
         let sets = hot.checked_div(ways).unwrap_or(0);
         let tags = huge_zeroed(sets * ways);
         let mut hands = vec![0u8; sets];
         hands.fill(0); // faulted in now, as the tags
-        Self {
+        Ok(Self {
             ways,
             sets,
             staging,
@@ -121,7 +132,7 @@ impl SlotCache {
                 .collect(),
             in_flight: FxHashMap::default(),
             stats: CacheStats::default(),
-        }
+        })
     }
 
     /// Cached slots (slots `0 .. hot`).

@@ -6,7 +6,8 @@
 //! `R_s = XOR_{k ≤ s} v_k·m_k` (the odd multipliers `m` of ℓ; every product fits 63 bits by construction)
 //! and for order `n = s + 1 ≥ 2`, head `h`: column `c = (n − 2)·n_heads + h`, row
 //! `(R_s mod prime_c) + offset_c`. The modulo is a Barrett reduction by a precomputed reciprocal
-//! (one 64×64→128 multiply and one correction), which is what makes ≥ 20M tokens/s per core reachable.
+//! (one 64×64→128 multiply, one multiply-subtract and one correction); the 48 of them per V4.1 token bound
+//! the speed (benches/RESULTS.md, "Engram offload").
 //!
 //! The Python hasher `v41.models.engram_hash` is the test oracle of this module.
 

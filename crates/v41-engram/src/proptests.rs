@@ -71,14 +71,14 @@ proptest! {
         steps in prop::collection::vec((prop::collection::vec(0i64..60, 0..24), any::<bool>()), 1..40),
     ) {
         let staging = 24;
-        let mut c = SlotCache::new(hot, staging, 60);
+        let mut c = SlotCache::new(hot, staging, 60).unwrap();
         let mut device: Vec<Option<i64>> = vec![None; hot + staging];
         let mut open: Vec<(u64, Vec<i64>, Vec<i64>)> = Vec::new(); // in-flight: step, rows, slots
         for (step, (rows, release_oldest)) in steps.into_iter().enumerate() {
             let before = c.stats();
             let plan = match c.plan(step as u64, &rows) {
                 Ok(p) => p,
-                Err(EngramError::NoFreeSlots { .. }) => continue, // 3 steps in flight can exhaust 12 hot + 16
+                Err(EngramError::NoFreeSlots { .. }) => continue, // 3 steps in flight can exhaust a small cache
                 Err(e) => return Err(TestCaseError::fail(e.to_string())),
             };
             for (&r, &s) in plan.copy_rows.iter().zip(&plan.copy_slots) {

@@ -149,7 +149,7 @@ fn bad_params_are_errors() {
 
 #[test]
 fn cache_hits_evicts_and_stages() {
-    let mut c = SlotCache::new(2, 2, 100);
+    let mut c = SlotCache::new(2, 2, 100).unwrap();
     let p = c.plan(0, &[10, 11, 10]).unwrap();
     assert_eq!(p.slots, vec![0, 1, 0]);
     assert_eq!(
@@ -184,7 +184,7 @@ fn cache_hits_evicts_and_stages() {
 
 #[test]
 fn a_step_too_large_is_an_error_and_rolls_back() {
-    let mut c = SlotCache::new(2, 1, 100);
+    let mut c = SlotCache::new(2, 1, 100).unwrap();
     c.plan(0, &[1]).unwrap();
     c.release(0).unwrap();
     let err = c.plan(1, &[5, 6, 7, 8]).unwrap_err();
@@ -200,7 +200,7 @@ fn a_step_too_large_is_an_error_and_rolls_back() {
 
 #[test]
 fn zero_hot_slots_copy_every_row_every_step() {
-    let mut c = SlotCache::new(0, 4, 100);
+    let mut c = SlotCache::new(0, 4, 100).unwrap();
     for step in 0..3 {
         let p = c.plan(step, &[3, 4, 3]).unwrap();
         assert_eq!(p.slots, vec![0, 1, 0]);

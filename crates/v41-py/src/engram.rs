@@ -140,10 +140,10 @@ pub struct PyEngramSlotCache {
 #[pymethods]
 impl PyEngramSlotCache {
     #[new]
-    fn new(hot_rows: usize, staging_rows: usize, table_rows: u64) -> Self {
-        Self {
-            inner: SlotCache::new(hot_rows, staging_rows, table_rows),
-        }
+    fn new(hot_rows: usize, staging_rows: usize, table_rows: u64) -> PyResult<Self> {
+        Ok(Self {
+            inner: SlotCache::new(hot_rows, staging_rows, table_rows).map_err(to_py_err)?,
+        })
     }
 
     #[getter]

@@ -260,7 +260,8 @@ class EngineCore:
                 prompt_rows.append(None)
         engram = {}
         if self.engram_rows is not None:
-            engram = self.engram_rows.rows(token_ids, counts, [seq.history(p) for p, seq in
+            keep = self.engram_rows.keep
+            engram = self.engram_rows.rows(token_ids, counts, [seq.history(p, keep) for p, seq in
                                                                zip(plan.start_pos.tolist(), seqs)])
         step = HostStep(token_ids=token_ids, positions=plan.positions.astype(np.int64), num_scheduled=counts,
                         start_pos=plan.start_pos.astype(np.int64), table_rows=plan.table_rows,

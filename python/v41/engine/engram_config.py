@@ -1,7 +1,8 @@
-"""Engram offload options (issue 16; docs/engram.md): ``--engram-config`` of ``v41-serve`` (a JSON object string) and
-``engram_config=`` of :class:`v41.LLM` / :class:`v41.AsyncEngine` (a dict), the seed's flag::
+"""Engram offload options (issue 16; docs/engram.md §6): ``--engram-config`` of ``v41-serve`` (a JSON object string,
+the seed's flag: its command passes ``{"cpu_offload":true}``) and ``engram_config=`` of :class:`v41.LLM` /
+:class:`v41.AsyncEngine` (a dict)::
 
-    {"cpu_offload": true, "hot_rows": 4194304, "transfer": "uva"}
+    {"cpu_offload": true, "hot_rows": 4194304, "transfer": "copy"}
 
 :meth:`EngramConfig.parse` raises ``ValueError`` naming the key (``engram_config.<key>``) for unknown keys, wrong
 types and bad values. Without ``cpu_offload`` (or with no Engram layers in the checkpoint) the tables stay on the
@@ -26,14 +27,14 @@ class EngramConfig:
     cpu_offload: keep the Engram tables in pinned host memory (one ``/dev/shm`` mapping per layer shared by the
     node's ranks, each pinning its own hash columns' rows) and page the rows each step needs into a device cache
     (default False: tables on the device). hot_rows: device slots per Engram layer per rank that cache rows across
-    steps (8-way set-associative CLOCK, rounded down to whole sets); None (default) = :data:`DEFAULT_HOT_BYTES` of slots, at least the rows of one full step, at
-    most the rank's table rows; 0 = no cache (every row copied every step). Besides them each layer holds
-    staging slots for the misses of one full step. transfer: how misses reach the device: ``"copy"`` (the default:
-    gathered on the host into a pinned buffer, copied in one transfer before the forward) or ``"uva"`` (inside the
-    forward a Triton kernel reads the pinned rows over UVA on a side stream, beside the layers before each Engram
-    layer). Both were measured on the H200 (benches/RESULTS.md, "Engram offload"): ``copy`` was as fast at batch 1
-    and faster at batch 64 and in prefill, so it is the default. On a CPU device slots are an ordinary tensor and
-    ``uva`` runs the in-forward fill with a PyTorch gather (a test path).
+    steps (8-way set-associative CLOCK, rounded down to whole sets); None (default) = :data:`DEFAULT_HOT_BYTES` of
+    slots, at least the rows of one full step, at most the rank's table rows; 0 = no cache (every row copied every
+    step). Besides them each layer holds staging slots for the misses of one full step. transfer: how misses reach
+    the device: ``"copy"`` (the default: gathered on the host into a pinned buffer, copied in one transfer before
+    the forward) or ``"uva"`` (inside the forward a Triton kernel reads the pinned rows over UVA on a side stream,
+    beside the layers before each Engram layer). Both were measured on the H200 (benches/RESULTS.md, "Engram
+    offload"): ``copy`` was as fast at batch 1 and faster at batch 64 and in prefill, so it is the default. On a CPU
+    device slots are an ordinary tensor and ``uva`` runs the in-forward fill with a PyTorch gather (a test path).
     """
 
     cpu_offload: bool = False
@@ -68,8 +69,8 @@ class EngramConfig:
             raise ValueError(f"engram_config: unknown key {unknown[0]!r}; v41 knows {', '.join(known)}")
         return cls(**value)
 
-    def resolved_transfer(self, device: str) -> str:
-        """``uva`` or ``copy`` (the default, on every device; ``device`` kept for a per-device default)."""
+    def resolved_transfer(self) -> str:
+        """``uva`` or ``copy`` (the default)."""
         return self.transfer or "copy"
 
     def resolved_hot_rows(self, record_bytes: int, step_rows: int, table_rows: int) -> int:

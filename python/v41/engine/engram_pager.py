@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from .. import _native
+from ..kernels.dispatch import triton
 from .engram_config import EngramConfig
 from .host_step import HostStep
 
@@ -45,16 +46,18 @@ class LayerPager:
     """Slots and slot cache of one Engram layer (``engram``: a FastEngram with ``host`` set)."""
 
     def __init__(self, engram, hot_rows: int, staging_rows: int, transfer: str, device: torch.device):
-        self.engram, self.transfer, self.device = engram, transfer, device
+        self.engram, self.device = engram, device
         host = engram.host
         self.records: Tensor = host.records
         self.cache = _native.EngramSlotCache(hot_rows, staging_rows, host.row1 - host.row0)
         b = host.fmt.record_bytes
-        engram.slots = torch.zeros(hot_rows + staging_rows, b, dtype=torch.uint8, device=device)
-        self.staging_host = None
+        engram.slots = torch.zeros(self.cache.hot_rows + staging_rows, b, dtype=torch.uint8, device=device)
+        self.staging_host, self._copied = None, None
         if device.type == "cuda" and transfer == "copy":
             self.staging_host = torch.empty(staging_rows, b, dtype=torch.uint8, pin_memory=True)
         if device.type == "cuda" and transfer == "uva":
+            if triton is None:
+                raise ValueError("engram_config.transfer 'uva' needs Triton (its fill kernel); use 'copy'")
             if not self.records.is_pinned():
                 raise RuntimeError("Engram offload transfer 'uva' needs the host table pinned")
             engram.fill_stream = torch.cuda.Stream(device)
@@ -75,9 +78,13 @@ class LayerPager:
             slots[torch.from_numpy(copy_slots)] = self.records[torch.from_numpy(copy_rows)]
             return
         dst = torch.from_numpy(copy_slots).to(self.device, non_blocking=True)
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's transfer still reads the staging buffer
         staged = self.staging_host[: copy_rows.size]
         torch.index_select(self.records, 0, torch.from_numpy(copy_rows), out=staged)
         slots.index_copy_(0, dst, staged.to(self.device, non_blocking=True))
+        self._copied = torch.cuda.Event()
+        self._copied.record()
 
 
 class EngramPager:
@@ -86,7 +93,7 @@ class EngramPager:
 
     def __init__(self, model, config: EngramConfig, max_step_tokens: int, device: str):
         self.device = torch.device(device)
-        transfer = config.resolved_transfer(device)
+        transfer = config.resolved_transfer()
         self.layers: dict[int, LayerPager] = {}
         for plan, layer in zip(model.cfg.plan, model.layers):
             eng = getattr(layer, "engram", None) if plan.engram else None
@@ -115,6 +122,7 @@ class EngramPager:
         t0 = time.perf_counter()
         self.release()
         self._step += 1
+        self._in_flight = self._step  # a layer whose plan fails holds nothing; those that planned are released next
         slot_ids, copies = {}, {}
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -127,7 +135,6 @@ class EngramPager:
                 else:
                     pager.fill(copy_rows, copy_slots)
                 slot_ids[lid] = ids
-        self._in_flight = self._step
         if self.stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self.copy_seconds += time.perf_counter() - t0
@@ -146,7 +153,8 @@ class EngramPager:
         """The previous step's forward is enqueued: unpin its slots (later copies are ordered after it)."""
         if self._in_flight is not None:
             for pager in self.layers.values():
-                pager.cache.release(self._in_flight)
+                with contextlib.suppress(ValueError):  # a layer whose plan failed has nothing in flight
+                    pager.cache.release(self._in_flight)
             self._in_flight = None
 
     def stats(self) -> dict:
@@ -160,7 +168,9 @@ class EngramPager:
                 "hot_rows": {lid: p.cache.hot_rows for lid, p in self.layers.items()}}
 
     def close(self) -> None:
+        """Stop the planning threads; unregister and unmap the host tables (idempotent)."""
         if self._pool is not None:
             self._pool.shutdown()
+            self._pool = None
         for pager in self.layers.values():
             pager.engram.host.close()

@@ -57,7 +57,7 @@ class LocalExecutor:
         return self.runner.draft(table_rows, anchors, positions)
 
     def shutdown(self) -> None:
-        pass
+        self.runner.close()
 
 
 class _Ranks:
@@ -195,6 +195,8 @@ class TPExecutor:
     def shutdown(self) -> None:
         """Tell the workers to exit, join (kill after a timeout), close the runtime. Safe to call twice; also
         runs when the executor is garbage-collected and at interpreter exit."""
+        if getattr(self, "runner", None) is not None:
+            self.runner.close()
         self._release()
 
 

@@ -56,7 +56,9 @@ def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None, session
     model = load_fast(args.model, dtype=dtype, device=device, quantization=args.quantization,
                       load_format=args.load_format, tp=tp, config_overrides=args.hf_overrides,
                       lookahead_tokens=lookahead, draft_sharded=spec is None or spec.draft_tp(world) == world,
-                      engram_offload=f"v41-engram-{session or uuid.uuid4().hex[:12]}" if offload else None)
+                      engram_shm_prefix=f"v41-engram-{session or uuid.uuid4().hex[:12]}" if offload else None,
+                      engram_pin=offload and str(device).startswith("cuda")
+                      and args.engram_config.resolved_transfer() == "uva")
     model.index_scratch_bytes = args.index_scratch_bytes
     return model
 
@@ -80,15 +82,17 @@ class ModelRunner:
         self.engram: EngramPager | None = None
         if args.engram_offload():
             self.engram = EngramPager(self.model, args.engram_config, args.max_num_batched_tokens, device)
-            self.tp.barrier()  # every rank has mapped its tables: their /dev/shm names can go
-            for pager in self.engram.layers.values():
-                pager.engram.host.unlink()
         self.buffers: InputBuffers | None = None
         self.graphs: CudaGraphRunner | None = None  # 1 + K query tokens per request
         self.narrow_graphs: list[CudaGraphRunner] = []  # adaptive verification: 1 .. K query tokens
         self.draft_graphs: DraftGraphs | None = None
         self.verify_costs: VerifyCosts | None = None
         self._static: dict[str, Tensor] | None = None
+
+    def close(self) -> None:
+        """Release what outlives a step: the Engram pager's threads and host tables (idempotent)."""
+        if self.engram is not None:
+            self.engram.close()
 
     def cache_layout(self, block_tokens: int | None = None):
         return self.model.cache_layout(block_tokens)

@@ -27,6 +27,7 @@ def worker_main(args: EngineArgs, info: RankInfo, log_level: int = logging.INFO)
     logging.basicConfig(level=log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s tp-rank{info.rank}: %(message)s")
     runtime = Runtime.start(info, args.all_reduce_backend)
+    runner = None
     try:
         runner = ModelRunner(args, info.torch_device, runtime.group, info.session)
         while True:
@@ -49,6 +50,8 @@ def worker_main(args: EngineArgs, info: RankInfo, log_level: int = logging.INFO)
             elif op != "noop":
                 raise RuntimeError(f"unknown step-channel message {op!r}")
     finally:
+        if runner is not None:
+            runner.close()
         runtime.close()
 
 

@@ -1,5 +1,5 @@
-"""Engram miss fill: copy host table records into the GPU slot cache (../shared/docs/kernels.md §4 "Engram
-offload"; house rules for kernels: docs/kernels.md §1).
+"""Engram miss fill: copy host table records into the GPU slot cache (docs/engram.md §5; house rules for kernels:
+docs/kernels.md §1).
 
 An Engram table lives in pinned host memory as ``host`` uint8 [R, B]: one record per row, B = ``record_bytes``
 (an FP8 table's record is the row's ``hd`` E4M3 bytes followed by its ``hd/32`` E8M0 scale bytes: 256 + 8 = 264 B
@@ -21,9 +21,10 @@ Two transfers (``fill_slots(..., transfer=)``):
   whose width is a multiple of 4 move as 32-bit words, others byte by byte. No host work, a grid fixed by M:
   CUDA-graph capturable with a capacity-sized copy list padded with slot −1. Live entries whose row or slot is out
   of range are skipped rather than read (an out-of-range host read over PCIe would kill the context).
-- ``"copy"`` (and every CPU fill): :func:`fill_slots_reference`, which gathers the live rows on the host
-  (``index_select`` into a pinned staging buffer) and copies them in one ``non_blocking`` transfer. It reads the
-  copy list on the host (a sync): not for capture.
+- :func:`fill_slots_reference`: the PyTorch reference (and the CPU fill of the engine's in-forward path), which
+  gathers the live rows on the host (``index_select`` into a pinned staging buffer) and copies them in one
+  ``non_blocking`` transfer. It reads the copy list on the host (a sync): not for capture. (The engine's ``copy``
+  transfer does the same from host copy lists: ``engine/engram_pager.py``.)
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Engram tables in host memory for offload (docs/engram.md; ../kernels.md §4 "Engram offload").
+"""Engram tables in host memory for offload (docs/engram.md §3).
 
 A layer's table is kept as **records**, one per row: the row's ``hd`` FP8-E4M3 bytes followed by its ``hd/32`` E8M0
 scale bytes (264 B for V4.1: one record, one transaction; split data / scale regions would cost two), or for a table
@@ -6,9 +6,10 @@ stored unquantized its ``hd`` values' raw bytes. :class:`RecordFormat` encodes /
 
 :class:`HostTable` holds the rows ``[row0, row1)`` of the hash columns this rank owns (docs/model.md §8 "TP") as
 ``uint8 [row1 − row0, record_bytes]``: in one ``/dev/shm`` file per layer that every rank of the node maps (each
-writes and pins only its own rows), or, when ``/dev/shm`` has too little room, a private buffer. On CUDA the rank's
-range is page-locked with ``cudaHostRegister`` (checked with ``is_pinned``) and unregistered before it is unmapped
-(:meth:`HostTable.close`); on a CPU device nothing is pinned. Rows are read from the checkpoint's safetensors in
+writes and pins only its own rows), or, when ``/dev/shm`` has too little room, a private buffer. With ``pin`` (CUDA, the
+``uva`` transfer, which reads the records over the bus) the rank's range is page-locked with ``cudaHostRegister``
+(checked with ``is_pinned``) and unregistered before it is unmapped (:meth:`HostTable.close`); otherwise nothing is
+pinned (the ``copy`` transfer gathers on the host into a small pinned staging buffer). Rows are read from the checkpoint's safetensors in
 chunks straight into the records (:func:`load_records`), never through a whole pageable copy of the table.
 """
 
@@ -87,18 +88,33 @@ class HostTable:
         b = fmt.record_bytes
         self.path, self._registered = None, None
         need = full_rows * b
-        if shm_name is not None and _shm_room(shm_name) >= need:
-            self.path = os.path.join(SHM_DIR, shm_name)
-            self._mapping = torch.from_file(self.path, shared=True, size=need, dtype=torch.uint8)
+        self._mapping = self._map_shared(shm_name, need, row0 * b, (row1 - row0) * b) if shm_name else None
+        if self._mapping is not None:
             self.records = self._mapping[row0 * b: row1 * b].view(row1 - row0, b)
         else:
-            if shm_name is not None:
-                log.warning("Engram offload: %s has too little room for %.1f GiB; using a private host buffer",
-                            SHM_DIR, need / 2**30)
-            self._mapping = None
             self.records = torch.empty(row1 - row0, b, dtype=torch.uint8, pin_memory=pin)
         if pin and self._mapping is not None:
             self._register()
+
+    def _map_shared(self, name: str, size: int, start: int, length: int) -> Tensor | None:
+        """The node-wide file ``name`` (``size`` bytes) mapped shared, with this rank's bytes ``[start, start +
+        length)`` allocated up front (``posix_fallocate``: a full /dev/shm is a warning and a private buffer now,
+        not a SIGBUS at the first write); None when that fails."""
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                if os.fstat(fd).st_size < size:
+                    os.ftruncate(fd, size)
+                os.posix_fallocate(fd, start, length)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.warning("Engram offload: cannot place %.1f GiB in %s (%s); using a private host buffer",
+                        length / 2**30, path, e)
+            return None
+        self.path = path
+        return torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
 
     def _register(self) -> None:
         ptr, size = self.records.data_ptr(), self.records.numel()
@@ -126,19 +142,6 @@ class HostTable:
             self._registered = None
         self.unlink()
         self.records = self._mapping = None
-
-
-def _shm_room(name: str) -> int:
-    """Bytes the file ``name`` in /dev/shm may take: free space plus what it already holds."""
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
-        return 0
-    try:
-        have = os.path.getsize(os.path.join(SHM_DIR, name))
-    except OSError:
-        have = 0
-    return st.f_bavail * st.f_frsize + have
 
 
 def load_records(reader, name: str, table: HostTable, full_rows: int, dtype: torch.dtype,

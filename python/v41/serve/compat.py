@@ -46,7 +46,6 @@ PEER_BACKENDS = {
                   "flashinfer", "cutlass_mla"),
 }
 ATTENTION_CONFIG_KEYS = ("indexer_tp_shard_min_rows",)
-_NOT_YET: dict[str, str] = {}
 
 
 class FlagError(ValueError):
@@ -84,7 +83,7 @@ def resolve(opts: argparse.Namespace, device: str) -> PeerSettings:
 
 def check_not_yet_available(opts: argparse.Namespace) -> None:
     """FlagError naming every given flag whose feature v41 does not have yet."""
-    problems = [why for attr, why in _NOT_YET.items() if getattr(opts, attr) is not None]
+    problems = []
     if opts.kv_cache_dtype != "auto":
         problems.append(f"--kv-cache-dtype {opts.kv_cache_dtype}: only 'auto' (the compute dtype) is available; "
                         f"quantized KV caches are not available yet")

@@ -16,7 +16,7 @@ from torch import nn
 
 from ...checkpoint_packed import DummyReader, PackedReader
 from ...config import load_config
-from ...distributed.group import Shard, TPGroup, check_tp
+from ...distributed.group import SINGLE, Shard, TPGroup, check_tp
 from ...kernels.packed import concat_rows, stack_experts
 from ..engram_host import CHUNK_ROWS, HostTable, RecordFormat, load_records
 from ..engram_loader import engram_hasher
@@ -30,8 +30,10 @@ QUANTIZATIONS = ("auto", "none")
 
 
 class _Loader:
-    def __init__(self, reader, shards, dtype: torch.dtype, device: torch.device, keep_packed: bool):
+    def __init__(self, reader, shards, dtype: torch.dtype, device: torch.device, keep_packed: bool,
+                 engram_hosts: dict[int, HostTable] | None = None):
         self.reader, self.shards, self.dtype, self.device, self.keep = reader, shards, dtype, device, keep_packed
+        self.engram_hosts = engram_hosts or {}  # offload: Engram layer id → its host table, filled by _load
 
     def tensor(self, module: nn.Module, attr: str, name: str) -> None:
         """Set parameter / buffer ``attr`` of ``module`` from checkpoint tensor ``name``."""
@@ -80,7 +82,8 @@ class _Loader:
 def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
               quantization: str = "auto", load_format: str = "auto", seed: int = 0,
               tp: TPGroup | None = None, config_overrides: dict | None = None,
-              lookahead_tokens: int = 0, draft_sharded: bool = True, engram_offload: str | None = None) -> FastModel:
+              lookahead_tokens: int = 0, draft_sharded: bool = True, engram_shm_prefix: str | None = None,
+              engram_pin: bool = False) -> FastModel:
     """Load a V4 / V4.1 checkpoint directory into the fast model on ``device``.
 
     dtype: compute dtype (activations and caches; bfloat16, float16, float32 or float64). quantization: ``auto``
@@ -90,8 +93,10 @@ def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str
     lookahead_tokens: draft tokens per verify step (speculative decoding): > 0 loads the DSpark stages
     (``mtp.*``, :mod:`.dspark`) and sizes the cache for them; 0 reads past them. draft_sharded: False loads the
     stages whole on every rank (``draft_tensor_parallel_size`` 1 under TP; :func:`v41.models.sharding.shard_plan`).
-    engram_offload: keep the Engram tables in host memory (:class:`~v41.models.engram_host.HostTable`, pinned on
-    CUDA) under ``/dev/shm`` names starting with this string (shared by the engine's ranks); None = on the device.
+    engram_shm_prefix: keep the Engram tables in host memory (:class:`~v41.models.engram_host.HostTable`) under
+    ``/dev/shm`` names starting with this string, shared by the engine's ranks (every rank maps them, then the
+    names are removed: nothing stays in /dev/shm); None = on the device. engram_pin: page-lock them (the ``uva``
+    transfer).
     Raises ValueError (ConfigError, CheckpointError) for bad options, configs or checkpoints,
     FileNotFoundError for a missing directory, ``config.json`` or (Engram) ``tokenizer.json``.
     """
@@ -116,8 +121,14 @@ def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str
     if isinstance(reader, PackedReader) and model.drafter is None:
         reader.used.update(n for n in reader.tensors if n.startswith("mtp."))
     ld = _Loader(reader, shard_plan(cfg, rank, world, hasher, draft_sharded), dtype, device, quantization == "auto")
-    ld.engram_offload = engram_offload
-    _load(ld, model)
+    if engram_shm_prefix is not None:
+        ld.engram_hosts = _engram_hosts(ld, model, engram_shm_prefix, engram_pin, tp)
+    try:
+        _load(ld, model)
+    except BaseException:
+        for host in ld.engram_hosts.values():
+            host.close()
+        raise
     reader.finish()
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
@@ -139,8 +150,10 @@ def _load(ld: _Loader, model: FastModel) -> None:
         if plan.engram:
             eng = block.engram
             name = f"{p}engram.embed.weight"
-            if ld.engram_offload is not None:
-                eng.set_host(_host_table(ld, eng, name, eng.table_rows, f"{ld.engram_offload}-L{plan.layer_id}"))
+            if plan.layer_id in ld.engram_hosts:
+                host = ld.engram_hosts[plan.layer_id]
+                load_records(ld.reader, name, host, eng.table_rows, ld.dtype, CHUNK_ROWS)
+                eng.set_host(host)
             else:
                 eng.set_table(ld.weight(name, (eng.row1 - eng.row0, eng.head_dim)).to(ld.device))
             ld.modules(eng, f"{p}engram.")
@@ -155,12 +168,23 @@ def _load(ld: _Loader, model: FastModel) -> None:
                     ld.modules(getattr(stage, name), f"{p}{name}.")
 
 
-def _host_table(ld: _Loader, eng, name: str, full_rows: int, shm_name: str) -> HostTable:
-    """This rank's rows of Engram table ``name`` read into host records (:mod:`..engram_host`)."""
-    one = ld.reader.packed(name, (1, eng.head_dim), Shard(0, eng.row0, eng.row0 + 1, full_rows), ld.dtype)
-    host = HostTable(RecordFormat.of(one), full_rows, eng.row0, eng.row1, ld.device.type == "cuda", shm_name)
-    load_records(ld.reader, name, host, full_rows, ld.dtype, CHUNK_ROWS)
-    return host
+def _engram_hosts(ld: _Loader, model: FastModel, prefix: str, pin: bool, tp: TPGroup | None) -> dict[int, HostTable]:
+    """This rank's host table of every Engram layer, mapped and allocated but not yet read; once every rank has
+    mapped them (a barrier), their /dev/shm names are removed."""
+    hosts = {}
+    try:
+        for plan, block in zip(model.cfg.plan, model.layers):
+            if plan.engram:
+                eng, name = block.engram, f"layers.{plan.layer_id}.engram.embed.weight"
+                one = ld.reader.packed(name, (1, eng.head_dim), Shard(0, eng.row0, eng.row0 + 1, eng.table_rows),
+                                       ld.dtype)
+                hosts[plan.layer_id] = HostTable(RecordFormat.of(one), eng.table_rows, eng.row0, eng.row1, pin,
+                                                 f"{prefix}-L{plan.layer_id}")
+        (tp or SINGLE).barrier()
+    finally:
+        for host in hosts.values():
+            host.unlink()
+    return hosts
 
 
 def _load_block(ld: _Loader, block: nn.Module, p: str, d: int) -> None:
