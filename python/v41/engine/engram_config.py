@@ -11,9 +11,10 @@ device as before and the other keys are unused.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from .json_options import parse_options
 
 TRANSFERS = ("uva", "copy")
 # Default hot-row budget per Engram layer per rank: 1 GiB of slots (4M V4.1 rows of 264 B), at least one full step.
@@ -54,20 +55,7 @@ class EngramConfig:
         """The options from a JSON object string, a dict or an instance (returned as is); None stays None. Raises
         ValueError for text that is not a JSON object, an unknown key (naming it and the known ones) or a bad
         value."""
-        if value is None or isinstance(value, EngramConfig):
-            return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as e:
-                raise ValueError(f"engram_config is not valid JSON ({e})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"engram_config must be a JSON object (a dict), got {type(value).__name__}")
-        known = [f.name for f in fields(cls)]
-        unknown = [k for k in value if k not in known]
-        if unknown:
-            raise ValueError(f"engram_config: unknown key {unknown[0]!r}; v41 knows {', '.join(known)}")
-        return cls(**value)
+        return parse_options(cls, "engram_config", value)
 
     def resolved_transfer(self) -> str:
         """``uva`` or ``copy`` (the default)."""
