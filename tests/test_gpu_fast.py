@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("check", [c.__name__ for c in CHECKS])
-def test_triton_kernel_equals_its_reference_on_the_gpu(check, dtype):
+def test_triton_kernel_equals_its_reference_on_the_gpu(check, dtype, monkeypatch):
+    monkeypatch.setenv("V41_KERNELS", "triton")  # the CUDA kernels: tests/test_gpu_cuda.py
     bad = [(n, e, t) for n, e, t in run(check, "cuda", dtype) if not e <= t]
     assert not bad, bad
 

@@ -42,6 +42,10 @@ class _VersionAction(argparse.Action):
             print("native: " + " ".join(f"{k}={v}" for k, v in info.items()))
         except ImportError as e:
             print(f"native: unavailable ({e})")
+        from .kernels.dispatch import cuda_status, triton
+
+        print(f"cuda kernels: {cuda_status()}")
+        print(f"triton: {triton.__version__ if triton is not None else 'not installed'}")
         parser.exit(0)
 
 

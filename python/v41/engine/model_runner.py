@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ..distributed.group import SINGLE, TPGroup
+from ..kernels.dispatch import describe_paths
 from ..models.protocol import StepModel
 from .args import EngineArgs
 from .block_tables import DeviceBlockTables
@@ -78,6 +79,7 @@ class ModelRunner:
     def __init__(self, args: EngineArgs, device: str, tp: TPGroup | None = None, session: str | None = None):
         self.args, self.device, self.tp = args, device, tp or SINGLE
         self.model = load_model(args, device, tp, session)
+        log.info("kernels: %s", describe_paths(str(device)))
         self.cfg = self.model.cfg
         self.engram: EngramPager | None = None
         if args.engram_offload():

@@ -1,10 +1,13 @@
-"""Which implementation an op runs: the Triton kernel or its PyTorch reference (docs/kernels.md §1).
+"""Which implementation an op runs: a CUDA kernel of ``cuda/`` (the extension ``v41._cuda``), a Triton kernel, or
+its PyTorch reference (docs/kernels.md §1).
 
-``$V41_KERNELS`` chooses: ``auto`` (default) runs Triton for CUDA tensors when Triton imports, the reference
-otherwise (the CPU fast model always runs the references); ``torch`` always runs the references (a debugging
-aid and the GPU tests' comparison point); ``triton`` runs the Triton kernels also on CPU tensors, which only
-works under Triton's interpreter (``TRITON_INTERPRET=1``, set before v41 is imported: the CI tests of the
-kernels run that way in a subprocess, docs/numerics.md §4a).
+``$V41_KERNELS`` chooses: ``auto`` (default) runs, for CUDA tensors, an op's CUDA kernel where the extension is
+built for the device (``sm_90a``: compute capability 9.0) and the shape is one the kernel takes, else its Triton
+kernel when Triton imports, else the reference (the CPU fast model always runs the references); ``cuda`` is
+``auto`` that also insists the extension loads (a ValueError otherwise); ``triton`` never runs the CUDA kernels
+and runs the Triton kernels also on CPU tensors, which only works under Triton's interpreter
+(``TRITON_INTERPRET=1``, set before v41 is imported: the CI tests of the kernels run that way in a subprocess,
+docs/numerics.md §4a); ``torch`` always runs the references (a debugging aid and the GPU tests' comparison point).
 
 Two op families can be set on their own (``v41-serve --moe-backend`` / ``--attention-backend``, docs/kernels.md
 §1 "Choosing a path"): ``$V41_MOE_KERNELS`` for the MoE ops (``moe.py``, ``router.py``) and
@@ -25,8 +28,12 @@ except ImportError:  # CPU-only installs: the references serve
     triton = None
     tl = None
 
-MODES = ("auto", "torch", "triton")
+MODES = ("auto", "torch", "triton", "cuda")
 FAMILY_ENV = {"moe": "V41_MOE_KERNELS", "attention": "V41_ATTENTION_KERNELS"}
+_UNSET = object()
+_CUDA_EXT = _UNSET
+_CUDA_WHY = ["not loaded"]
+_CUDA_RUNS: dict[int, bool] = {}
 
 
 def kernel_mode(family: str | None = None) -> str:
@@ -41,9 +48,82 @@ def kernel_mode(family: str | None = None) -> str:
 
 def available_modes(device: str) -> tuple[str, ...]:
     """The modes that can run on ``device`` (``cpu``, ``cuda``, ``cuda:N``) here: ``triton`` needs Triton and a
-    CUDA device, or Triton's interpreter."""
+    CUDA device, or Triton's interpreter; ``cuda`` needs the extension built for that CUDA device."""
     gpu = str(device).startswith("cuda")
-    return MODES if triton is not None and (gpu or interpreting()) else ("auto", "torch")
+    modes = ("auto", "torch") + (("triton",) if triton is not None and (gpu or interpreting()) else ())
+    return modes + (("cuda",) if gpu and cuda_runs_on(torch.device(device)) else ())
+
+
+def cuda_ext():
+    """The extension ``v41._cuda`` (built by ``cuda/build.py``), or None when it is absent or does not load."""
+    global _CUDA_EXT
+    if _CUDA_EXT is _UNSET:
+        try:
+            from .. import _cuda
+        except ImportError as e:
+            _CUDA_EXT = None
+            _CUDA_WHY[0] = f"not built ({e})"
+        else:
+            _CUDA_EXT = _cuda
+    return _CUDA_EXT
+
+
+def cuda_status(device: torch.device | None = None) -> str:
+    """One line for ``v41 --version`` and the start-up log: whether the CUDA kernels can run (on ``device``, or
+    the current CUDA device) and why not."""
+    ext = cuda_ext()
+    if ext is None:
+        return f"unavailable: {_CUDA_WHY[0]}"
+    archs = ", ".join(ext.ARCHS)
+    if not torch.cuda.is_available():
+        return f"built for {archs}; no CUDA device here"
+    dev = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+    major, minor = torch.cuda.get_device_capability(dev)
+    state = "runs" if cuda_runs_on(dev) else "does not run"
+    return f"built for {archs}; {state} on {torch.cuda.get_device_name(dev)} (sm_{major}{minor})"
+
+
+def cuda_runs_on(device: torch.device) -> bool:
+    """Whether the extension loads and holds code for ``device``'s architecture (a CUDA device)."""
+    ext = cuda_ext()
+    if ext is None or device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _CUDA_RUNS:
+        major, minor = torch.cuda.get_device_capability(key)
+        _CUDA_RUNS[key] = f"sm_{major}{minor}a" in ext.ARCHS or f"sm_{major}{minor}" in ext.ARCHS
+    return _CUDA_RUNS[key]
+
+
+def use_cuda(*tensors: torch.Tensor, family: str | None = None) -> bool:
+    """Whether an op over ``tensors`` (of op ``family``) may run its CUDA kernel: mode ``auto`` or ``cuda``, every
+    tensor on one CUDA device the extension runs on. The op still checks the shapes its kernel takes. Raises
+    ValueError in mode ``cuda`` when the extension does not load."""
+    mode = kernel_mode(family)
+    if mode not in ("auto", "cuda"):
+        return False
+    if mode == "cuda" and cuda_ext() is None:
+        raise ValueError(f"kernel mode 'cuda': v41._cuda is {_CUDA_WHY[0]}; build it with `make cuda`")
+    return bool(tensors) and all(t.is_cuda for t in tensors) and cuda_runs_on(tensors[0].device)
+
+
+CUDA_OPS = {"dense linears": None, "MoE experts": "moe"}  # op → family, for the ops with a CUDA kernel
+TRITON_ONLY = {"attention": "attention", "other ops": None}
+
+
+def describe_paths(device: str) -> str:
+    """One line naming the path of each op family on ``device`` (the engine's start-up log)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return "PyTorch references (CPU)" if not interpreting() else "Triton interpreter / PyTorch references"
+    parts = []
+    for op, family in (*CUDA_OPS.items(), *TRITON_ONLY.items()):
+        mode = kernel_mode(family)
+        path = "PyTorch" if mode == "torch" or triton is None else "Triton"
+        if op in CUDA_OPS and mode in ("auto", "cuda") and cuda_runs_on(dev):
+            path = f"CUDA at decode sizes, else {path}"
+        parts.append(f"{op}: {path}")
+    return "; ".join(parts) + f" (CUDA kernels {cuda_status(dev)})"
 
 
 def use_triton(*tensors: torch.Tensor, family: str | None = None) -> bool:
@@ -56,7 +136,7 @@ def use_triton(*tensors: torch.Tensor, family: str | None = None) -> bool:
         return False
     if mode == "triton":
         return True
-    return all(t.is_cuda for t in tensors)
+    return all(t.is_cuda for t in tensors)  # auto, cuda: ops without a CUDA kernel run Triton
 
 
 def interpreting() -> bool:

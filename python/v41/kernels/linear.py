@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dispatch import TRITON_DTYPES, dot_dtype, triton, use_triton
+from . import wstream
+from .dispatch import TRITON_DTYPES, dot_dtype, triton, use_cuda, use_triton
 from .packed import PackedWeight
 
 # Above this many rows the dequantize + BLAS path wins (compute-bound prefill chunks). 512, not 256: speculative
@@ -40,8 +41,14 @@ def linear_ref(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None,
 
 
 def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, groups: int = 1) -> Tensor:
-    """:func:`linear_ref`, as the Triton kernel where :func:`.dispatch.use_triton` says so (2-D weights in fp8
-    or dense format, at most ``TRITON_MAX_M`` rows, bf16/fp16/fp32 activations), else the reference."""
+    """:func:`linear_ref`, as the CUDA weight-streaming kernel where :func:`.dispatch.use_cuda` says so and it
+    takes the shapes (:func:`.wstream.linear`: bf16, at most 64 rows, fp8 weights), else as the Triton kernel where
+    :func:`.dispatch.use_triton` says so (2-D weights in fp8 or dense format, at most ``TRITON_MAX_M`` rows,
+    bf16/fp16/fp32 activations), else the reference."""
+    if use_cuda(x, w.data):
+        y = wstream.linear(x, w, out_dtype or x.dtype, groups)
+        if y is not None:
+            return y
     if (0 < x.shape[0] <= TRITON_MAX_M and x.dtype in TRITON_DTYPES and w.fmt in ("fp8", "dense")
             and w.data.dim() == 2 and use_triton(x, w.data)):
         return _linear_triton(x, w, out_dtype or x.dtype, groups)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dispatch import TRITON_DTYPES, dot_dtype, interpreting, triton, use_triton
+from . import wstream
+from .dispatch import TRITON_DTYPES, dot_dtype, interpreting, triton, use_cuda, use_triton
 from .moe_align import active_experts
 from .packed import PackedWeight
 
@@ -60,8 +61,16 @@ def grouped_linear_ref(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor
 
 def grouped_linear(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None = None,
                    active: Tensor | None = None) -> Tensor:
-    """:func:`grouped_linear_ref` as one Triton launch where :func:`.dispatch.use_triton` says so; ``active``: the
-    live experts (:class:`.moe_align.PairRouting`), derived from ``offsets`` when not given."""
+    """:func:`grouped_linear_ref` as one launch of the CUDA weight-streaming kernel where :func:`.dispatch.use_cuda`
+    says so and it takes the step (:func:`.wstream.grouped`: decode-sized steps), else one Triton launch where
+    :func:`.dispatch.use_triton` says so; ``active``: the live experts (:class:`.moe_align.PairRouting`), derived
+    from ``offsets`` when not given."""
+    if use_cuda(x, w.data, family="moe"):
+        p = x.shape[0] if rows is None else rows.shape[0]
+        y = wstream.grouped(x, w, offsets, rows, active_experts(offsets, min(w.shape[0], p)) if active is None
+                            else active)
+        if y is not None:
+            return y
     if x.dtype in TRITON_DTYPES and use_triton(x, w.data, family="moe"):
         return grouped_linear_triton(x, w, offsets, rows, active=active)
     return grouped_linear_ref(x, w, offsets, rows)

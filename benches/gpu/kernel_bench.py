@@ -1,0 +1,153 @@
+"""The CUDA kernels of ``cuda/`` against the Triton kernels and the bytes floor, at V4.1-Flash / V4-Flash decode
+shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel table).
+
+    python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24]
+
+Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
+rotate over enough copies of the weight that none is still in L2 (≥ 256 MB in all), and each MoE launch routes
+afresh (uniform top-6). Floor = the bytes read (weights and scales; the experts a routing touches) over the copy
+bandwidth measured in the same call. Each cell also checks the CUDA output against the Triton one. Prints one
+table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from event_timing import median_ms
+from v41.kernels import dispatch, linear, moe, moe_align, wstream
+from v41.kernels.packed import PackedWeight
+
+# (name, N, K, block, groups): V4.1-Flash (32×32 FP8 tiles) and V4-Flash (128×128) dense linears
+LINEARS = [("v41 wq_a", 1280, 5120, 32, 1), ("v41 wq_b", 32768, 1280, 32, 1), ("v41 wkv", 512, 5120, 32, 1),
+           ("v41 wo_a (8 groups)", 8192, 4096, 32, 8), ("v41 wo_b", 5120, 8192, 32, 1),
+           ("v41 shared w13", 4608, 5120, 32, 1), ("v41 shared w2", 5120, 2304, 32, 1),
+           ("v4 wq_a", 1024, 4096, 128, 1), ("v4 wo_b", 4096, 8192, 128, 1)]
+EXPERTS = [("v41 experts w13", 384, 4608, 5120), ("v41 experts w2", 384, 5120, 2304),
+           ("v4 experts w13", 256, 4096, 4096)]
+TOP_K = 6
+ROTATE_BYTES = 256 << 20
+
+
+def copy_bandwidth() -> float:
+    src = torch.randn(1 << 29, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / (median_ms(lambda: dst.copy_(src), 10) / 1e3)
+
+
+def fp8_weight(n: int, k: int, block: int) -> PackedWeight:
+    codes = torch.randint(0, 256, (n, k), dtype=torch.uint8, device="cuda")
+    codes = torch.where((codes & 0x7F) == 0x7F, codes - 1, codes)
+    scale = torch.randint(115, 122, (-(-n // block), -(-k // block)), dtype=torch.uint8, device="cuda")
+    return PackedWeight(codes.view(torch.float8_e4m3fn), scale, "fp8", (block, block))
+
+
+def graph_us(calls) -> float:
+    """Median µs per call of ``calls`` (zero-argument callables) captured in one graph."""
+    for c in calls[:2]:
+        c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    return statistics.median(median_ms(g.replay, 5) for _ in range(3)) * 1e3 / len(calls)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30)).item()
+
+
+SWEEP: list[int] = []
+
+
+def sweep(timed) -> dict[str, float]:
+    """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target)."""
+    out, default = {}, wstream.CTAS_PER_SM
+    for c in SWEEP:
+        wstream.CTAS_PER_SM = c
+        out[f"ctas{c}"] = timed()
+    wstream.CTAS_PER_SM = default
+    return out
+
+
+def linear_cells(batches, reps, bw):
+    rows = []
+    for name, n, k, block, groups in LINEARS:
+        w0 = fp8_weight(n, k // groups if groups > 1 else k, block)
+        copies = [w0] + [fp8_weight(*w0.shape, block) for _ in range(max(1, ROTATE_BYTES // w0.nbytes) - 1)]
+        for m in batches:
+            xs = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(4)]
+            paths = {"cuda": lambda x, w: wstream.linear(x, w, torch.bfloat16, groups),
+                     "triton": lambda x, w: linear._linear_triton(x, w, torch.bfloat16, groups)}
+            err = rel(paths["cuda"](xs[0], w0), paths["triton"](xs[0], w0))
+            us = {p: graph_us([lambda i=i, f=f: f(xs[i % 4], copies[i % len(copies)]) for i in range(reps)])
+                  for p, f in paths.items()}
+            us.update(sweep(lambda: graph_us([lambda i=i: paths["cuda"](xs[i % 4], copies[i % len(copies)])
+                                               for i in range(reps)])))
+            floor = w0.nbytes / bw * 1e6
+            rows.append((name, f"M={m}", us, floor, err))
+        del copies
+        torch.cuda.empty_cache()
+    return rows
+
+
+def expert_cells(batches, reps, bw):
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name, e, n, k in EXPERTS:
+        w = PackedWeight(torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device="cuda"),
+                         torch.randint(116, 122, (e, n, k // 32), dtype=torch.uint8, device="cuda"), "mxfp4", (1, 32))
+        per_expert = n * k // 2 + n * k // 32
+        for b in batches:
+            routes = []
+            for _ in range(reps):
+                ids = torch.rand(b, e, generator=gen, device="cuda").topk(TOP_K, dim=1).indices
+                pairs = moe_align.route_pairs(ids, e)
+                live = int((pairs.offsets[1:] > pairs.offsets[:-1]).sum())
+                routes.append((pairs, live, torch.randn(b, k, device="cuda").to(torch.bfloat16)))
+            pairs, _, x = routes[0]
+            err = rel(wstream.grouped(x, w, pairs.offsets, pairs.rows, pairs.active),
+                      moe.grouped_linear_triton(x, w, pairs.offsets, pairs.rows, active=pairs.active))
+            calls = {"cuda": [lambda r=r: wstream.grouped(r[2], w, r[0].offsets, r[0].rows, r[0].active)
+                              for r in routes],
+                     "triton": [lambda r=r: moe.grouped_linear_triton(r[2], w, r[0].offsets, r[0].rows,
+                                                                      active=r[0].active) for r in routes]}
+            us = {p: graph_us(c) for p, c in calls.items()}
+            us.update(sweep(lambda: graph_us(calls["cuda"])))
+            floor = statistics.mean(r[1] for r in routes) * per_expert / bw * 1e6
+            rows.append((name, f"B={b}", us, floor, err))
+        del w
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--reps", type=int, default=24)
+    ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 3,8,32")
+    args = ap.parse_args()
+    SWEEP.extend(int(c) for c in args.sweep.split(",") if c)
+    batches = [int(b) for b in args.batches.split(",")]
+    wstream.MAX_ROWS = max(batches)  # time the kernel past the dispatch's row limit too (where Triton wins)
+    print(f"{torch.cuda.get_device_name()}; CUDA kernels {dispatch.cuda_status()}", flush=True)
+    bw = copy_bandwidth()
+    rows = linear_cells(batches, args.reps, bw) + expert_cells(batches, args.reps, bw)
+    print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; µs per launch (graph replay, weights not in L2)")
+    extra = [f"CTAS_PER_SM={c} µs" for c in SWEEP]
+    print("| op | rows | CUDA µs | Triton µs | floor µs | CUDA / floor | CUDA GB/s | Triton / CUDA | rel. diff | "
+          + "".join(f"{h} | " for h in extra))
+    print("|---" * (9 + len(extra)) + "|")
+    for name, cell, us, floor, err in rows:
+        gbs = floor * bw / 1e9 / us["cuda"] if us["cuda"] else 0.0
+        print(f"| {name} | {cell} | {us['cuda']:.1f} | {us['triton']:.1f} | {floor:.1f} | "
+              f"{us['cuda'] / floor:.2f}× | {gbs:,.0f} | {us['triton'] / us['cuda']:.2f}× | {err:.1e} | "
+              + "".join(f"{us[f'ctas{c}']:.1f} | " for c in SWEEP))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The CUDA weight-streaming GEMM of ``cuda/linear/wstream.cu`` (docs/kernels.md §2 "Dense FP8 GEMMs", "MoE"):
+``y = x · Wᵀ`` for few rows per weight, with MXFP4 (W4A16) or FP8 block-scaled (W8A16) weights read in their
+checkpoint layout and converted to bf16 in registers, bf16 tensor-core MMAs with float32 accumulation.
+
+Two entry points, each returning None when the kernel does not take the shapes (the caller then runs Triton or
+the reference; :func:`.dispatch.use_cuda` decides whether to try at all):
+
+* :func:`linear`: one weight ``[N_g·G, K_g]`` (``G`` groups of :func:`.linear.linear`), x ``[M, G·K_g]`` bf16,
+  M ≤ :data:`MAX_ROWS`.
+* :func:`grouped`: expert weights ``[E, N, K]`` over rows sorted by expert (:func:`.moe.grouped_linear`'s
+  contract), when the rows per live expert average at most :data:`MAX_ROWS_PER_EXPERT`.
+
+Both compute what :func:`.linear.linear_ref` / :func:`.moe.grouped_linear_ref` compute (bf16 products are exact;
+only the float32 summation order differs). Launch shape: CTAs of 64 output rows per weight; K is split across
+CTAs (float32 partials summed in a fixed order by the last CTA of each tile) until about three CTAs per SM exist.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .dispatch import cuda_ext
+from .packed import PackedWeight
+
+MAX_ROWS = 16             # dense linears: above this the Triton / BLAS paths win (benches/RESULTS.md)
+MAX_ROWS_PER_EXPERT = 16  # grouped: average rows per live expert
+ROWS_PER_CTA = 64
+CTAS_PER_SM = 16  # split K until this many CTAs per SM: short chains of dependent loads per warp
+COUNTER_SLOTS = 1 << 16
+FMT_CODES = {"mxfp4": 0, "fp8": 1}
+CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
+
+_counters: dict[tuple[int, int], Tensor] = {}
+_sm_count: dict[int, int] = {}
+
+
+def _takes(x: Tensor, w: PackedWeight, k: int, n_group: int) -> bool:
+    """Whether the kernel takes these operands (cuda/bindings.cpp checks the same and raises)."""
+    if x.dtype != torch.bfloat16 or w.fmt not in FMT_CODES or w.scale is None or x.stride(-1) != 1:
+        return False
+    if k % CHUNK[w.fmt] or n_group % 16 or x.stride(0) % 8 or x.data_ptr() % 16 or w.data.data_ptr() % 16:
+        return False
+    if w.data.stride(-2) % 16 or w.data.stride(-1) != 1:
+        return False
+    return w.fmt == "mxfp4" or w.block[1] % 16 == 0
+
+
+def _counters_for(device: torch.device) -> Tensor:
+    """Zeroed arrival counters for split-K on ``device`` and the current stream (each launch leaves them zeroed;
+    one buffer per stream, so launches on concurrent streams never share one)."""
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    if key not in _counters:
+        _counters[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return _counters[key]
+
+
+def _launch_shape(slots: int, n: int, k: int, fmt: str, device: torch.device) -> tuple[int, int]:
+    """(split, chunks per split): enough CTAs for ``CTAS_PER_SM`` per SM, never more slices than chunks."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _sm_count:
+        _sm_count[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    tiles = slots * -(-n // ROWS_PER_CTA)
+    chunks = k // CHUNK[fmt]
+    split = max(1, min(chunks, -(-CTAS_PER_SM * _sm_count[idx] // tiles)))
+    if tiles * split > COUNTER_SLOTS:
+        split = 1
+    per = -(-chunks // split)
+    return -(-chunks // per), per
+
+
+def _token_groups(rows: float) -> int:
+    """Activation rows per pass over a weight, in groups of 8 (1, 2, 4 or 8)."""
+    g = 1
+    while g < 8 and 8 * g < rows:
+        g *= 2
+    return g
+
+
+def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None, active: Tensor | None,
+         p: int, slots: int, n_group: int, per_weight: float) -> Tensor:
+    n, k = w.out_features, w.in_features
+    y = torch.empty((p, n), dtype=torch.bfloat16, device=x.device)
+    split, per = _launch_shape(slots, n, k, w.fmt, x.device)
+    partial = torch.empty((split, p, n), dtype=torch.float32, device=x.device) if split > 1 else None
+    cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
+                       _counters_for(x.device) if split > 1 else None, FMT_CODES[w.fmt], n_group, w.block[0],
+                       32 if w.fmt == "mxfp4" else w.block[1], _token_groups(per_weight), slots, split, per)
+    return y
+
+
+def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int = 1) -> Tensor | None:
+    """x ``[M, G·K_g]`` bf16 → ``[M, N]`` bf16 for a 2-D fp8 or mxfp4 weight; None when not taken (M outside
+    1..MAX_ROWS, another dtype, unaligned operands, K_g not a whole number of chunks)."""
+    m = x.shape[0]
+    n, k = w.out_features, w.in_features
+    if (not 0 < m <= MAX_ROWS or out_dtype != torch.bfloat16 or w.data.dim() != 2 or n % groups
+            or x.shape[1] != groups * k or not _takes(x, w, k, n // groups)):
+        return None
+    return _run(x, None, w, None, None, m, 1, n // groups, m)
+
+
+def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, active: Tensor) -> Tensor | None:
+    """The sorted-pair expert GEMM (:func:`.moe.grouped_linear`): x ``[M, K]`` bf16, w ``[E, N, K]``, offsets
+    ``[E+1]`` int64, rows ``[P]`` int64 or None, active ``[min(E, P)]`` int64 (−1 padded) → ``[P, N]``; None
+    when not taken (more than MAX_ROWS_PER_EXPERT rows per live expert on average, or operands it cannot read)."""
+    p = x.shape[0] if rows is None else rows.shape[0]
+    n_exp, n, k = w.shape
+    slots = active.shape[0]
+    if p == 0 or w.data.dim() != 3 or p > MAX_ROWS_PER_EXPERT * slots or not _takes(x, w, k, n):
+        return None
+    if offsets.dtype != torch.int64 or active.dtype != torch.int64 or (rows is not None and rows.dtype != torch.int64):
+        return None
+    return _run(x, rows, w, offsets, active, p, slots, n, p / slots)

@@ -1,0 +1,78 @@
+"""The kernel dispatch without the CUDA extension (CPU, CI): CUDA → Triton → PyTorch falls back cleanly when
+``v41._cuda`` is absent, mode ``cuda`` says why it cannot run, ``v41 --version`` reports the path, and the launch
+arithmetic of the weight-streaming kernel (``kernels/wstream.py``) holds. The kernels themselves are tested on a
+GPU in ``tests/test_gpu_cuda.py``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from v41.kernels import dispatch, linear, moe, moe_align, wstream
+from v41.kernels.packed import PackedWeight
+
+
+@pytest.fixture
+def no_extension(monkeypatch):
+    monkeypatch.setattr(dispatch, "_CUDA_EXT", None)
+    monkeypatch.setattr(dispatch, "_CUDA_WHY", ["not built (test)"])
+
+
+def test_without_the_extension_cuda_is_never_chosen_and_mode_cuda_says_why(no_extension, monkeypatch):
+    assert dispatch.cuda_ext() is None
+    assert "cuda" not in dispatch.available_modes("cuda")
+    assert "not built (test)" in dispatch.cuda_status()
+    x = torch.zeros(2, 4)
+    assert not dispatch.use_cuda(x)
+    monkeypatch.setenv("V41_KERNELS", "cuda")
+    with pytest.raises(ValueError, match="make cuda"):
+        dispatch.use_cuda(x)
+
+
+def test_cpu_tensors_never_take_the_cuda_path():
+    assert not dispatch.use_cuda(torch.zeros(1))
+    assert "cuda" not in dispatch.available_modes("cpu")
+    assert not dispatch.cuda_runs_on(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("mode", ["auto", "cuda", "torch"])
+def test_linear_and_grouped_fall_back_to_the_reference_on_the_cpu(no_extension, monkeypatch, mode):
+    """With the extension absent the CPU path still computes (mode ``cuda`` only insists for CUDA tensors'
+    ops, which there are none of here)."""
+    monkeypatch.setenv("V41_KERNELS", mode if mode != "cuda" else "torch")
+    g = torch.Generator().manual_seed(0)
+    w = PackedWeight(torch.randn(64, 128, generator=g).to(torch.float8_e4m3fn),
+                     torch.full((2, 4), 120, dtype=torch.uint8), "fp8", (32, 32)).check()
+    x = torch.randn(3, 128, generator=g)
+    assert torch.allclose(linear.linear(x, w), linear.linear_ref(x, w))
+    ws = PackedWeight(w.data.unsqueeze(0).repeat(3, 1, 1), w.scale.unsqueeze(0).repeat(3, 1, 1), "fp8", (32, 32))
+    pairs = moe_align.route_pairs(torch.tensor([[0, 2], [2, 0], [1, 2]]), 3)
+    got = moe.grouped_linear(x, ws, pairs.offsets, pairs.rows, active=pairs.active)
+    assert torch.allclose(got, moe.grouped_linear_ref(x, ws, pairs.offsets, pairs.rows))
+
+
+def test_version_reports_the_cuda_kernel_path():
+    out = subprocess.run([sys.executable, "-m", "v41.cli", "--version"], capture_output=True, text=True, check=True)
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("cuda kernels:"))
+    assert "unavailable" in line or "built for sm_90a" in line, out.stdout
+
+
+@pytest.mark.parametrize("rows,groups", [(1, 1), (8, 1), (9, 2), (17, 4), (64, 8), (200, 8)])
+def test_token_groups_cover_the_rows_per_pass(rows, groups):
+    assert wstream._token_groups(rows) == groups
+
+
+def test_the_kernel_declines_operands_it_cannot_read():
+    """Shapes and dtypes the CUDA kernel does not take return None before any launch (the caller runs Triton)."""
+    w = PackedWeight(torch.zeros(64, 96, dtype=torch.float8_e4m3fn), torch.zeros(2, 3, dtype=torch.uint8), "fp8",
+                     (32, 32))
+    assert not wstream._takes(torch.zeros(2, 96, dtype=torch.bfloat16), w, 96, 64)  # K not whole 64-input chunks
+    w = PackedWeight(torch.zeros(64, 128, dtype=torch.float8_e4m3fn), torch.zeros(2, 4, dtype=torch.uint8), "fp8",
+                     (32, 32))
+    assert wstream._takes(torch.zeros(2, 128, dtype=torch.bfloat16), w, 128, 64)
+    assert not wstream._takes(torch.zeros(2, 128), w, 128, 64)  # float32 activations
+    assert not wstream._takes(torch.zeros(2, 128, dtype=torch.bfloat16), w, 128, 40)  # groups of partial tiles
+    assert wstream.linear(torch.zeros(wstream.MAX_ROWS + 1, 128, dtype=torch.bfloat16), w, torch.bfloat16) is None
