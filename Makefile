@@ -10,7 +10,7 @@ REQS_PY := import tomllib; d = tomllib.load(open("pyproject.toml", "rb")); \
 	print(*d["build-system"]["requires"], *d["project"]["dependencies"], \
 	*d["project"]["optional-dependencies"]["test"], sep="\n")
 
-.PHONY: venv proto develop client run test test-all
+.PHONY: venv proto develop client cuda-toolkit cuda cuda-check run test test-all
 
 venv: $(VENV_STAMP)
 
@@ -36,6 +36,19 @@ develop: venv proto
 # The Rust gRPC client and load generator (target/debug/v41-client; protoc comes from protoc-bin-vendored).
 client:
 	cargo build -p v41-client
+
+# The optional CUDA extension v41._cuda (cuda/build.py; docs/kernels.md §1 "CUDA kernels"). nvcc: $$CUDA_HOME, the
+# PATH, or PyPI's 13.0 toolkit wheels installed here (newer ones target a newer driver than our GPU machine's).
+CUDA_WHEELS := "nvidia-cuda-nvcc==13.0.*" "nvidia-cuda-cccl==13.0.*" "nvidia-nvvm==13.0.*" "nvidia-cuda-crt==13.0.*"
+cuda-toolkit: $(VENV_STAMP)
+	@command -v nvcc >/dev/null || test -n "$$CUDA_HOME" || $(PY) -m pip install -q $(CUDA_WHEELS) ninja
+
+cuda: develop cuda-toolkit
+	$(PY) cuda/build.py
+
+# Compile every kernel for sm_90a, sm_100a and sm_120a (no GPU, no link).
+cuda-check: cuda-toolkit
+	$(PY) cuda/build.py --check
 
 # The OpenAI-compatible server on 127.0.0.1:8000 with the embedded tiny model (Ctrl-C stops it).
 run: develop

@@ -52,16 +52,17 @@ def test_every_weight_code_reaches_the_output_exactly(fmt, block):
     n, k = 80, 256
     w = _weight(fmt, n, k, g, block)
     want = w.dequantize(torch.float32).T  # [k, n]
-    for k0 in range(0, k, 64):
-        x = torch.zeros(64, k, dtype=torch.bfloat16, device=DEV)
-        x[torch.arange(64), torch.arange(k0, k0 + 64)] = 1
+    m = wstream.MAX_ROWS
+    for k0 in range(0, k, m):
+        x = torch.zeros(m, k, dtype=torch.bfloat16, device=DEV)
+        x[torch.arange(m), torch.arange(k0, k0 + m)] = 1
         poison(DEV)
         y = wstream.linear(x, w, torch.bfloat16)
         assert y is not None
-        assert torch.equal(y.float(), want[k0:k0 + 64].to(torch.bfloat16).float())
+        assert torch.equal(y.float(), want[k0:k0 + m].to(torch.bfloat16).float())
 
 
-@pytest.mark.parametrize("m", [1, 3, 8, 16])
+@pytest.mark.parametrize("m", [1, 3, 8])
 @pytest.mark.parametrize("case", ["fp8-32", "fp8-128", "fp8-32-g8", "mxfp4"])
 def test_linear_equals_its_reference(case, m):
     g = _gen()

@@ -4,7 +4,10 @@
 #   make develop && make cuda      # python/v41/_native.abi3.so, python/v41/_cuda.so
 # carry: ["python/v41/_native.abi3.so", "python/v41/_cuda.so"]; when the carried _cuda.so does not load there
 # (another torch build), it is rebuilt from source with the device's nvcc (about a minute).
-# run: bash benches/gpu/cuda_gpu.sh [kernel_bench.py args]   (SKIP_TESTS=1, SKIP_BENCH=1 skip a stage)
+# run: bash benches/gpu/cuda_gpu.sh [kernel_bench.py args]   (SKIP_TESTS=1, SKIP_BENCH=1 skip a stage;
+# TRITON_CHECKS= leaves out the Triton kernel checks of tests/test_gpu_fast.py)
+# FLASH="--slice v4 --cells 1x2048,8x2048 --prefill ," also runs flash_slice.py with V41_KERNELS=auto (CUDA kernels)
+# and V41_KERNELS=triton, one after the other (FLASH_MODES="auto" runs only the first).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
@@ -18,7 +21,14 @@ fi
 python3 -m v41.cli --version | tee -a "$OUT/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 300 python3 -m pytest -q --timeout 280 -p no:cacheprovider tests/test_gpu_cuda.py \
-    "tests/test_gpu_fast.py::test_triton_kernel_equals_its_reference_on_the_gpu" 2>&1 | tee "$OUT/gpu_tests.txt" | tail -25
+    ${TRITON_CHECKS-tests/test_gpu_fast.py::test_triton_kernel_equals_its_reference_on_the_gpu} 2>&1 | tee "$OUT/gpu_tests.txt" | tail -25
+fi
+if [ -n "${FLASH:-}" ]; then
+  for mode in ${FLASH_MODES:-auto triton}; do
+    mkdir -p "$OUT/flash_$mode"
+    V41_KERNELS=$mode timeout "${FLASH_TIMEOUT:-200}" python3 benches/gpu/flash_slice.py --out "$OUT/flash_$mode" \
+      $FLASH 2>&1 | tee "$OUT/flash_$mode.txt" | tail -8
+  done
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout "${BENCH_TIMEOUT:-300}" python3 benches/gpu/kernel_bench.py "$@" 2>&1 | tee "$OUT/kernel_bench.txt"

@@ -23,7 +23,7 @@ from v41.kernels.packed import PackedWeight
 
 # (name, N, K, block, groups): V4.1-Flash (32×32 FP8 tiles) and V4-Flash (128×128) dense linears
 LINEARS = [("v41 wq_a", 1280, 5120, 32, 1), ("v41 wq_b", 32768, 1280, 32, 1), ("v41 wkv", 512, 5120, 32, 1),
-           ("v41 wo_a (8 groups)", 8192, 4096, 32, 8), ("v41 wo_b", 5120, 8192, 32, 1),
+           ("v41 wo_a (8 groups)", 8192, 32768, 32, 8), ("v41 wo_b", 5120, 8192, 32, 1),
            ("v41 shared w13", 4608, 5120, 32, 1), ("v41 shared w2", 5120, 2304, 32, 1),
            ("v4 wq_a", 1024, 4096, 128, 1), ("v4 wo_b", 4096, 8192, 128, 1)]
 EXPERTS = [("v41 experts w13", 384, 4608, 5120), ("v41 experts w2", 384, 5120, 2304),
@@ -61,15 +61,15 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30)).item()
 
 
-SWEEP: list[int] = []
+SWEEP: list[str] = []
 
 
 def sweep(timed) -> dict[str, float]:
     """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target)."""
     out, default = {}, wstream.CTAS_PER_SM
     for c in SWEEP:
-        wstream.CTAS_PER_SM = c
-        out[f"ctas{c}"] = timed()
+        wstream.CTAS_PER_SM = int(c)
+        out[c] = timed()
     wstream.CTAS_PER_SM = default
     return out
 
@@ -129,16 +129,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--reps", type=int, default=24)
-    ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 3,8,32")
+    ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
     args = ap.parse_args()
-    SWEEP.extend(int(c) for c in args.sweep.split(",") if c)
+    SWEEP.extend(c for c in args.sweep.split(",") if c)
     batches = [int(b) for b in args.batches.split(",")]
     wstream.MAX_ROWS = max(batches)  # time the kernel past the dispatch's row limit too (where Triton wins)
     print(f"{torch.cuda.get_device_name()}; CUDA kernels {dispatch.cuda_status()}", flush=True)
     bw = copy_bandwidth()
     rows = linear_cells(batches, args.reps, bw) + expert_cells(batches, args.reps, bw)
     print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; µs per launch (graph replay, weights not in L2)")
-    extra = [f"CTAS_PER_SM={c} µs" for c in SWEEP]
+    extra = [f"{c} µs" for c in SWEEP]
     print("| op | rows | CUDA µs | Triton µs | floor µs | CUDA / floor | CUDA GB/s | Triton / CUDA | rel. diff | "
           + "".join(f"{h} | " for h in extra))
     print("|---" * (9 + len(extra)) + "|")
@@ -146,7 +146,7 @@ def main() -> None:
         gbs = floor * bw / 1e9 / us["cuda"] if us["cuda"] else 0.0
         print(f"| {name} | {cell} | {us['cuda']:.1f} | {us['triton']:.1f} | {floor:.1f} | "
               f"{us['cuda'] / floor:.2f}× | {gbs:,.0f} | {us['triton'] / us['cuda']:.2f}× | {err:.1e} | "
-              + "".join(f"{us[f'ctas{c}']:.1f} | " for c in SWEEP))
+              + "".join(f"{us[c]:.1f} | " for c in SWEEP))
 
 
 if __name__ == "__main__":

@@ -39,9 +39,14 @@ struct ScaleFactor {
       two = l | (l << 16);
     }
   }
-  __device__ __forceinline__ uint32_t apply(uint32_t w) const {
-    w = bf16x2_mul(w, one);
-    return two ? bf16x2_mul(w, two) : w;
+  // Per word, a select rather than a branch: measured faster on the H200 than one branch per row and chunk.
+  template <int N>
+  __device__ __forceinline__ void apply(uint32_t (&w)[N]) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const uint32_t v = bf16x2_mul(w[i], one);
+      w[i] = two ? bf16x2_mul(v, two) : v;
+    }
   }
 };
 

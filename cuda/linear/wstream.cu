@@ -39,15 +39,15 @@ struct Fmt<WFmt::kMxfp4> {
   static constexpr int kWords = 16;          // bf16x2 words per 16 bytes
   static constexpr int kSteps = 8;           // MMA k16 steps per chunk
   __device__ __forceinline__ static void dequant(const uint4& raw, uint32_t byte, uint32_t (&w)[kWords]) {
-    ScaleFactor<kFp4Bias> f(byte);
     const uint32_t q[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      w[4 * i + 0] = f.apply(fp4_pair<0>(q[i]));
-      w[4 * i + 1] = f.apply(fp4_pair<1>(q[i]));
-      w[4 * i + 2] = f.apply(fp4_pair<2>(q[i]));
-      w[4 * i + 3] = f.apply(fp4_pair<3>(q[i]));
+      w[4 * i + 0] = fp4_pair<0>(q[i]);
+      w[4 * i + 1] = fp4_pair<1>(q[i]);
+      w[4 * i + 2] = fp4_pair<2>(q[i]);
+      w[4 * i + 3] = fp4_pair<3>(q[i]);
     }
+    ScaleFactor<kFp4Bias>(byte).apply(w);
   }
   // Step s: word i = s / 2 of the raw data, pairs (jb, jb + 4) and (jb + 1, jb + 5) of its 8 inputs, jb = 2 (s % 2).
   __device__ __forceinline__ static void a_words(const uint32_t (&w)[kWords], int s, uint32_t& lo, uint32_t& hi) {
@@ -63,18 +63,18 @@ struct Fmt<WFmt::kMxfp4> {
 
 template <>
 struct Fmt<WFmt::kFp8> {
-  static constexpr int kUnroll = 8;  // cheaper conversion: more chunks in flight per warp
+  static constexpr int kUnroll = 4;
   static constexpr int kInputsPerLane = 16;
   static constexpr int kWords = 8;
   static constexpr int kSteps = 4;
   __device__ __forceinline__ static void dequant(const uint4& raw, uint32_t byte, uint32_t (&w)[kWords]) {
-    ScaleFactor<kFp8Bias> f(byte);
     const uint32_t q[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      w[2 * i] = f.apply(fp8_pair<0>(q[i]));
-      w[2 * i + 1] = f.apply(fp8_pair<1>(q[i]));
+      w[2 * i] = fp8_pair<0>(q[i]);
+      w[2 * i + 1] = fp8_pair<1>(q[i]);
     }
+    ScaleFactor<kFp8Bias>(byte).apply(w);
   }
   __device__ __forceinline__ static void a_words(const uint32_t (&w)[kWords], int s, uint32_t& lo, uint32_t& hi) {
     lo = w[2 * s];
@@ -86,12 +86,79 @@ struct Fmt<WFmt::kFp8> {
   }
 };
 
-template <WFmt F, int TG>
+// The raw 16-byte pieces of rows g and g + 8 for U consecutive chunks, with their scale bytes.
+// With XPRE (one activation group per pass) the lane's activation pieces of the same chunks are loaded here too,
+// so their latency overlaps the weights' instead of following it.
+template <int U, int XW, bool XPRE>
+struct Batch {
+  uint4 r0[U], r1[U];
+  uint32_t s0[U], s1[U];
+  uint4 x[XPRE ? U : 1][XPRE ? XW / 4 : 1];
+  __device__ __forceinline__ void load_x(const __nv_bfloat16* xr, int c0, int c_hi, int ck) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int i = 0; i < XW / 4; ++i)
+        x[u][i] = xr && c0 + u < c_hi ? *reinterpret_cast<const uint4*>(xr + int64_t(c0 + u) * ck + 8 * i)
+                                      : make_uint4(0, 0, 0, 0);
+  }
+  __device__ __forceinline__ void load(const uint8_t* w0, const uint8_t* w1, const uint8_t* sr0, const uint8_t* sr1,
+                                       bool v0, bool v1, int c0, int c_hi, int t, int ck, int kp, int sk) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u;
+      r0[u] = r1[u] = make_uint4(0, 0, 0, 0);
+      s0[u] = s1[u] = 127;
+      if (c < c_hi) {
+        const int col = (c * ck + t * kp) / sk;
+        if (v0) r0[u] = load_stream(w0 + 64 * int64_t(c)), s0[u] = sr0[col];
+        if (v1) r1[u] = load_stream(w1 + 64 * int64_t(c)), s1[u] = sr1[col];
+      }
+    }
+  }
+};
+
+// Converts a batch and accumulates its MMAs over the activation groups of this pass.
+template <WFmt F, int TG, int U, int XW, bool XPRE>
+__device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, int c_hi, int64_t m0, int64_t end,
+                                        const __nv_bfloat16* const (&xr)[TG], float (&acc)[TG][4]) {
+  using Traits = Fmt<F>;
+  constexpr int CK = 4 * Traits::kInputsPerLane;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int c = c0 + u;
+    if (c >= c_hi) break;
+    uint32_t a0w[Traits::kWords], a1w[Traits::kWords];
+    Traits::dequant(bt.r0[u], bt.s0[u], a0w);
+    Traits::dequant(bt.r1[u], bt.s1[u], a1w);
+#pragma unroll
+    for (int tg = 0; tg < TG; ++tg) {
+      if (m0 + tg * 8 >= end) break;  // warp-uniform
+      uint32_t xw[16];
+#pragma unroll
+      for (int i = 0; i < XW / 4; ++i) {
+        const uint4 v = XPRE ? bt.x[XPRE ? u : 0][XPRE ? i : 0]
+                             : xr[tg] ? *reinterpret_cast<const uint4*>(xr[tg] + int64_t(c) * CK + 8 * i)
+                                      : make_uint4(0, 0, 0, 0);
+        xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
+      }
+#pragma unroll
+      for (int s = 0; s < Traits::kSteps; ++s) {
+        uint32_t a0, a2, a1, a3, b0, b1;
+        Traits::a_words(a0w, s, a0, a2);
+        Traits::a_words(a1w, s, a1, a3);
+        Traits::b_words(xw, s, b0, b1);
+        mma_bf16_16816(acc[tg], a0, a1, a2, a3, b0, b1);
+      }
+    }
+  }
+}
+
+template <WFmt F, int TG, bool XPRE>
 __global__ void __launch_bounds__(32 * kWStreamWarps) wstream_kernel(const WStreamParams p) {
   using Traits = Fmt<F>;
   constexpr int KP = Traits::kInputsPerLane;
   constexpr int CK = 4 * KP;  // inputs per 64-byte chunk of a row
-  constexpr int XW = KP / 2;  // activation words per lane and chunk
   constexpr int kUnroll = Traits::kUnroll;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 
@@ -120,47 +187,13 @@ __global__ void __launch_bounds__(32 * kWStreamWarps) wstream_kernel(const WStre
       const int64_t pp = m0 + tg * 8 + g;
       xr[tg] = pp < end ? p.x + (p.rows ? p.rows[pp] : pp) * p.x_stride + x_col : nullptr;
     }
+    // A batch of kUnroll chunks: its loads are all issued before the first is used. (Two batches in flight,
+    // one loading while the other computes, measured slower on the H200: the registers cost CTAs per SM.)
     for (int c0 = c_lo; c0 < c_hi; c0 += kUnroll) {
-      uint4 raw0[kUnroll], raw1[kUnroll];
-      uint32_t sc0[kUnroll], sc1[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int c = c0 + u;
-        raw0[u] = raw1[u] = make_uint4(0, 0, 0, 0);
-        sc0[u] = sc1[u] = 127;
-        if (c < c_hi) {
-          const int col = (c * CK + t * KP) / p.SK;
-          if (v0) raw0[u] = load_stream(w0 + 64 * int64_t(c)), sc0[u] = s0[col];
-          if (v1) raw1[u] = load_stream(w1 + 64 * int64_t(c)), sc1[u] = s1[col];
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int c = c0 + u;
-        if (c >= c_hi) break;
-        uint32_t a0w[Traits::kWords], a1w[Traits::kWords];
-        Traits::dequant(raw0[u], sc0[u], a0w);
-        Traits::dequant(raw1[u], sc1[u], a1w);
-#pragma unroll
-        for (int tg = 0; tg < TG; ++tg) {
-          if (m0 + tg * 8 >= end) break;  // warp-uniform
-          uint32_t xw[16];
-#pragma unroll
-          for (int i = 0; i < XW / 4; ++i) {
-            const uint4 v = xr[tg] ? *reinterpret_cast<const uint4*>(xr[tg] + int64_t(c) * CK + 8 * i)
-                                   : make_uint4(0, 0, 0, 0);
-            xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
-          }
-#pragma unroll
-          for (int s = 0; s < Traits::kSteps; ++s) {
-            uint32_t a0, a2, a1, a3, b0, b1;
-            Traits::a_words(a0w, s, a0, a2);
-            Traits::a_words(a1w, s, a1, a3);
-            Traits::b_words(xw, s, b0, b1);
-            mma_bf16_16816(acc[tg], a0, a1, a2, a3, b0, b1);
-          }
-        }
-      }
+      Batch<kUnroll, KP / 2, XPRE> bt;
+      bt.load(w0, w1, s0, s1, v0, v1, c0, c_hi, t, CK, KP, p.SK);
+      if (XPRE) bt.load_x(xr[0], c0, c_hi, CK);
+      compute<F, TG>(bt, c0, c_hi, m0, end, xr, acc);
     }
 #pragma unroll
     for (int tg = 0; tg < TG; ++tg) {
@@ -204,10 +237,15 @@ template <WFmt F>
 cudaError_t launch_fmt(const WStreamParams& p, int token_groups, dim3 grid, cudaStream_t stream) {
   const dim3 block(32 * kWStreamWarps);
   switch (token_groups) {
-    case 1: wstream_kernel<F, 1><<<grid, block, 0, stream>>>(p); break;
-    case 2: wstream_kernel<F, 2><<<grid, block, 0, stream>>>(p); break;
-    case 4: wstream_kernel<F, 4><<<grid, block, 0, stream>>>(p); break;
-    case 8: wstream_kernel<F, 8><<<grid, block, 0, stream>>>(p); break;
+    case 1:
+      if (p.x_prefetch)
+        wstream_kernel<F, 1, true><<<grid, block, 0, stream>>>(p);
+      else
+        wstream_kernel<F, 1, false><<<grid, block, 0, stream>>>(p);
+      break;
+    case 2: wstream_kernel<F, 2, false><<<grid, block, 0, stream>>>(p); break;
+    case 4: wstream_kernel<F, 4, false><<<grid, block, 0, stream>>>(p); break;
+    case 8: wstream_kernel<F, 8, false><<<grid, block, 0, stream>>>(p); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

@@ -13,6 +13,8 @@ the reference; :func:`.dispatch.use_cuda` decides whether to try at all):
 Both compute what :func:`.linear.linear_ref` / :func:`.moe.grouped_linear_ref` compute (bf16 products are exact;
 only the float32 summation order differs). Launch shape: CTAs of 64 output rows per weight; K is split across
 CTAs (float32 partials summed in a fixed order by the last CTA of each tile) until about three CTAs per SM exist.
+Dense linears load a chunk's activations together with its weights (``x_prefetch``: 8–15 % faster on the big
+V4.1 projections); expert GEMMs do not (13–28 % slower there: the registers cost CTAs per SM; benches/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from torch import Tensor
 from .dispatch import cuda_ext
 from .packed import PackedWeight
 
-MAX_ROWS = 16             # dense linears: above this the Triton / BLAS paths win (benches/RESULTS.md)
+MAX_ROWS = 8              # dense linears: above this the Triton / BLAS paths win (benches/RESULTS.md)
 MAX_ROWS_PER_EXPERT = 16  # grouped: average rows per live expert
 ROWS_PER_CTA = 64
-CTAS_PER_SM = 16  # split K until this many CTAs per SM: short chains of dependent loads per warp
+CTAS_PER_SM = 3  # split K until this many CTAs per SM (benches/RESULTS.md: 16 and 64 measured slower)
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
@@ -78,14 +80,15 @@ def _token_groups(rows: float) -> int:
 
 
 def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None, active: Tensor | None,
-         p: int, slots: int, n_group: int, per_weight: float) -> Tensor:
+         p: int, slots: int, n_group: int, per_weight: float, x_prefetch: bool) -> Tensor:
     n, k = w.out_features, w.in_features
     y = torch.empty((p, n), dtype=torch.bfloat16, device=x.device)
     split, per = _launch_shape(slots, n, k, w.fmt, x.device)
     partial = torch.empty((split, p, n), dtype=torch.float32, device=x.device) if split > 1 else None
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        _counters_for(x.device) if split > 1 else None, FMT_CODES[w.fmt], n_group, w.block[0],
-                       32 if w.fmt == "mxfp4" else w.block[1], _token_groups(per_weight), slots, split, per)
+                       32 if w.fmt == "mxfp4" else w.block[1], _token_groups(per_weight), slots, split, per,
+                       x_prefetch)
     return y
 
 
@@ -97,7 +100,7 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int = 1) 
     if (not 0 < m <= MAX_ROWS or out_dtype != torch.bfloat16 or w.data.dim() != 2 or n % groups
             or x.shape[1] != groups * k or not _takes(x, w, k, n // groups)):
         return None
-    return _run(x, None, w, None, None, m, 1, n // groups, m)
+    return _run(x, None, w, None, None, m, 1, n // groups, m, x_prefetch=True)
 
 
 def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, active: Tensor) -> Tensor | None:
@@ -111,4 +114,4 @@ def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, ac
         return None
     if offsets.dtype != torch.int64 or active.dtype != torch.int64 or (rows is not None and rows.dtype != torch.int64):
         return None
-    return _run(x, rows, w, offsets, active, p, slots, n, p / slots)
+    return _run(x, rows, w, offsets, active, p, slots, n, p / slots, x_prefetch=False)
