@@ -149,3 +149,23 @@ def test_bad_requests_raise_clear_errors_and_leak_nothing(ckpt):
         llm.generate([[0, 5000]], GREEDY, use_tqdm=False)
     assert llm.generate([[0, 5, 6]], GREEDY, use_tqdm=False)[0].finished
     assert_all_blocks_free(llm)
+
+
+def test_start_up_logs_cache_bytes_per_token_and_the_longest_request(ckpt, caplog):
+    """The start-up line names every kind's bytes per token (rows over owning layers, compressed kinds per
+    entry) and the longest request the cache holds alone: every block of the smallest pool, window kinds
+    excepted, at the tiny model's 4,096-token limit or below."""
+    import math
+    import re
+
+    caplog.set_level("INFO", logger="v41.engine")
+    llm = engine(ckpt, kv_cache_bytes=4 << 20)
+    core = llm.engine
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("KV cache (float32)"))
+    layout = core.layout
+    for k in layout.kinds:
+        per = len(k.layers) * math.prod(k.row_shape) * 4 / k.tokens_per_entry
+        assert f"{k.name} {per:,.0f} B" in line, (k.name, line)
+    longest = int(re.search(r"fits alone: (\d+) tokens", line).group(1))
+    assert core.max_model_len <= longest <= core.cfg.max_position_embeddings
+    assert longest <= core.num_blocks * layout.block_tokens + 1  # the last output token is never fed

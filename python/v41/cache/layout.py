@@ -62,6 +62,20 @@ class CacheLayout:
     def bytes_per_state_row(self, itemsize: int) -> int:
         return sum(math.prod(s.row_shape) * itemsize for s in self.states)
 
+    def bytes_per_token(self, itemsize: int) -> dict[str, float]:
+        """Bytes one cached token costs in each kind, over every owning layer (a compressed kind stores one row
+        per ``tokens_per_entry`` tokens)."""
+        return {k.name: len(k.layers) * math.prod(k.row_shape) * itemsize / k.tokens_per_entry for k in self.kinds}
+
+    def describe(self, itemsize: int) -> str:
+        """Bytes per token per kind for the start-up log, e.g. ``swa 8192 B (window 128), ckv2 2048 B``."""
+        parts = []
+        for k in self.kinds:
+            per = self.bytes_per_token(itemsize)[k.name]
+            window = f" (window {k.window_tokens})" if k.window_tokens is not None else ""
+            parts.append(f"{k.name} {per:,.0f} B{window}")
+        return ", ".join(parts)
+
     def kind(self, name: str) -> KindSpec:
         for k in self.kinds:
             if k.name == name:

@@ -21,7 +21,7 @@ from ..cache import blocks_for_budget
 from ..config import load_config
 from ..models.engram_loader import engram_hasher
 from .args import EngineArgs
-from .context_limit import cap_max_model_len
+from .context_limit import cap_max_model_len, max_request_tokens
 from .detokenizer import IncrementalDetokenizer
 from .engram_rows import StepRowHasher
 from .executor import make_executor
@@ -88,6 +88,11 @@ class EngineCore:
         self._spec_done = SpecDecodeStats()  # the counts of every sequence that has left self.seqs
         log.info("engine ready: %d blocks of %d tokens per kind, kinds %s", num_blocks, layout.block_tokens,
                  [k.name for k in layout.kinds])
+        longest = max_request_tokens(layout.scheduler_layout(num_blocks), args,
+                                     max(self.max_model_len, self.cfg.max_position_embeddings))
+        log.info("KV cache (%s): bytes per token per kind: %s; the longest request that fits alone: %d tokens "
+                 "(max_model_len %d)", str(dtype).removeprefix("torch."), layout.describe(dtype.itemsize), longest,
+                 self.max_model_len)
 
     def _cache_budget(self, dtype: torch.dtype) -> int:
         if not str(self.device).startswith("cuda"):
