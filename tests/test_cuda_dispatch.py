@@ -76,3 +76,14 @@ def test_the_kernel_declines_operands_it_cannot_read():
     assert not wstream._takes(torch.zeros(2, 128), w, 128, 64)  # float32 activations
     assert not wstream._takes(torch.zeros(2, 128, dtype=torch.bfloat16), w, 128, 40)  # groups of partial tiles
     assert wstream.linear(torch.zeros(wstream.MAX_ROWS + 1, 128, dtype=torch.bfloat16), w, torch.bfloat16) is None
+
+
+def test_grouped_takes_decode_steps_and_leaves_prefill_to_triton():
+    """The expert kernel is taken while pairs per expert slot stay within MAX_ROWS_PER_EXPERT (decode), never for
+    a prefill-sized step; checked before any launch, so CPU tensors show it."""
+    e, n, k = 16, 64, 128
+    w = PackedWeight(torch.zeros(e, n, k // 2, dtype=torch.uint8), torch.zeros(e, n, k // 32, dtype=torch.uint8),
+                     "mxfp4", (1, 32))
+    big = moe_align.route_pairs(torch.randint(0, e, (64, 6)), e)
+    x = torch.zeros(64, k, dtype=torch.bfloat16)
+    assert wstream.grouped(x, w, big.offsets, big.rows, big.active) is None  # 384 pairs over 16 slots

@@ -8,7 +8,8 @@ the reference; :func:`.dispatch.use_cuda` decides whether to try at all):
 * :func:`linear`: one weight ``[N_g·G, K_g]`` (``G`` groups of :func:`.linear.linear`), x ``[M, G·K_g]`` bf16,
   M ≤ :data:`MAX_ROWS`.
 * :func:`grouped`: expert weights ``[E, N, K]`` over rows sorted by expert (:func:`.moe.grouped_linear`'s
-  contract), when the rows per live expert average at most :data:`MAX_ROWS_PER_EXPERT`.
+  contract), when the pairs per expert slot (``min(E, P)`` slots) average at most :data:`MAX_ROWS_PER_EXPERT`:
+  decode steps; prefill chunks and long verify steps take the Triton kernel.
 
 Both compute what :func:`.linear.linear_ref` / :func:`.moe.grouped_linear_ref` compute (bf16 products are exact;
 only the float32 summation order differs). Launch shape: CTAs of 64 output rows per weight; K is split across
@@ -26,7 +27,7 @@ from .dispatch import cuda_ext
 from .packed import PackedWeight
 
 MAX_ROWS = 8              # dense linears: above this the Triton / BLAS paths win (benches/RESULTS.md)
-MAX_ROWS_PER_EXPERT = 16  # grouped: average rows per live expert
+MAX_ROWS_PER_EXPERT = 2   # grouped: pairs per expert slot on average (measured at 1: decode up to B = 64)
 ROWS_PER_CTA = 64
 CTAS_PER_SM = 3  # split K until this many CTAs per SM (benches/RESULTS.md: 16 and 64 measured slower)
 COUNTER_SLOTS = 1 << 16
@@ -106,7 +107,7 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int = 1) 
 def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, active: Tensor) -> Tensor | None:
     """The sorted-pair expert GEMM (:func:`.moe.grouped_linear`): x ``[M, K]`` bf16, w ``[E, N, K]``, offsets
     ``[E+1]`` int64, rows ``[P]`` int64 or None, active ``[min(E, P)]`` int64 (−1 padded) → ``[P, N]``; None
-    when not taken (more than MAX_ROWS_PER_EXPERT rows per live expert on average, or operands it cannot read)."""
+    when not taken (more than MAX_ROWS_PER_EXPERT pairs per slot on average, or operands it cannot read)."""
     p = x.shape[0] if rows is None else rows.shape[0]
     n_exp, n, k = w.shape
     slots = active.shape[0]
