@@ -127,6 +127,16 @@ def _e2m1_lut(device: torch.device) -> Tensor:
     return torch.tensor(_E2M1_VALUES, dtype=torch.float32, device=device)
 
 
+def e2m1_codes(q: Tensor) -> Tensor:
+    """Public name of :func:`_e2m1_codes` (RNE, saturating E2M1 codes as uint8, bit 3 = sign)."""
+    return _e2m1_codes(q)
+
+
+def e2m1_values(codes: Tensor) -> Tensor:
+    """E2M1 codes (any integer dtype, 0..15) → their float32 values."""
+    return _e2m1_lut(codes.device)[codes.long()]
+
+
 def _e2m1_round(q: Tensor) -> Tensor:
     """Nearest E2M1 value of float32 ``q`` (RNE, saturating), as float32."""
     return _e2m1_lut(q.device)[_e2m1_codes(q).long()]
@@ -390,10 +400,16 @@ def fp8_act_qdq(x: Tensor, block: int = 32) -> Tensor:
         same dtype and shape as ``x``; idempotent; all-zero blocks stay zero.
     """
     xb, n = _split_last(x, block)
-    amax = xb.abs().amax(dim=-1, keepdim=True)
-    s = _pow2_ceil((amax / _FP8_MAX).clamp_min(_ACT_SCALE_FLOOR))
+    s = fp8_act_scale(xb)
     y = (xb / s).to(_FP8).to(torch.float32) * s
     return _merge_last(y, n, x)
+
+
+def fp8_act_scale(xb: Tensor) -> Tensor:
+    """The power-of-two scale of :func:`fp8_act_qdq` per block: float32 ``xb [..., nblocks, block]`` →
+    ``[..., nblocks, 1]``."""
+    amax = xb.abs().amax(dim=-1, keepdim=True)
+    return _pow2_ceil((amax / _FP8_MAX).clamp_min(_ACT_SCALE_FLOOR))
 
 
 def fp4_e4m3_qdq(x: Tensor, block: int = 16) -> Tensor:
@@ -411,10 +427,16 @@ def fp4_e4m3_qdq(x: Tensor, block: int = 16) -> Tensor:
         format itself is not idempotent (e.g. ``9*2^-9 -> 2^-6 -> 6*2^-9``).
     """
     xb, n = _split_last(x, block)
-    amax = xb.abs().amax(dim=-1, keepdim=True)
-    s = (amax / _E2M1_MAX).clamp(_FP4_E4M3_SCALE_MIN, _FP4_E4M3_SCALE_MAX).to(_FP8).to(torch.float32)
+    s = fp4_e4m3_scale(xb)
     y = _e2m1_round(xb / s) * s
     return _merge_last(y, n, x)
+
+
+def fp4_e4m3_scale(xb: Tensor) -> Tensor:
+    """The E4M3 scale of :func:`fp4_e4m3_qdq` per block (an exact FP8 value, as float32): ``xb [..., nblocks,
+    block]`` → ``[..., nblocks, 1]``."""
+    amax = xb.abs().amax(dim=-1, keepdim=True)
+    return (amax / _E2M1_MAX).clamp(_FP4_E4M3_SCALE_MIN, _FP4_E4M3_SCALE_MAX).to(_FP8).to(torch.float32)
 
 
 def mxfp4_qdq(x: Tensor, block: int = 32) -> Tensor:
@@ -430,8 +452,14 @@ def mxfp4_qdq(x: Tensor, block: int = 32) -> Tensor:
         same dtype and shape as ``x``; idempotent; all-zero blocks stay zero.
     """
     xb, n = _split_last(x, block)
-    amax = xb.abs().amax(dim=-1, keepdim=True)
-    s = _pow2_ceil(amax.clamp_min(_AMAX_FLOOR) / _E2M1_MAX)
+    s = mxfp4_scale(xb)
     y = _e2m1_round(xb / s) * s
     return _merge_last(y, n, x)
+
+
+def mxfp4_scale(xb: Tensor) -> Tensor:
+    """The power-of-two scale of :func:`mxfp4_qdq` per block: ``xb [..., nblocks, block]`` → ``[..., nblocks,
+    1]``."""
+    amax = xb.abs().amax(dim=-1, keepdim=True)
+    return _pow2_ceil(amax.clamp_min(_AMAX_FLOOR) / _E2M1_MAX)
 
