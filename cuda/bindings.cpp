@@ -7,6 +7,12 @@
 
 #include "linear/wstream.h"
 
+#ifndef V41_ARCHS
+#error "cuda/build.py defines V41_ARCHS (the compiled architectures, e.g. sm_90a,sm_100a)"
+#endif
+#define V41_STR2(...) #__VA_ARGS__
+#define V41_STR(...) V41_STR2(__VA_ARGS__)
+
 namespace {
 
 template <typename T>
@@ -37,10 +43,19 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   TORCH_CHECK(w.element_size() == 1 && (w.dim() == 2 || w.dim() == 3) && w.stride(-1) == 1 && s.dim() == w.dim(),
               "w must be a 2-D or 3-D tensor of 1-byte codes with unit inner stride, s of the same rank");
   TORCH_CHECK(fmt == 0 || fmt == 1, "fmt must be 0 (mxfp4) or 1 (fp8)");
+  TORCH_CHECK(s.stride(-1) == 1 && (w.dim() == 2 || w.stride(0) % 16 == 0),
+              "s needs unit inner stride; 3-D w a 16-byte multiple expert stride");
+  TORCH_CHECK(b0 >= 1 && (fmt == 0 ? sk == 32 && b0 == 1 : sk >= 16 && sk % 16 == 0),
+              "scale blocks: mxfp4 (1, 32); fp8 inputs per scale a multiple of 16");
   check_index(rows, x, "rows");
   check_index(offsets, x, "offsets");
   check_index(active, x, "active");
   const int64_t n = w.size(-2), k = w.size(-1) * (fmt == 0 ? 2 : 1), p = y.size(0);
+  TORCH_CHECK(s.size(-2) >= (n + b0 - 1) / b0 && s.size(-1) >= (k + sk - 1) / sk &&
+                  (w.dim() == 2 || s.size(0) == w.size(0)),
+              "s must hold a scale byte for every (row block, input block) of w");
+  TORCH_CHECK(rows.has_value() || x.size(0) >= p, "without rows, x needs a row per output row");
+  TORCH_CHECK(!active.has_value() || active->numel() >= slots, "active needs an entry per slot");
   const int64_t ck = fmt == 0 ? 128 : 64;
   TORCH_CHECK(y.size(1) == n && k % ck == 0 && n_groups > 0 && n_groups % 16 == 0 && n % n_groups == 0,
               "shapes: y [P, N], K a multiple of ", ck, ", groups of whole 16-row tiles");
@@ -57,6 +72,8 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
                 "split > 1 needs a contiguous float32 partial buffer of split x P x N");
     TORCH_CHECK(counters.has_value() && counters->scalar_type() == at::kInt && counters->numel() >= slots * tiles_n,
                 "split > 1 needs int32 counters for every tile");
+    TORCH_CHECK(partial->device() == x.device() && counters->device() == x.device() && counters->is_contiguous(),
+                "partial and counters must be on x's device");
   }
   if (p == 0 || slots == 0) return;
   const at::cuda::CUDAGuard guard(x.device());
@@ -99,5 +116,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("y"), py::arg("partial"), py::arg("counters"), py::arg("fmt"), py::arg("n_groups"), py::arg("b0"),
         py::arg("sk"), py::arg("token_groups"), py::arg("slots"), py::arg("split"), py::arg("chunks_per_split"),
         py::arg("x_prefetch"));
-  m.attr("ARCHS") = py::make_tuple("sm_90a");
+  // the architectures cuda/build.py compiled for, e.g. "sm_90a" or "sm_90a,sm_100a"
+  m.attr("ARCHS") = py::tuple(py::str(V41_STR(V41_ARCHS)).attr("split")(","));
 }

@@ -94,7 +94,8 @@ def build(home: Path, archs: tuple[str, ...]) -> Path:
 
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
     mod = load(name="_cuda", sources=[str(CUDA_DIR / "bindings.cpp"), *map(str, sources())],
-               build_directory=str(BUILD_DIR), extra_cflags=["-O3", "-std=c++17"],
+               build_directory=str(BUILD_DIR),
+               extra_cflags=["-O3", "-std=c++17", "-DV41_ARCHS=" + ",".join("sm_" + a for a in archs)],
                extra_cuda_cflags=[*NVCC_FLAGS, *map(gencode, archs)], extra_include_paths=[str(CUDA_DIR)],
                extra_ldflags=_cudart_shim(home), verbose=False)
     shutil.copyfile(mod.__file__, TARGET)

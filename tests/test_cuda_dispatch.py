@@ -28,8 +28,14 @@ def test_without_the_extension_cuda_is_never_chosen_and_mode_cuda_says_why(no_ex
     x = torch.zeros(2, 4)
     assert not dispatch.use_cuda(x)
     monkeypatch.setenv("V41_KERNELS", "cuda")
+    assert not dispatch.use_cuda(x)  # CPU tensors never needed it
+
+    class OnGpu:  # what the check reads of a CUDA tensor, without a GPU
+        is_cuda = True
+        device = torch.device("cuda", 0)
+
     with pytest.raises(ValueError, match="make cuda"):
-        dispatch.use_cuda(x)
+        dispatch.use_cuda(OnGpu())
 
 
 def test_cpu_tensors_never_take_the_cuda_path():

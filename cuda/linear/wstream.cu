@@ -185,7 +185,8 @@ __global__ void __launch_bounds__(32 * kWStreamWarps) wstream_kernel(const WStre
     for (int tg = 0; tg < TG; ++tg) {
       acc[tg][0] = acc[tg][1] = acc[tg][2] = acc[tg][3] = 0.f;
       const int64_t pp = m0 + tg * 8 + g;
-      xr[tg] = pp < end ? p.x + (p.rows ? p.rows[pp] : pp) * p.x_stride + x_col : nullptr;
+      // warps past the last row tile read no activations (their group column would be past x's end)
+      xr[tg] = pp < end && n_base < p.N ? p.x + (p.rows ? p.rows[pp] : pp) * p.x_stride + x_col : nullptr;
     }
     // A batch of kUnroll chunks: its loads are all issued before the first is used. (Two batches in flight,
     // one loading while the other computes, measured slower on the H200: the registers cost CTAs per SM.)

@@ -98,13 +98,14 @@ def cuda_runs_on(device: torch.device) -> bool:
 def use_cuda(*tensors: torch.Tensor, family: str | None = None) -> bool:
     """Whether an op over ``tensors`` (of op ``family``) may run its CUDA kernel: mode ``auto`` or ``cuda``, every
     tensor on one CUDA device the extension runs on. The op still checks the shapes its kernel takes. Raises
-    ValueError in mode ``cuda`` when the extension does not load."""
+    ValueError in mode ``cuda`` for CUDA tensors when the extension does not load."""
     mode = kernel_mode(family)
-    if mode not in ("auto", "cuda"):
+    if mode not in ("auto", "cuda") or not tensors or not all(t.is_cuda for t in tensors):
         return False
     if mode == "cuda" and cuda_ext() is None:
         raise ValueError(f"kernel mode 'cuda': v41._cuda is {_CUDA_WHY[0]}; build it with `make cuda`")
-    return bool(tensors) and all(t.is_cuda for t in tensors) and cuda_runs_on(tensors[0].device)
+    dev = tensors[0].device
+    return all(t.device == dev for t in tensors) and cuda_runs_on(dev)
 
 
 CUDA_OPS = {"dense linears": None, "MoE experts": "moe"}  # op → family, for the ops with a CUDA kernel

@@ -42,7 +42,8 @@ def linear_ref(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None,
 
 def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, groups: int = 1) -> Tensor:
     """:func:`linear_ref`, as the CUDA weight-streaming kernel where :func:`.dispatch.use_cuda` says so and it
-    takes the shapes (:func:`.wstream.linear`: bf16, at most 64 rows, fp8 weights), else as the Triton kernel where
+    takes the shapes (:func:`.wstream.linear`: bf16, at most ``wstream.MAX_ROWS`` rows, fp8 or mxfp4 weights), else
+    as the Triton kernel where
     :func:`.dispatch.use_triton` says so (2-D weights in fp8 or dense format, at most ``TRITON_MAX_M`` rows,
     bf16/fp16/fp32 activations), else the reference."""
     if use_cuda(x, w.data):

@@ -66,9 +66,9 @@ def grouped_linear(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | N
     :func:`.dispatch.use_triton` says so; ``active``: the live experts (:class:`.moe_align.PairRouting`), derived
     from ``offsets`` when not given."""
     if use_cuda(x, w.data, family="moe"):
-        p = x.shape[0] if rows is None else rows.shape[0]
-        y = wstream.grouped(x, w, offsets, rows, active_experts(offsets, min(w.shape[0], p)) if active is None
-                            else active)
+        if active is None:
+            active = active_experts(offsets, min(w.shape[0], x.shape[0] if rows is None else rows.shape[0]))
+        y = wstream.grouped(x, w, offsets, rows, active)
         if y is not None:
             return y
     if x.dtype in TRITON_DTYPES and use_triton(x, w.data, family="moe"):

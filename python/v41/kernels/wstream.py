@@ -34,7 +34,7 @@ COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
 
-_counters: dict[tuple[int, int], Tensor] = {}
+_counters: dict[int, Tensor] = {}
 _sm_count: dict[int, int] = {}
 
 
@@ -49,11 +49,15 @@ def _takes(x: Tensor, w: PackedWeight, k: int, n_group: int) -> bool:
     return w.fmt == "mxfp4" or w.block[1] % 16 == 0
 
 
-def _counters_for(device: torch.device) -> Tensor:
-    """Zeroed arrival counters for split-K on ``device`` and the current stream (each launch leaves them zeroed;
-    one buffer per stream, so launches on concurrent streams never share one)."""
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+def _counters_for(device: torch.device) -> Tensor | None:
+    """The zeroed split-K arrival counters of ``device`` (each launch leaves them zeroed), or None while a CUDA
+    graph is being captured and they do not exist yet: made inside a capture they would be zeroed only when
+    that graph replays, so such a launch runs without split-K instead (the engine's eager warm-up makes them
+    first). One buffer per device: v41 runs these GEMMs on one stream, never two at once."""
+    key = device.index if device.index is not None else torch.cuda.current_device()
     if key not in _counters:
+        if torch.cuda.is_current_stream_capturing():
+            return None
         _counters[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
     return _counters[key]
 
@@ -85,9 +89,12 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     n, k = w.out_features, w.in_features
     y = torch.empty((p, n), dtype=torch.bfloat16, device=x.device)
     split, per = _launch_shape(slots, n, k, w.fmt, x.device)
+    counters = _counters_for(x.device) if split > 1 else None
+    if counters is None:
+        split, per = 1, k // CHUNK[w.fmt]
     partial = torch.empty((split, p, n), dtype=torch.float32, device=x.device) if split > 1 else None
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
-                       _counters_for(x.device) if split > 1 else None, FMT_CODES[w.fmt], n_group, w.block[0],
+                       counters, FMT_CODES[w.fmt], n_group, w.block[0],
                        32 if w.fmt == "mxfp4" else w.block[1], _token_groups(per_weight), slots, split, per,
                        x_prefetch)
     return y
@@ -109,9 +116,11 @@ def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, ac
     ``[E+1]`` int64, rows ``[P]`` int64 or None, active ``[min(E, P)]`` int64 (−1 padded) → ``[P, N]``; None
     when not taken (more than MAX_ROWS_PER_EXPERT pairs per slot on average, or operands it cannot read)."""
     p = x.shape[0] if rows is None else rows.shape[0]
+    if w.data.dim() != 3:
+        return None
     n_exp, n, k = w.shape
     slots = active.shape[0]
-    if p == 0 or w.data.dim() != 3 or p > MAX_ROWS_PER_EXPERT * slots or not _takes(x, w, k, n):
+    if p == 0 or p > MAX_ROWS_PER_EXPERT * slots or not _takes(x, w, k, n):
         return None
     if offsets.dtype != torch.int64 or active.dtype != torch.int64 or (rows is not None and rows.dtype != torch.int64):
         return None

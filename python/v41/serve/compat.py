@@ -11,7 +11,8 @@ with a clear error, or accepted with one warning; none is ignored silently:
 * ``--trust-remote-code``: accepted; v41 runs no code from a model repository.
 * ``--hf-overrides``: merged into the config and validated like it (:func:`v41.config.with_overrides`).
 * ``--moe-backend`` / ``--attention-backend``: v41's kernel path of that op family (docs/kernels.md §1 "Choosing
-  a path"): ``auto``, ``torch``, ``triton``; other engines' names select ``auto`` with a warning.
+  a path"): ``auto``, ``torch``, ``triton``, ``cuda`` (the ``cuda/`` kernels where the family has them — MoE
+  experts; attention runs Triton either way); other engines' names select ``auto`` with a warning.
 * ``--attention-config``: ``indexer_tp_shard_min_rows`` (a positive integer) is checked; v41 replicates the
   indexer on every tensor-parallel rank (docs/architecture.md "TP workers"), so a warning says it has no effect.
 * ``--enable-flashinfer-autotune`` / ``--no-...``, ``--mm-encoder-tp-mode``: no meaning for v41 (no FlashInfer,
@@ -122,8 +123,8 @@ def kernel_env(opts: argparse.Namespace, device: str) -> dict[str, str]:
             continue
         mode = name.lower()
         if mode in PEER_BACKENDS[family]:
-            log.warning("%s %s: v41 has no such kernels; it runs its own %s path 'auto' (Triton kernels on CUDA, "
-                        "the PyTorch references on CPU)", flag, name, family)
+            log.warning("%s %s: v41 has no such kernels; it runs its own %s path 'auto' (its CUDA or Triton "
+                        "kernels on CUDA, the PyTorch references on CPU)", flag, name, family)
             mode = "auto"
         elif mode not in MODES:
             raise FlagError(f"{flag} {name!r}: unknown; v41's paths are {', '.join(MODES)} (other engines' names "
@@ -131,7 +132,8 @@ def kernel_env(opts: argparse.Namespace, device: str) -> dict[str, str]:
         available = available_modes(device)
         if mode not in available:
             raise FlagError(f"{flag} {name!r} cannot run on {device} here (Triton kernels need Triton and a CUDA "
-                            f"device); available: {', '.join(available)}")
+                            f"device; CUDA kernels also v41._cuda built for it, `make cuda`); available: "
+                            f"{', '.join(available)}")
         env[FAMILY_ENV[family]] = mode
     return env
 
