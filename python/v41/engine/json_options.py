@@ -8,10 +8,11 @@ from dataclasses import fields
 from typing import Any
 
 
-def parse_options(cls, name: str, value: Any):
+def parse_options(cls, name: str, value: Any, required: dict[str, str] | None = None):
     """``value`` (a JSON object string, a dict, an instance of ``cls`` or None) as a ``cls`` (None stays None).
-    Raises ValueError naming ``name`` for text that is not JSON, a non-object, or an unknown key (listing the
-    known ones); ``cls`` itself checks the values."""
+    Raises ValueError naming ``name`` for text that is not JSON, a non-object, an unknown key (listing the
+    known ones), or a key of ``required`` (key → what it means) that is missing or null; ``cls`` itself checks
+    the values."""
     if value is None or isinstance(value, cls):
         return value
     if isinstance(value, str):
@@ -25,4 +26,7 @@ def parse_options(cls, name: str, value: Any):
     unknown = [k for k in value if k not in known]
     if unknown:
         raise ValueError(f"{name}: unknown key {unknown[0]!r}; v41 knows {', '.join(known)}")
+    for key, meaning in (required or {}).items():
+        if value.get(key) is None:
+            raise ValueError(f"{name}.{key} is required: {meaning}")
     return cls(**value)

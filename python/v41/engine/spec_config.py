@@ -17,11 +17,11 @@ docs/speculative-decoding.md "Verification".
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from ..config import ModelConfig
+from .json_options import parse_options
 
 METHODS = ("dspark",)
 DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
@@ -83,23 +83,9 @@ class SpeculativeConfig:
         is); None stays None (no speculation). Raises ValueError for text that is not a JSON object, an unknown
         key (naming it and the known ones), a missing ``num_speculative_tokens``, a value of the wrong type
         (``5.0`` and ``"5"`` are not integers, ``1`` is not a boolean) or outside the allowed values."""
-        if value is None or isinstance(value, SpeculativeConfig):
-            return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as e:
-                raise ValueError(f"speculative_config is not valid JSON ({e})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config must be a JSON object (a dict), got {type(value).__name__}")
-        known = [f.name for f in fields(cls)]
-        unknown = [k for k in value if k not in known]
-        if unknown:
-            raise ValueError(f"speculative_config: unknown key {unknown[0]!r}; v41 knows {', '.join(known)}")
-        if value.get("num_speculative_tokens") is None:
-            raise ValueError("speculative_config.num_speculative_tokens is required: the number K of draft tokens "
-                             "verified per step (at most the checkpoint's dspark_block_size)")
-        return cls(**value)
+        return parse_options(cls, "speculative_config", value, required={
+            "num_speculative_tokens": "the number K of draft tokens verified per step (at most the checkpoint's "
+                                      "dspark_block_size)"})
 
     def check(self, cfg: ModelConfig, tensor_parallel_size: int) -> None:
         """Check the options against the checkpoint ``cfg`` served at ``tensor_parallel_size`` ranks. Raises
