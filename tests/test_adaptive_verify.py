@@ -155,6 +155,7 @@ def test_adaptive_speculation_verifies_shorter_prefixes_and_counts_them(oracle, 
     assert stats.num_accepted_tokens > 0
 
 
+@pytest.mark.slow  # ~160 s on 2 cores; the greedy adaptive tests stay in CI
 def test_seeded_sampled_adaptive_speculation_completes_with_consistent_counts():
     llm = adaptive_llm(4, max_num_seqs=4)
     params = [SamplingParams(temperature=0.8, top_p=0.95, seed=s, max_tokens=20, ignore_eos=True) for s in range(4)]

@@ -105,7 +105,7 @@ def test_chunked_prefill_gives_the_same_tokens_and_logprobs(ckpt, chunk):
     assert_all_blocks_free(llm)
 
 
-@pytest.mark.parametrize("shared", [16, 17, 24, 31, 32, 33])
+@pytest.mark.parametrize("shared", [16, 33] + [pytest.param(n, marks=pytest.mark.slow) for n in (17, 24, 31, 32)])
 def test_prefix_cache_hit_equals_cold_run(ckpt, shared):
     """A second prompt sharing `shared` tokens (hits end on page, ratio and window boundaries) gives the
     cold run's tokens; repeating the same prompt gives identical output (KF-08)."""

@@ -119,6 +119,7 @@ def test_n_is_bounded_by_the_engines_max_n(ckpt):
         engine(ckpt, max_n=0)
 
 
+@pytest.mark.slow  # ~190 s on 2 cores
 def test_a_preempted_request_reports_only_its_first_admissions_prefix_hit(ckpt):
     """Re-admitted after preemption, a request hits its own pages: that is no prefix-cache hit to report."""
     g = torch.Generator().manual_seed(1)

@@ -133,6 +133,7 @@ def test_a_long_step_plans_its_layers_on_threads():
     assert tokens(llm, prompt, greedy) == tokens(LLM(None), prompt, greedy)
 
 
+@pytest.mark.slow  # ~120 s on 2 cores; the tiny-cache and chunked tests stay in CI
 def test_offload_with_prefix_hits_and_preemption():
     base = [0] + list(range(200, 260))
     prompts = [base + [7, 8], base + [9], base + [10, 11, 12]]
