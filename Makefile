@@ -56,7 +56,7 @@ run: develop
 
 PYTEST := V41_TEST=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -n 2 --timeout 600 --durations=25
 
-# CI: everything but the `slow` full matrices (docs/numerics.md §4a keeps this under 30 minutes on 2 cores).
+# CI: everything but the `slow` full matrices (docs/numerics.md §4a: the target is 30 minutes on 2 cores).
 test: develop client
 	cargo test --workspace --exclude v41-py
 	$(PYTEST) -m "not slow" tests
