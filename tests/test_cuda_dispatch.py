@@ -48,7 +48,7 @@ def test_cpu_tensors_never_take_the_cuda_path():
 def test_linear_and_grouped_fall_back_to_the_reference_on_the_cpu(no_extension, monkeypatch, mode):
     """With the extension absent the CPU path still computes (mode ``cuda`` only insists for CUDA tensors'
     ops, which there are none of here)."""
-    monkeypatch.setenv("V41_KERNELS", mode if mode != "cuda" else "torch")
+    monkeypatch.setenv("V41_KERNELS", mode)
     g = torch.Generator().manual_seed(0)
     w = PackedWeight(torch.randn(64, 128, generator=g).to(torch.float8_e4m3fn),
                      torch.full((2, 4), 120, dtype=torch.uint8), "fp8", (32, 32)).check()

@@ -74,6 +74,7 @@ class RecordFormat:
     def encode(self, x: Tensor) -> Tensor:
         """x ``[..., dims]`` float (computed in float32) → uint8 ``[..., nbytes]``. Raises ValueError for
         another last dimension, TypeError for a non-float tensor."""
+        quant._check_float(x, "x")
         if x.shape[-1] != self.dims:
             raise ValueError(f"{self.kind}: rows of {self.dims} values, got {tuple(x.shape)}")
         xb = x.to(torch.float32).reshape(*x.shape[:-1], self.dims // self.block, self.block)

@@ -46,14 +46,16 @@ def max_request_tokens(sched_layout: list[dict], args: EngineArgs, limit: int) -
     return lo
 
 
-def cap_max_model_len(wanted: int, args: EngineArgs, sched_layout: list[dict]) -> int:
-    """``wanted`` (tokens), lowered to what the KV cache holds for one request (:func:`max_request_tokens`).
+def cap_max_model_len(wanted: int, args: EngineArgs, sched_layout: list[dict], limit: int) -> tuple[int, int]:
+    """(``wanted`` tokens lowered to what the KV cache holds for one request, the longest request it holds alone
+    up to ``max(wanted, limit)`` tokens) — one bisection (:func:`max_request_tokens`) gives both.
 
     Raises ValueError naming both numbers when ``args.max_model_len`` was set explicitly above that, and when
     the cache cannot hold even a 2-token request; a default that does not fit is capped with a warning."""
-    fits = max_request_tokens(sched_layout, args, wanted)
+    longest = max_request_tokens(sched_layout, args, max(wanted, limit))
+    fits = min(wanted, longest)
     if fits == wanted:
-        return wanted
+        return wanted, longest
     kinds = [k for k in sched_layout if "num_blocks" in k]
     counts = {k["num_blocks"] for k in kinds}
     pools = f"{counts.pop()} blocks" if len(counts) == 1 else \
@@ -67,4 +69,4 @@ def cap_max_model_len(wanted: int, args: EngineArgs, sched_layout: list[dict]) -
         raise ValueError(f"max_model_len {wanted} tokens does not fit: {cache}; set max_model_len <= {fits} "
                          f"or {hint}")
     log.warning("max_model_len capped from %d to %d tokens: %s", wanted, fits, cache)
-    return fits
+    return fits, longest

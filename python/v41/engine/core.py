@@ -21,7 +21,7 @@ from ..cache import blocks_for_budget
 from ..config import load_config
 from ..models.engram_loader import engram_hasher
 from .args import EngineArgs
-from .context_limit import cap_max_model_len, max_request_tokens
+from .context_limit import cap_max_model_len
 from .detokenizer import IncrementalDetokenizer
 from .engram_rows import StepRowHasher
 from .executor import make_executor
@@ -65,7 +65,9 @@ class EngineCore:
             self.layout = layout = self.executor.cache_layout(args.block_size)
             budget = self._cache_budget(dtype)
             num_blocks = args.num_kv_blocks or blocks_for_budget(layout, budget, args.max_num_seqs, dtype.itemsize)
-            self.max_model_len = cap_max_model_len(self.max_model_len, args, layout.scheduler_layout(num_blocks))
+            self.max_model_len, longest = cap_max_model_len(self.max_model_len, args,
+                                                            layout.scheduler_layout(num_blocks),
+                                                            self.cfg.max_position_embeddings)
             self.executor.init_cache(num_blocks, args.max_num_seqs, layout.block_tokens, self.max_model_len)
             self.num_blocks = num_blocks
         except BaseException:
@@ -88,8 +90,6 @@ class EngineCore:
         self._spec_done = SpecDecodeStats()  # the counts of every sequence that has left self.seqs
         log.info("engine ready: %d blocks of %d tokens per kind, kinds %s", num_blocks, layout.block_tokens,
                  [k.name for k in layout.kinds])
-        longest = max_request_tokens(layout.scheduler_layout(num_blocks), args,
-                                     max(self.max_model_len, self.cfg.max_position_embeddings))
         log.info("KV cache (%s): bytes per token per kind: %s; the longest request that fits alone: %d tokens "
                  "(max_model_len %d)", str(dtype).removeprefix("torch."), layout.describe(dtype.itemsize), longest,
                  self.max_model_len)
