@@ -15,6 +15,7 @@ import sys
 import torch
 
 from v41 import quant
+from v41.cache.records import RecordFormat
 from v41.kernels import (indexer, linear, mhc, moe, moe_align, norm, paged, rope, router, sampling, sparse_attention,
                          swiglu, topk, window_pool)
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
@@ -156,6 +157,14 @@ def check_attention(device: str, dtype: torch.dtype, g: torch.Generator):
             r = sparse_attention.sparse_mqa_sink_ref(q.double(), [(c.double(), sl) for c, sl in sources],
                                                      sink.double(), d ** -0.5)
             out.append((f"attention/d{d}/h{h}/{len(sources)}src", rel(y, r), tol(dtype)))
+        # --kv-cache-dtype fp8: V4.1's window as FP8 records and compressed entries as FP4 records; V4's rows
+        v4 = RecordFormat("swa_v4", d, rope=d // 8)
+        for name, fmts in (("v41", [RecordFormat("swa_fp8", d), RecordFormat("ckv_fp4", d)]), ("v4", [v4, v4])):
+            recs = [(f.encode(c * 3), sl) for f, (c, sl) in zip(fmts, ((c0, s0), (c1, s1)))]
+            poison(device)
+            y = sparse_attention.sparse_mqa_sink(q, recs, sink, d ** -0.5, fmts)
+            r = sparse_attention.sparse_mqa_sink_ref(q.double(), recs, sink.double(), d ** -0.5, fmts)
+            out.append((f"attention/d{d}/h{h}/records-{name}", rel(y, r), tol(dtype)))
     return out
 
 
@@ -175,6 +184,12 @@ def check_index_scores(device: str, dtype: torch.dtype, g: torch.Generator):
         y = indexer.index_scores(q, w, keys, bt, req, nvis, rpb, 20)
         ref = indexer.index_scores_ref(q.double(), w.double(), keys.double(), bt, req, nvis, rpb, 20)
         out.append((f"index_scores/h{hi}/d{di}", rel(y, ref), tol(dtype)))
+        fmt = RecordFormat("idx_mxfp4", di)  # --kv-cache-dtype fp8: MXFP4 key records
+        recs = fmt.encode(keys)
+        poison(device)
+        y = indexer.index_scores(q, w, recs, bt, req, nvis, rpb, 20, record=fmt)
+        ref = indexer.index_scores_ref(q.double(), w.double(), recs, bt, req, nvis, rpb, 20, record=fmt)
+        out.append((f"index_scores/h{hi}/d{di}/records", rel(y, ref), tol(dtype)))
     return out
 
 

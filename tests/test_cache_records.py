@@ -8,20 +8,28 @@ import pytest
 import torch
 
 from v41 import quant
-from v41.cache.records import CKV_FP4, IDX_MXFP4, SWA_FP8, RecordFormat
+from v41.cache.records import CKV_FP4, IDX_MXFP4, SWA_FP8, SWA_V4, RecordFormat
 
-QDQ = {"swa_fp8": lambda x: quant.fp8_act_qdq(x, 32), "ckv_fp4": lambda x: quant.fp4_e4m3_qdq(x, 16),
-       "idx_mxfp4": lambda x: quant.mxfp4_qdq(x, 32)}
+
+def qdq(fmt: RecordFormat, x: torch.Tensor) -> torch.Tensor:
+    """The deployed-numerics rounding of a row of ``fmt``, from v41.quant (V4: as the reference's window rows)."""
+    if fmt.kind == "swa_v4":
+        n = fmt.dims - fmt.rope
+        return torch.cat([quant.fp8_act_qdq(x[..., :n], 64), x[..., n:].to(torch.bfloat16).to(x.dtype)], dim=-1)
+    return {"swa_fp8": lambda: quant.fp8_act_qdq(x, 32), "ckv_fp4": lambda: quant.fp4_e4m3_qdq(x, 16),
+            "idx_mxfp4": lambda: quant.mxfp4_qdq(x, 32)}[fmt.kind]()
 
 
 def test_record_sizes_are_the_specs():
-    """528 B window, 288 B compressed, 68 B index records (890 B/token of long-range KV at V4.1's mix)."""
-    assert (SWA_FP8.nbytes, CKV_FP4.nbytes, IDX_MXFP4.nbytes) == (528, 288, 68)
+    """528 B window, 288 B compressed, 68 B index records (890 B/token of long-range KV at V4.1's mix); V4's 584 B
+    row (448 FP8 + 64 bf16 + 7 scales + 1 pad)."""
+    assert (SWA_FP8.nbytes, CKV_FP4.nbytes, IDX_MXFP4.nbytes, SWA_V4.nbytes) == (528, 288, 68, 584)
     assert 2.5 * (CKV_FP4.nbytes + IDX_MXFP4.nbytes) == 890
 
 
-@pytest.mark.parametrize("fmt", [SWA_FP8, CKV_FP4, IDX_MXFP4, RecordFormat("swa_fp8", 64),
-                                 RecordFormat("ckv_fp4", 96), RecordFormat("idx_mxfp4", 32)],
+@pytest.mark.parametrize("fmt", [SWA_FP8, CKV_FP4, IDX_MXFP4, SWA_V4, RecordFormat("swa_fp8", 64),
+                                 RecordFormat("ckv_fp4", 96), RecordFormat("idx_mxfp4", 32),
+                                 RecordFormat("swa_v4", 64, rope=16)],
                          ids=lambda f: f"{f.kind}-{f.dims}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_of_encode_is_the_quantize_dequantize(fmt, dtype):
@@ -34,7 +42,7 @@ def test_decode_of_encode_is_the_quantize_dequantize(fmt, dtype):
     rec = fmt.encode(x)
     assert rec.dtype == torch.uint8 and rec.shape == (6, 5, fmt.nbytes)
     got = fmt.decode(rec)
-    want = QDQ[fmt.kind](x).to(torch.float32)
+    want = qdq(fmt, x).to(torch.float32)
     assert torch.equal(got, want)
     assert torch.equal(fmt.decode(rec, torch.bfloat16).float(), want.to(torch.bfloat16).float())
 
@@ -66,6 +74,9 @@ def test_known_answers_fix_the_byte_layout():
     s = quant.e8m0_to_float(rec[64:65]).item()
     lo, hi = rec[0].item() & 15, rec[0].item() >> 4
     assert quant.e2m1_values(torch.tensor([lo, hi])).tolist() == [0.5 / s, -1.0 / s]
+    v4 = SWA_V4.encode(one)  # V4: 448 codes 0x78, 64 bf16 ones (0x3F80, little-endian), 7 scale bytes 119, 1 pad
+    assert torch.all(v4[:448] == 0x78) and v4[448:576].view(torch.bfloat16).eq(1).all()
+    assert v4[576:583].eq(119).all() and v4[583] == 0
 
 
 def test_bad_rows_and_records_are_errors():
@@ -77,3 +88,7 @@ def test_bad_rows_and_records_are_errors():
         RecordFormat("ckv_fp4", 40)
     with pytest.raises(ValueError, match="record kind"):
         RecordFormat("bf16", 512)
+    with pytest.raises(ValueError, match="RoPE dims for swa_v4 only"):
+        RecordFormat("swa_fp8", 512, rope=64)
+    with pytest.raises(ValueError, match="RoPE dims for swa_v4 only"):
+        RecordFormat("swa_v4", 512)

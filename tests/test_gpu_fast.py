@@ -28,17 +28,19 @@ def _prompts():
     return [[0] + list(range(5, 5 + n)) for n in (3, 17, 40, 63)]
 
 
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
 @pytest.mark.parametrize("arch", ["deepseek_v41", "deepseek_v4"])
-def test_fast_engine_on_cuda_gives_the_cpu_engines_greedy_tokens(tmp_path, arch):
+def test_fast_engine_on_cuda_gives_the_cpu_engines_greedy_tokens(tmp_path, arch, kv):
     from v41 import LLM, SamplingParams
     from v41.testing.tiny import make_tiny
 
     path = str(make_tiny(tmp_path / arch, arch))
     sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    cpu = [o.outputs[0].token_ids for o in LLM(path, block_size=16).generate(_prompts(), sp, use_tqdm=False)]
+    cpu = [o.outputs[0].token_ids
+           for o in LLM(path, block_size=16, kv_cache_dtype=kv).generate(_prompts(), sp, use_tqdm=False)]
     for eager in (True, False):
         llm = LLM(path, block_size=16, device="cuda", dtype="float32", enforce_eager=eager,
-                  gpu_memory_utilization=0.2)
+                  gpu_memory_utilization=0.2, kv_cache_dtype=kv)
         gpu = [o.outputs[0].token_ids for o in llm.generate(_prompts(), sp, use_tqdm=False)]
         assert gpu == cpu, (eager, gpu, cpu)
         del llm

@@ -37,7 +37,6 @@ SEED_FLAGS = [
                              '"moe_backend":"b12x","attention_backend":"B12X_DSV41","draft_sample_method":'
                              '"probabilistic","rejection_sample_method":"block","enable_adaptive_verification":false}'),
 ]
-NOT_YET = ("--kv-cache-dtype",)  # its own issue
 # Parsed and checked by v41-serve; the seed's K = 7 exceeds the tiny checkpoint's DSpark block of 5 and its draft
 # TP 4 needs TP 4, so the CPU run of the seed's command leaves it out.
 SEED_CHECKPOINT_ONLY = ("--speculative-config",)
@@ -67,12 +66,12 @@ def opts(*args: str) -> argparse.Namespace:
 
 
 # -- the seed's command ----------------------------------------------------------------------------------------
-def test_seed_command_names_the_flags_not_available_yet(capsys):
-    assert main([SEED_MODEL, *argv(SEED_FLAGS)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("v41-serve: error: ") and all(flag in err for flag in NOT_YET), err
-    assert "not available yet" in err and err.count("v41-serve: error") == 1
-    assert "--speculative-config" not in err and "--engram-config" not in err  # the seed's configs parse
+def test_seed_command_passes_every_flag_check(caplog):
+    seed = opts(SEED_MODEL, *argv(SEED_FLAGS))
+    assert seed.kv_cache_dtype == "fp8" and seed.max_model_len == 1048576
+    with caplog.at_level(logging.WARNING, logger="v41.serve"):
+        settings = compat.resolve(seed, "cpu")  # raises FlagError for a flag v41 refuses
+    assert settings.enable_auto_tool_choice and settings.chat_revision == "v41"
 
 
 def test_seed_speculative_config_parses_and_its_kernel_keys_warn(caplog):
@@ -87,8 +86,8 @@ def test_seed_speculative_config_parses_and_its_kernel_keys_warn(caplog):
 
 def test_seed_command_starts_v41_and_answers_a_chat(ckpt, tmp_path):
     # Replaced: the model (tiny checkpoint, positional as in the seed), TP 1, the CPU, and the context (1,048,576
-    # tokens of the tiny model's CPU cache are ~4.5 GB); dropped: the flags of features not available yet.
-    flags = argv(SEED_FLAGS, drop=NOT_YET + SEED_CHECKPOINT_ONLY, tensor_parallel_size="1", max_model_len="4096")
+    # tokens of the tiny model's CPU cache are ~4.5 GB); dropped: the speculative config the tiny drafter cannot run.
+    flags = argv(SEED_FLAGS, drop=SEED_CHECKPOINT_ONLY, tensor_parallel_size="1", max_model_len="4096")
     with serve(ckpt, tmp_path / "serve.log", *flags, positional=True) as srv:
         assert [m["id"] for m in httpx.get(f"{srv.base}/v1/models").json()["data"]] == ["deepseek-v41"]
         msgs = [{"role": "user", "content": "Weather in Paris?"}]
@@ -105,6 +104,7 @@ def test_seed_command_starts_v41_and_answers_a_chat(ckpt, tmp_path):
     for words in NO_MEANING_WARNINGS:  # one warning each
         assert sum(words in line and "WARNING" in line for line in log.splitlines()) == 1, (words, log)
     assert "--trust-remote-code: accepted" in log
+    assert "KV cache (fp8 records)" in log, log  # the seed's --kv-cache-dtype fp8
 
 
 def test_format_flags_choose_the_served_chat_format(ckpt, tmp_path):
@@ -128,7 +128,7 @@ def test_format_flags_choose_the_served_chat_format(ckpt, tmp_path):
     (["--hf-overrides", '{"tie_word_embeddings": true}'], ["'tie_word_embeddings' is not a config field"]),
     (["--hf-overrides", '{"head_dtype": "bfloat16"}'], ["head_dtype: v41 computes the LM head in float32"]),
     (["--max-cudagraph-capture-size", "0"], ["max_cudagraph_capture_size must be positive"]),
-    (["--kv-cache-dtype", "fp8_e4m3"], ["--kv-cache-dtype fp8_e4m3", "not available yet"]),
+    (["--kv-cache-dtype", "fp8", "--model-impl", "paged"], ["kv_cache_dtype='fp8' runs on the fast model"]),
     (["--speculative-config", "{}"], ["--speculative-config", "num_speculative_tokens is required"]),
     (["--engram-config", '{"cpu_offload": true, "hot": 1}'], ["--engram-config", "unknown key 'hot'", "hot_rows"]),
     (["--engram-config", '{"transfer": "dma"}'], ["--engram-config", "transfer must be one of 'uva', 'copy'"]),
@@ -143,6 +143,12 @@ def test_bad_flags_exit_2_naming_the_flag(ckpt, capsys, monkeypatch, args, words
     assert main([str(ckpt), "--device", "cpu", *args]) == 2
     err = capsys.readouterr().err
     assert all(w in err for w in words), err
+
+
+def test_unknown_kv_cache_dtype_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--kv-cache-dtype", "fp8_e4m3"])
+    assert e.value.code == 2 and "invalid choice: 'fp8_e4m3'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args", [["--hf-overrides", "{oops"], ["--attention-config", "[1]"],

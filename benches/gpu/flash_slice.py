@@ -84,9 +84,10 @@ def v41_engine(path: Path, max_seqs: int, max_tokens: int, max_len: int, quantiz
 
 
 def decode_headroom(batch: int, context: int, budget: int, steps: int = 50, warmup: int = 10) -> int:
-    """Tokens a decode cell's first request may generate: while the others prefill (chunked by ``budget``
-    tokens per step) it already decodes, then the warm-up and timed steps, plus a margin."""
-    return -(-batch * context // budget) + batch + warmup + steps + 16
+    """Tokens a decode cell's first request may generate: while the others prefill (chunked by what ``budget``
+    tokens per step leaves after up to ``batch`` decoding requests) it already decodes, then the warm-up and timed
+    steps, plus a margin."""
+    return -(-batch * context // max(1, budget - batch)) + batch + warmup + steps + 16
 
 
 def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10, after=None) -> float:
@@ -161,12 +162,13 @@ def weight_bytes(core) -> dict:
     return {"dense": dense, "expert_per_layer_each": per_expert, "n_moe": n_moe, "head": head}
 
 
-def floor_ms(wb: dict, cfg, batch: int, context: int, copy_gbps: float) -> float:
-    """Bytes a decode step must read (uniform routing expectation) over the copy bandwidth, in ms."""
+def floor_ms(wb: dict, cfg, batch: int, context: int, copy_gbps: float, layout=None) -> float:
+    """Bytes a decode step must read (uniform routing expectation; KV rows as ``layout`` stores them) over the copy
+    bandwidth, in ms."""
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     touched = e * (1 - (1 - k / e) ** batch)
     weights = wb["dense"] + wb["n_moe"] * touched * wb["expert_per_layer_each"] + wb["head"]
-    kv = sum(layer_kv_bytes(cfg, plan, batch, context) for plan in cfg.plan)
+    kv = sum(layer_kv_bytes(cfg, plan, batch, context, layout) for plan in cfg.plan)
     return 1e3 * (weights + kv) / (copy_gbps * 1e9)
 
 
@@ -272,6 +274,7 @@ def main() -> None:
     ap.add_argument("--transformers", action="store_true", help="also run transformers (V4 only)")
     ap.add_argument("--per-layer", default="", help="BATCHxCONTEXT decode cells also timed layer by layer")
     ap.add_argument("--quantization", default="auto", choices=("auto", "none"))
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
     cells = [tuple(int(x) for x in c.split("x")) for c in a.cells.split(",") if c]
@@ -287,8 +290,11 @@ def main() -> None:
     budget = max(prefills + [256])
     max_len = max([c + decode_headroom(b, c, budget) for b, c in cells] + [p + 80 for p in prefills])
     t = time.perf_counter()
-    core = v41_engine(path, max(b for b, _ in cells), budget, max_len, a.quantization)
-    print(f"v41 engine ready in {time.perf_counter() - t:.0f} s", flush=True)
+    core = v41_engine(path, max(b for b, _ in cells), budget, max_len, a.quantization,
+                      kv_cache_dtype=a.kv_cache_dtype)
+    print(f"v41 engine ready in {time.perf_counter() - t:.0f} s; KV cache {a.kv_cache_dtype}: "
+          f"{core.layout.describe(2)}", flush=True)
+    env["kv_cache_dtype"] = a.kv_cache_dtype
     wb = weight_bytes(core)
     rows = []
     for length in prefills:
@@ -303,7 +309,7 @@ def main() -> None:
             def after(core, what=what, batch=batch, context=context):
                 layer_rows[what] = per_layer(core, batch, context, env["copy_GBps"])
         rows.append({"what": what, "v41": v41_decode(core, batch, context, after=after), "unit": "ms",
-                     "floor": floor_ms(wb, core.cfg, batch, context, env["copy_GBps"])})
+                     "floor": floor_ms(wb, core.cfg, batch, context, env["copy_GBps"], core.layout)})
         print(rows[-1], flush=True)
     if a.transformers and a.slice == "v4":
         hf = hf_from_v41(path, core)
@@ -322,7 +328,7 @@ def main() -> None:
                 row["transformers"] = f"OOM ({str(e)[:60]})"
             print(row, flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / f"flash_slice_{a.slice}.json").write_text(json.dumps({"env": env, "weights": wb, "rows": rows,
+    (Path(a.out) / f"flash_slice_{a.slice}_{a.kv_cache_dtype}.json").write_text(json.dumps({"env": env, "weights": wb, "rows": rows,
                                                                                "per_layer": layer_rows}))
     for what, lrows in layer_rows.items():
         print(f"\nflash-slice-{a.slice} {what}, layer by layer (graph per layer; floor = its bytes / copy bandwidth)")
@@ -330,7 +336,7 @@ def main() -> None:
             print(f"{r['what']:<32}{r['ms']:>9.3f} ms{r['floor_ms']:>9.3f} ms{r['ratio']:>8.1f}x")
         print(f"{'sum':<32}{sum(r['ms'] for r in lrows):>9.3f} ms{sum(r['floor_ms'] for r in lrows):>9.3f} ms")
     print(f"\nflash-slice-{a.slice} ({env['gpu']}; copy {env['copy_GBps']:.0f} GB/s, bf16 {env['bf16_TFLOPs']:.0f} "
-          f"TFLOP/s; v41 {a.quantization} weights)")
+          f"TFLOP/s; v41 {a.quantization} weights, {a.kv_cache_dtype} KV cache)")
     print(f"{'cell':<24}{'v41':>12}{'floor':>10}{'v41/floor':>11}{'transformers':>14}")
     for r in rows:
         fl, v = r.get("floor"), r["v41"]

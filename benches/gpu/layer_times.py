@@ -38,17 +38,20 @@ def _module_bytes(module: torch.nn.Module, touched: float, experts: int) -> tupl
     return dense, routed
 
 
-def layer_kv_bytes(cfg, plan, batch: int, context: int) -> int:
-    """KV bytes one attention layer reads per decode step (bf16 rows): window, selected or all compressed
-    entries, and the index keys an index source scores; plus the Engram rows of an Engram layer."""
-    rows = min(cfg.sliding_window, context)
-    kv = 0
+def layer_kv_bytes(cfg, plan, batch: int, context: int, layout=None) -> int:
+    """KV bytes one attention layer reads per decode step: window, selected or all compressed entries, and the
+    index keys an index source scores, in the rows ``layout`` (a :class:`~v41.cache.layout.CacheLayout`) stores
+    (bf16 rows when None); plus the Engram rows of an Engram layer."""
+    def row(kind: str, dims: int) -> int:
+        return layout.kind(kind).row_bytes(2) if layout is not None else dims * 2
+
+    kv = batch * min(cfg.sliding_window, context) * row("swa", cfg.head_dim)
     if plan.ratio > 0:
         n = context // plan.ratio
-        rows += n if plan.attn_type == "hca" else min(cfg.index_topk, n)
+        selected = n if plan.attn_type == "hca" else min(cfg.index_topk, n)
+        kv += batch * selected * row(f"ckv{plan.ratio}", cfg.head_dim)
         if plan.attn_type in ("csa", "csa2") and plan.is_index_source:
-            kv += batch * n * cfg.index_head_dim * 2
-    kv += batch * rows * cfg.head_dim * 2
+            kv += batch * n * row(f"idx{plan.ratio}", cfg.index_head_dim)
     if plan.engram:
         cols = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads
         kv += batch * cols * (cfg.engram_head_dim + cfg.engram_head_dim // 32)
@@ -84,7 +87,7 @@ def per_layer(core, batch: int, context: int, copy_gbps: float) -> list[dict]:
         with torch.cuda.graph(graph):
             run_layer(plan, layer)
         dense, routed = _module_bytes(layer, touched, e)
-        floor = 1e3 * (dense + routed + layer_kv_bytes(cfg, plan, batch, context)) / (copy_gbps * 1e9)
+        floor = 1e3 * (dense + routed + layer_kv_bytes(cfg, plan, batch, context, core.layout)) / (copy_gbps * 1e9)
         name = plan.attn_type + (f"/{plan.ratio}" if plan.ratio else "") + (" +engram" if plan.engram else "")
         rows.append({"what": f"layer {plan.layer_id} ({name})", "ms": median_ms(graph.replay, 50), "floor_ms": floor})
         del graph

@@ -15,24 +15,32 @@ layer. Kinds:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
 from ..config import ModelConfig
+from .records import RecordFormat
 
 
 @dataclass(frozen=True)
 class KindSpec:
     """One token-indexed cache kind: ``layers`` own a tensor [num_blocks, block_tokens / tokens_per_entry,
-    *row_shape] each; ``window_tokens`` bounds what a request keeps (None = unbounded)."""
+    *row_shape] each; ``window_tokens`` bounds what a request keeps (None = unbounded). ``record``: the deployed
+    byte layout its rows are stored in (``--kv-cache-dtype fp8``, :mod:`.records`), None = the compute dtype."""
 
     name: str
     tokens_per_entry: int
     window_tokens: int | None
     row_shape: tuple[int, ...]
     layers: tuple[int, ...]
+    record: RecordFormat | None = None
+
+    def row_bytes(self, itemsize: int) -> int:
+        """Bytes of one row: the record's size, else ``prod(row_shape) · itemsize``."""
+        return self.record.nbytes if self.record is not None else math.prod(self.row_shape) * itemsize
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,7 @@ class CacheLayout:
         total = 0
         for k in self.kinds:
             rows = self.block_tokens // k.tokens_per_entry
-            total += len(k.layers) * rows * math.prod(k.row_shape) * itemsize
+            total += len(k.layers) * rows * k.row_bytes(itemsize)
         return total
 
     def bytes_per_state_row(self, itemsize: int) -> int:
@@ -65,15 +73,17 @@ class CacheLayout:
     def bytes_per_token(self, itemsize: int) -> dict[str, float]:
         """Bytes one cached token costs in each kind, over every owning layer (a compressed kind stores one row
         per ``tokens_per_entry`` tokens)."""
-        return {k.name: len(k.layers) * math.prod(k.row_shape) * itemsize / k.tokens_per_entry for k in self.kinds}
+        return {k.name: len(k.layers) * k.row_bytes(itemsize) / k.tokens_per_entry for k in self.kinds}
 
     def describe(self, itemsize: int) -> str:
-        """Bytes per token per kind for the start-up log, e.g. ``swa 8192 B (window 128), ckv2 2048 B``."""
+        """Bytes per token per kind for the start-up log, e.g. ``swa 8192 B (window 128), ckv2 2048 B``; a kind
+        stored as records names its format, e.g. ``ckv2 432 B (ckv_fp4 288 B)``."""
         parts = []
         for k in self.kinds:
             per = self.bytes_per_token(itemsize)[k.name]
             window = f" (window {k.window_tokens})" if k.window_tokens is not None else ""
-            parts.append(f"{k.name} {per:,.0f} B{window}")
+            rec = f" ({k.record.kind} {k.record.nbytes} B)" if k.record is not None else ""
+            parts.append(f"{k.name} {per:,.0f} B{window}{rec}")
         return ", ".join(parts)
 
     def kind(self, name: str) -> KindSpec:
@@ -127,6 +137,31 @@ def build_layout(cfg: ModelConfig, block_tokens: int | None = None, lookahead_to
                 width = 2 * c * hd + (4 * di if lid in idx_owners else 0)
                 states.append(StateSpec(lid, (r - 1, width)))  # open-window rows: kv|score (+ indexer)
     return CacheLayout(block_tokens, tuple(kinds), tuple(states))
+
+
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+def with_kv_cache_dtype(layout: CacheLayout, cfg: ModelConfig, kv_cache_dtype: str) -> CacheLayout:
+    """``layout`` with its rows stored as ``kv_cache_dtype`` says (docs/model.md §6): ``auto`` keeps the compute
+    dtype; ``fp8`` stores the deployed records (:mod:`.records`). V4.1: window rows (``swa``, ``dspark``) FP8 E4M3
+    with E8M0 scales per 32 dims (528 B at head_dim 512), compressed KV (``ckv{r}``) FP4 E2M1 with E4M3 scales per
+    16 (288 B), index keys (``idx{r}``) MXFP4 (68 B at 128 dims). V4: window and compressed rows FP8 per 64 with
+    the RoPE dims in bf16 (584 B); its index keys and overlap rows stay in the compute dtype, as the reference
+    keeps them. Raises ValueError for another value."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    if kv_cache_dtype == "auto":
+        return layout
+    hd, di = cfg.head_dim, cfg.index_head_dim
+    if cfg.is_v41:
+        window = RecordFormat("swa_fp8", hd)
+        fmt = {"swa": window, "dspark": window, "ckv": RecordFormat("ckv_fp4", hd), "idx": RecordFormat("idx_mxfp4", di)}
+    else:
+        window = RecordFormat("swa_v4", hd, rope=cfg.qk_rope_head_dim)
+        fmt = {"swa": window, "dspark": window, "ckv": window}
+    kinds = tuple(dataclasses.replace(k, record=fmt.get(k.name.rstrip("0123456789"))) for k in layout.kinds)
+    return dataclasses.replace(layout, kinds=kinds)
 
 
 class PagedCache:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..cache.layout import KV_CACHE_DTYPES
 from ..distributed.runtime import check_backend
 from .params import DEFAULT_MAX_N
 from .engram_config import EngramConfig
@@ -30,7 +31,9 @@ class EngineArgs:
     KV block (default: 64 rounded to every compression ratio). kv_cache_bytes: cache budget on CPU;
     gpu_memory_utilization: fraction of GPU memory for weights + cache on CUDA. dtype: compute dtype
     (``auto``: bfloat16 for the fast model on CUDA, else float32; the paged bridge takes float32 | float64).
-    num_kv_blocks: override the block count per kind (tests, tuning). numerics: exact | deployed (docs/numerics.md §4).
+    num_kv_blocks: override the block count per kind (tests, tuning). kv_cache_dtype: ``auto`` (the compute dtype)
+    or ``fp8`` (V4.1's deployed records: FP8 window rows, FP4 compressed KV, MXFP4 index keys, 2–3.6× smaller;
+    fast model only; :func:`v41.cache.layout.with_kv_cache_dtype`). numerics: exact | deployed (docs/numerics.md §4).
     model_impl: ``fast`` (the production model, ``models/fast``), ``paged`` (the reference modules over the
     paged caches, ``models/paged``) or ``auto`` (fast, except ``numerics="deployed"`` which only the paged bridge
     computes). quantization: ``auto`` keeps the checkpoint's FP8 / MXFP4 weights packed on the device (what its
@@ -68,6 +71,7 @@ class EngineArgs:
     block_size: int | None = None
     kv_cache_bytes: int = 512 << 20
     num_kv_blocks: int | None = None
+    kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float = 0.9
     dtype: str = "auto"
     device: str = "cpu"
@@ -153,6 +157,11 @@ class EngineArgs:
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         impl = self.resolved_model_impl()
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if impl == "paged" and self.kv_cache_dtype != "auto":
+            raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} runs on the fast model (model_impl='fast'); "
+                             "the paged bridge keeps its caches in the compute dtype")
         if impl == "fast" and self.numerics == "deployed":
             raise ValueError("numerics='deployed' runs on the paged bridge only (model_impl='paged' or 'auto')")
         if impl == "paged" and self.dtype not in ("auto", *PAGED_DTYPES):

@@ -61,6 +61,7 @@ def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None, session
                       engram_pin=offload and str(device).startswith("cuda")
                       and args.engram_config.resolved_transfer() == "uva")
     model.index_scratch_bytes = args.index_scratch_bytes
+    model.kv_cache_dtype = args.kv_cache_dtype
     return model
 
 

@@ -4,6 +4,8 @@ sparse interface: every query lists the cache slots it reads, −1 = none).
 The Triton kernel (one program per query token and block of 16 heads) gathers each listed key row once per
 head block, keeps an online softmax in float32 and adds the sink to the final normaliser only; slot −1 is
 skipped inside the kernel. Up to two sources (the window and the compressed entries) are read in one launch.
+A source may be a cache of records (``--kv-cache-dtype fp8``, :mod:`v41.cache.records`): its rows are decoded
+where they are read (:func:`.records.load_rows`).
 """
 
 from __future__ import annotations
@@ -11,26 +13,39 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..cache.records import RecordFormat
 from .dispatch import TRITON_DTYPES, dot_dtype, triton, use_triton
 from .paged import gather_slots
+from .records import format_id, rope_dims
+
+Records = list[RecordFormat | None] | None
+
+
+def gather_keys(cache: Tensor, slots: Tensor, record: RecordFormat | None, dtype: torch.dtype) -> Tensor:
+    """Rows of ``cache`` at ``slots`` [...] (−1 = a zero row) in ``dtype``, decoded when ``record`` is set
+    (``cache`` uint8 [S, record.nbytes])."""
+    rows = gather_slots(cache, slots)
+    return (record.decode(rows) if record is not None else rows).to(dtype)
 
 
 def sparse_mqa_sink_ref(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, scale: float,
-                        max_rows: int = 1 << 22) -> Tensor:
+                        records: Records = None, max_rows: int = 1 << 22) -> Tensor:
     """``softmax({q·k·scale : listed keys} ∪ {sink_h})``-weighted sum of the keys (K = V).
 
     q: [T, H, d]; sources: (cache [S_i, d], slots [T, K_i] int64, −1 = skip) whose keys are concatenated per
-    query; sink: [H] (denominator only, unscaled). Queries are processed in chunks so that at most
-    ``max_rows`` gathered key elements live at once. Returns [T, H, d] in q's dtype; a query with no valid
-    key returns zeros.
+    query; records: per source its :class:`~v41.cache.records.RecordFormat` when the cache holds records
+    (uint8 [S_i, nbytes]), else None; sink: [H] (denominator only, unscaled). Queries are processed in chunks
+    so that at most ``max_rows`` gathered key elements live at once. Returns [T, H, d] in q's dtype; a query
+    with no valid key returns zeros.
     """
     t, h, d = q.shape
+    records = records or [None] * len(sources)
     width = sum(s.shape[1] for _, s in sources)
     out = torch.empty_like(q)
     step = max(1, max_rows // max(1, width * d))
     for a in range(0, t, step):
         b = min(t, a + step)
-        keys = torch.cat([gather_slots(c, s[a:b]) for c, s in sources], dim=1).to(q.dtype)  # [c, K, d]
+        keys = torch.cat([gather_keys(c, s[a:b], f, q.dtype) for (c, s), f in zip(sources, records)], dim=1)
         valid = torch.cat([s[a:b] >= 0 for _, s in sources], dim=1)  # [c, K]
         logits = torch.einsum("thd,tkd->thk", q[a:b], keys) * scale
         logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
@@ -41,29 +56,33 @@ def sparse_mqa_sink_ref(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: T
     return out
 
 
-def sparse_mqa_sink(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, scale: float) -> Tensor:
+def sparse_mqa_sink(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, scale: float,
+                    records: Records = None) -> Tensor:
     """:func:`sparse_mqa_sink_ref` as one Triton launch where :func:`.dispatch.use_triton` says so (one or two
-    sources whose caches have q's dtype, d a power of two ≥ 16)."""
+    sources whose caches have q's dtype or hold records, d a power of two ≥ 16)."""
     d = q.shape[-1]
+    records = records or [None] * len(sources)
     if (q.dtype in TRITON_DTYPES and 1 <= len(sources) <= 2 and d >= 16 and d & (d - 1) == 0
-            and all(c.dtype == q.dtype for c, _ in sources) and use_triton(q, family="attention")):
-        return _sparse_triton(q, sources, sink, scale)
-    return sparse_mqa_sink_ref(q, sources, sink, scale)
+            and all(c.dtype == (q.dtype if f is None else torch.uint8) for (c, _), f in zip(sources, records))
+            and use_triton(q, family="attention")):
+        return _sparse_triton(q, sources, sink, scale, records)
+    return sparse_mqa_sink_ref(q, sources, sink, scale, records)
 
 
 if triton is not None:
     import triton.language as tl
 
+    from .records import load_rows
+
     @triton.jit
     def _source_pass(q, m, l, acc, t, cache_ptr, slots_ptr, stride_c, stride_st, n_keys, scale,
-                     D: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
-        rd = tl.arange(0, D)
+                     D: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, FMT: tl.constexpr,
+                     ROPE: tl.constexpr):
         for k0 in range(0, n_keys, BK):
             rk = k0 + tl.arange(0, BK)
             slot = tl.load(slots_ptr + t * stride_st + rk, mask=rk < n_keys, other=-1)
             valid = slot >= 0
-            kt = tl.load(cache_ptr + tl.maximum(slot, 0).to(tl.int64)[:, None] * stride_c + rd[None, :],
-                         mask=valid[:, None], other=0.0)
+            kt = load_rows(cache_ptr, tl.maximum(slot, 0).to(tl.int64) * stride_c, valid, D, FMT, ROPE)
             if IEEE:
                 s = tl.dot(q, tl.trans(kt.to(DOT)), input_precision="ieee") * scale
             else:
@@ -84,7 +103,8 @@ if triton is not None:
     def _sparse_kernel(q_ptr, o_ptr, sink_ptr, c0_ptr, s0_ptr, c1_ptr, s1_ptr, H, n0, n1, scale,
                        stride_qt, stride_qh, stride_ot, stride_oh, stride_c0, stride_s0, stride_c1, stride_s1,
                        TWO: tl.constexpr, D: tl.constexpr, BH: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
-                       IEEE: tl.constexpr):
+                       IEEE: tl.constexpr, FMT0: tl.constexpr, FMT1: tl.constexpr, ROPE0: tl.constexpr,
+                       ROPE1: tl.constexpr):
         t, hb = tl.program_id(0), tl.program_id(1)
         rh = hb * BH + tl.arange(0, BH)
         hmask = rh < H
@@ -94,17 +114,19 @@ if triton is not None:
         m = tl.full([BH], -1.0e30, dtype=tl.float32)  # finite: exp(m − m_new) stays defined with no valid key
         l = tl.zeros([BH], dtype=tl.float32)
         acc = tl.zeros([BH, D], dtype=tl.float32)
-        m, l, acc = _source_pass(q, m, l, acc, t, c0_ptr, s0_ptr, stride_c0, stride_s0, n0, scale, D, BK, DOT, IEEE)
+        m, l, acc = _source_pass(q, m, l, acc, t, c0_ptr, s0_ptr, stride_c0, stride_s0, n0, scale, D, BK, DOT, IEEE,
+                                 FMT0, ROPE0)
         if TWO:
             m, l, acc = _source_pass(q, m, l, acc, t, c1_ptr, s1_ptr, stride_c1, stride_s1, n1, scale, D, BK, DOT,
-                                     IEEE)
+                                     IEEE, FMT1, ROPE1)
         sink = tl.load(sink_ptr + rh, mask=hmask, other=0.0).to(tl.float32)
         out = acc / (l + tl.exp(sink - m))[:, None]
         tl.store(o_ptr + t * stride_ot + rh[:, None] * stride_oh + rd[None, :], out.to(o_ptr.dtype.element_ty),
                  mask=hmask[:, None])
 
 
-def _sparse_triton(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, scale: float) -> Tensor:
+def _sparse_triton(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, scale: float,
+                   records: list[RecordFormat | None]) -> Tensor:
     t, h, d = q.shape
     out = torch.empty_like(q)
     if t == 0:
@@ -118,5 +140,6 @@ def _sparse_triton(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor
         q, out, sink, c0, s0, c1, s1, h, s0.shape[1], s1.shape[1] if len(sources) == 2 else 0, float(scale),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), c0.stride(0), s0.stride(0), c1.stride(0),
         s1.stride(0), TWO=len(sources) == 2, D=d, BH=bh, BK=bk, DOT=dot_dtype(q.dtype),
-        IEEE=q.dtype == torch.float32)
+        IEEE=q.dtype == torch.float32, FMT0=format_id(records[0]), FMT1=format_id(records[-1]),
+        ROPE0=rope_dims(records[0]), ROPE1=rope_dims(records[-1]))
     return out

@@ -23,7 +23,6 @@ with a clear error, or accepted with one warning; none is ignored silently:
   get one warning each: v41's drafter runs the target's kernel paths.
 * ``--engram-config``: parsed into :class:`v41.engine.engram_config.EngramConfig` (an unknown key, a wrong type
   or value is an error naming it) and handed to the engine (docs/engram.md).
-* ``--kv-cache-dtype`` other than ``auto``: not available yet; an error says so.
 
 Errors: :class:`FlagError` (a ``ValueError``; ``v41-serve`` exits with status 2).
 """
@@ -66,7 +65,6 @@ class PeerSettings:
 def resolve(opts: argparse.Namespace, device: str) -> PeerSettings:
     """Check the peer flags of ``opts`` for ``device`` (``cpu``, ``cuda``, ``cuda:N``), log their warnings, and
     return what they decide. Raises FlagError."""
-    check_not_yet_available(opts)
     settings = PeerSettings(chat_revision(opts), kernel_env(opts, device), opts.enable_auto_tool_choice)
     check_attention_config(opts.attention_config)
     check_speculative_config(opts.speculative_config)
@@ -80,16 +78,6 @@ def resolve(opts: argparse.Namespace, device: str) -> PeerSettings:
         log.warning("--mm-encoder-tp-mode %s has no meaning for v41 until it serves images (docs/model.md §3.10); "
                     "ignored", opts.mm_encoder_tp_mode)
     return settings
-
-
-def check_not_yet_available(opts: argparse.Namespace) -> None:
-    """FlagError naming every given flag whose feature v41 does not have yet."""
-    problems = []
-    if opts.kv_cache_dtype != "auto":
-        problems.append(f"--kv-cache-dtype {opts.kv_cache_dtype}: only 'auto' (the compute dtype) is available; "
-                        f"quantized KV caches are not available yet")
-    if problems:
-        raise FlagError("; ".join(problems))
 
 
 def chat_revision(opts: argparse.Namespace) -> str | None:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ...config import LayerPlan, ModelConfig
 from ...distributed.group import SINGLE, TPGroup
-from ...kernels.paged import scatter_rows, table_slots
+from ...kernels.paged import table_slots
 from ...kernels.sparse_attention import sparse_mqa_sink
 from ..protocol import StepBatch
 from ..sharding import group_range, head_range
@@ -59,8 +59,7 @@ class StepContext:
     def write(self, kind: str, layer: int, rows_idx: Tensor, values: Tensor) -> None:
         """Write ``values`` [n, *row] at the slots the tokens ``rows_idx`` [n] close in ``kind``'s cache of
         ``layer`` (slot −1 = nothing written)."""
-        scatter_rows(self.cache.tensors[kind][layer], self.batch.slot_mapping[kind], values,
-                     self.cache.dummy_slot(kind), index=rows_idx)
+        self.cache.store(kind, layer, self.batch.slot_mapping[kind], values, index=rows_idx)
 
     def write_closed(self, kind: str, layer: int, seg: Segments, values: Tensor) -> None:
         """Write ``values`` [S, *row] of the segments ``seg`` at the slots their last tokens close in ``kind``'s
@@ -70,7 +69,7 @@ class StepContext:
         if slots is None:
             slots = torch.where(seg.valid[:, 0], self.batch.slot_mapping[kind][seg.last_row], -1)
             self._closed[kind] = slots
-        scatter_rows(self.cache.tensors[kind][layer], slots, values, self.cache.dummy_slot(kind))
+        self.cache.store(kind, layer, slots, values)
 
 
 def rope_key(plan: LayerPlan) -> str:
@@ -120,12 +119,14 @@ class FastAttention(nn.Module):
         q = rope(q, cos, sin)
         kv = rope(self.kv_norm(self.wkv(x)), cos, sin)
         lid = self.plan.layer_id
-        scatter_rows(ctx.cache.tensors["swa"][lid], ctx.batch.slot_mapping["swa"], kv, ctx.cache.dummy_slot("swa"))
+        ctx.cache.store("swa", lid, ctx.batch.slot_mapping["swa"], kv)
         sources = [(ctx.cache.tensors["swa"][lid], ctx.window_slots)]
+        records = [ctx.cache.records["swa"]]
         extra = self.compressed_source(x, qr, ctx)
         if extra is not None:
             sources.append(extra)
-        o = sparse_mqa_sink(q, sources, self.attn_sink, self.head_dim ** -0.5)
+            records.append(ctx.cache.records[f"ckv{self.plan.ratio}"])
+        o = sparse_mqa_sink(q, sources, self.attn_sink, self.head_dim ** -0.5, records)
         o = rope(o, cos, sin, inverse=True)
         return self.tp.all_reduce(self.wo_b(self.wo_a(o.reshape(x.shape[0], -1))))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ... import quant
 from ...config import LayerPlan, ModelConfig
 from ...distributed.group import TPGroup
 from ...kernels.indexer import index_scores
@@ -93,9 +94,12 @@ class CSA2Attention(FastAttention):
         q = rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
         w = ix.weights_proj(x, torch.promote_types(x.dtype, torch.float32)) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
         kind = f"idx{r}"
+        record = ctx.cache.records[kind]
+        if record is not None:  # MXFP4 keys are scored against MXFP4 queries, as the deployed kernel does (§2)
+            q = quant.mxfp4_qdq(q, 32)
         b = ctx.batch
         scores = index_scores(q, w, ctx.cache.tensors[kind][plan.kv_src], b.block_tables[kind], b.req_index,
-                              ctx.n_visible[r], ctx.cache.rows_per_block(kind), ctx.n_max[r])
+                              ctx.n_visible[r], ctx.cache.rows_per_block(kind), ctx.n_max[r], record=record)
         if plan.is_candidate_source:
             ctx.cand = candidate_mask(scores, ctx.n_visible[r], cfg.candidate_block_size, cfg.candidate_topk_blocks)
         elif plan.uses_candidate_filter:

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import torch
 
-from ...cache.layout import CacheLayout, KindSpec, StateSpec, build_layout
+from ...cache.layout import CacheLayout, KindSpec, StateSpec, build_layout, with_kv_cache_dtype
+from ...cache.records import RecordFormat
 from ...config import ModelConfig
+from ...kernels.paged import scatter_rows
 
 
-def fast_layout(cfg: ModelConfig, block_tokens: int | None = None, lookahead_tokens: int = 0) -> CacheLayout:
-    """The fast model's layout: the bridge's kinds with the fast row shapes of ``cov{r}`` and the state rows.
+def fast_layout(cfg: ModelConfig, block_tokens: int | None = None, lookahead_tokens: int = 0,
+                kv_cache_dtype: str = "auto") -> CacheLayout:
+    """The fast model's layout: the bridge's kinds with the fast row shapes of ``cov{r}`` and the state rows, stored
+    as ``kv_cache_dtype`` says (:func:`~v41.cache.layout.with_kv_cache_dtype`; raises its ValueError).
 
     ``lookahead_tokens`` k > 0 (speculative decoding, :func:`build_layout`): a V4.1 ratio-2 state row becomes a
     ring of :func:`state_ring_size` triples ``[R, 3, head_dim]``, slot ``window mod R`` holding the open-window
@@ -33,7 +37,7 @@ def fast_layout(cfg: ModelConfig, block_tokens: int | None = None, lookahead_tok
         csa_v4 = not cfg.is_v41 and plan.attn_type == "csa"
         row = (3, 2 * (hd + di) if csa_v4 else hd)
         states.append(StateSpec(s.layer, (state_ring_size(lookahead_tokens), *row) if lookahead_tokens else row))
-    return CacheLayout(base.block_tokens, kinds, tuple(states))
+    return with_kv_cache_dtype(CacheLayout(base.block_tokens, kinds, tuple(states)), cfg, kv_cache_dtype)
 
 
 def state_ring_size(lookahead_tokens: int) -> int:
@@ -45,20 +49,33 @@ def state_ring_size(lookahead_tokens: int) -> int:
 
 class FastCache:
     """``tensors[kind][layer]`` [(num_blocks + 1)·rows_per_block, *row_shape] in the compute dtype (float32 for
-    ``cov``), ``state[layer]`` [num_state_rows + 1, *row_shape] float32; the last block / row is padding."""
+    ``cov``), or uint8 [.., record bytes] for a kind stored as records (``records[kind]``, ``--kv-cache-dtype
+    fp8``); ``state[layer]`` [num_state_rows + 1, *row_shape] float32; the last block / row is padding."""
 
     def __init__(self, layout: CacheLayout, num_blocks: int, num_state_rows: int, dtype: torch.dtype,
                  device: torch.device | str):
         self.layout, self.num_blocks, self.num_state_rows = layout, num_blocks, num_state_rows
         self.tensors: dict[str, dict[int, torch.Tensor]] = {}
+        self.records: dict[str, RecordFormat | None] = {k.name: k.record for k in layout.kinds}
         state_dtype = torch.promote_types(dtype, torch.float32)
         for k in layout.kinds:
-            rows = layout.block_tokens // k.tokens_per_entry
-            kdt = state_dtype if k.name.startswith("cov") else dtype
-            self.tensors[k.name] = {lid: torch.zeros((num_blocks + 1) * rows, *k.row_shape, dtype=kdt, device=device)
-                                    for lid in k.layers}
+            n = (num_blocks + 1) * (layout.block_tokens // k.tokens_per_entry)
+            if k.record is not None:
+                shape, kdt = (n, k.record.nbytes), torch.uint8
+            else:
+                shape, kdt = (n, *k.row_shape), state_dtype if k.name.startswith("cov") else dtype
+            self.tensors[k.name] = {lid: torch.zeros(shape, dtype=kdt, device=device) for lid in k.layers}
         self.state = {s.layer: torch.zeros(num_state_rows + 1, *s.row_shape, dtype=state_dtype, device=device)
                       for s in layout.states}
+
+    def store(self, kind: str, layer: int, slots: torch.Tensor, rows: torch.Tensor,
+              index: torch.Tensor | None = None) -> None:
+        """Write ``rows`` [n, *row_shape] (encoded into ``kind``'s records when it has them) at ``slots`` [n] (or
+        ``slots[index]``) of ``layer``'s cache; slot −1 writes nothing (:func:`~v41.kernels.paged.scatter_rows`)."""
+        fmt = self.records[kind]
+        if fmt is not None:
+            rows = fmt.encode(rows)
+        scatter_rows(self.tensors[kind][layer], slots, rows, self.dummy_slot(kind), index=index)
 
     def rows_per_block(self, kind: str) -> int:
         return self.layout.block_tokens // self.layout.kind(kind).tokens_per_entry

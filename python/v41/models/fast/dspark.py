@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from ...config import LayerPlan, ModelConfig
 from ...distributed.group import TPGroup, split_range
-from ...kernels.paged import scatter_rows, table_slots
+from ...kernels.paged import table_slots
 from ...kernels.rope import rope
 from ...kernels.sparse_attention import sparse_mqa_sink
 from .attention import FastAttention
@@ -84,7 +84,8 @@ class DraftAttention(FastAttention):
         q = rope(self.wq_b(qr).view(x.shape[0], self.n_heads, self.head_dim), cos, sin)
         ring = ctx.cache.tensors["dspark"][self.plan.layer_id]
         sources = [(ring, ctx.ring_slots), (self.kv_rows(x, cos, sin), ctx.block_slots)]
-        o = rope(sparse_mqa_sink(q, sources, self.attn_sink, self.head_dim ** -0.5), cos, sin, inverse=True)
+        records = [ctx.cache.records["dspark"], None]
+        o = rope(sparse_mqa_sink(q, sources, self.attn_sink, self.head_dim ** -0.5, records), cos, sin, inverse=True)
         return self.tp.all_reduce(self.wo_b(self.wo_a(o.reshape(x.shape[0], -1))))
 
 
@@ -160,8 +161,7 @@ class FastDrafter(nn.Module):
         main_x = first.main_norm(first.main_proj(aux.to(first.main_norm.weight.dtype)))
         for stage in self.stages:
             attn = stage.attn
-            scatter_rows(cache.tensors["dspark"][attn.plan.layer_id], slots, attn.kv_rows(main_x, cos, sin),
-                         cache.dummy_slot("dspark"))
+            cache.store("dspark", attn.plan.layer_id, slots, attn.kv_rows(main_x, cos, sin))
 
     def forward(self, batch: DraftBatch, embed: nn.Module, cache: FastCache) -> tuple[Tensor, Tensor]:
         """One draft pass: the base logits [B·K, V] float32 (before the Markov term) and the collapsed hidden
