@@ -7,7 +7,8 @@
 # run: bash benches/gpu/cuda_gpu.sh [kernel_bench.py args]   (SKIP_TESTS=1, SKIP_BENCH=1 skip a stage;
 # TRITON_CHECKS= leaves out the Triton kernel checks of tests/test_gpu_fast.py)
 # FLASH="--slice v4 --cells 1x2048,8x2048 --prefill ," also runs flash_slice.py with V41_KERNELS=auto (CUDA kernels)
-# and V41_KERNELS=triton, one after the other (FLASH_MODES="auto" runs only the first).
+# and V41_KERNELS=triton, one after the other (FLASH_MODES="auto" runs only the first), for each KV cache dtype
+# of FLASH_KV (default "auto"; "auto fp8" runs both).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
@@ -24,10 +25,12 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     ${TRITON_CHECKS-tests/test_gpu_fast.py::test_triton_kernel_equals_its_reference_on_the_gpu} 2>&1 | tee "$OUT/gpu_tests.txt" | tail -25
 fi
 if [ -n "${FLASH:-}" ]; then
-  for mode in ${FLASH_MODES:-auto triton}; do
-    mkdir -p "$OUT/flash_$mode"
-    V41_KERNELS=$mode timeout "${FLASH_TIMEOUT:-200}" python3 benches/gpu/flash_slice.py --out "$OUT/flash_$mode" \
-      $FLASH 2>&1 | tee "$OUT/flash_$mode.txt" | tail -8
+  for kv in ${FLASH_KV:-auto}; do
+    for mode in ${FLASH_MODES:-auto triton}; do
+      mkdir -p "$OUT/flash_${mode}_$kv"
+      V41_KERNELS=$mode timeout "${FLASH_TIMEOUT:-200}" python3 benches/gpu/flash_slice.py \
+        --out "$OUT/flash_${mode}_$kv" --kv-cache-dtype "$kv" $FLASH 2>&1 | tee "$OUT/flash_${mode}_$kv.txt" | tail -12
+    done
   done
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

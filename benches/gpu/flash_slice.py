@@ -75,7 +75,7 @@ def v41_engine(path: Path, max_seqs: int, max_tokens: int, max_len: int, quantiz
 
     args = EngineArgs(model=str(path), load_format="dummy", device="cuda", max_num_seqs=max_seqs,
                       max_num_batched_tokens=max_tokens, max_model_len=max_len, enable_prefix_caching=False,
-                      quantization=quantization, num_kv_blocks=max(64, max_seqs * (-(-max_len // 128) + 2)), **kw)
+                      quantization=quantization, num_kv_blocks=max(64, max_seqs * (-(-max_len // 64) + 2)), **kw)
     core = EngineCore(args)
     if core.engram_rows is not None:  # the slice's tokenizer is the tiny one: fold the 129k ids onto its token map
         rows, n = core.engram_rows.rows, core.engram_rows.vocab
@@ -170,6 +170,13 @@ def floor_ms(wb: dict, cfg, batch: int, context: int, copy_gbps: float, layout=N
     weights = wb["dense"] + wb["n_moe"] * touched * wb["expert_per_layer_each"] + wb["head"]
     kv = sum(layer_kv_bytes(cfg, plan, batch, context, layout) for plan in cfg.plan)
     return 1e3 * (weights + kv) / (copy_gbps * 1e9)
+
+
+def request_cache_bytes(layout, context: int) -> dict[str, int]:
+    """Bytes one request at ``context`` tokens holds in each cache kind (window kinds keep their window), as the
+    layout stores rows (bf16 or records)."""
+    per = layout.bytes_per_token(2)
+    return {k.name: int(per[k.name] * min(context, k.window_tokens or context)) for k in layout.kinds}
 
 
 # -- transformers (V4) ------------------------------------------------------------------------------------------
@@ -309,7 +316,8 @@ def main() -> None:
             def after(core, what=what, batch=batch, context=context):
                 layer_rows[what] = per_layer(core, batch, context, env["copy_GBps"])
         rows.append({"what": what, "v41": v41_decode(core, batch, context, after=after), "unit": "ms",
-                     "floor": floor_ms(wb, core.cfg, batch, context, env["copy_GBps"], core.layout)})
+                     "floor": floor_ms(wb, core.cfg, batch, context, env["copy_GBps"], core.layout),
+                     "request_cache_bytes": request_cache_bytes(core.layout, context)})
         print(rows[-1], flush=True)
     if a.transformers and a.slice == "v4":
         hf = hf_from_v41(path, core)
@@ -330,6 +338,11 @@ def main() -> None:
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / f"flash_slice_{a.slice}_{a.kv_cache_dtype}.json").write_text(json.dumps({"env": env, "weights": wb, "rows": rows,
                                                                                "per_layer": layer_rows}))
+    for r in rows:
+        if "request_cache_bytes" in r:
+            per = r["request_cache_bytes"]
+            print(f"{r['what']}: KV cache per request ({a.kv_cache_dtype}) {sum(per.values()) / 2**20:.1f} MiB: "
+                  + ", ".join(f"{k} {v / 2**20:.2f}" for k, v in per.items()))
     for what, lrows in layer_rows.items():
         print(f"\nflash-slice-{a.slice} {what}, layer by layer (graph per layer; floor = its bytes / copy bandwidth)")
         for r in lrows:
