@@ -124,7 +124,8 @@ def _e2m1_codes(q: Tensor) -> Tensor:
 
 
 def _e2m1_lut(device: torch.device) -> Tensor:
-    return torch.tensor(_E2M1_VALUES, dtype=torch.float32, device=device)
+    """:data:`_E2M1_VALUES` by code, computed on ``device`` (no host copy, so CUDA graphs can capture it)."""
+    return e2m1_values(torch.arange(16, device=device))
 
 
 def e2m1_codes(q: Tensor) -> Tensor:
@@ -133,13 +134,17 @@ def e2m1_codes(q: Tensor) -> Tensor:
 
 
 def e2m1_values(codes: Tensor) -> Tensor:
-    """E2M1 codes (any integer dtype, 0..15) → their float32 values."""
-    return _e2m1_lut(codes.device)[codes.long()]
+    """E2M1 codes (any integer dtype, 0..15) → their float32 values (:data:`_E2M1_VALUES`): exponent bits
+    ``e = (c >> 1) & 3`` and mantissa bit ``m``: ``m/2`` when ``e = 0``, else ``(2 + m)·2^(e−2)``; bit 3 = sign."""
+    c = codes.to(torch.int32)
+    e, m = torch.bitwise_right_shift(c, 1) & 3, (c & 1).to(torch.float32)
+    mag = torch.where(e == 0, m * 0.5, (m + 2) * _exp2_int(e - 2))
+    return torch.where((c & 8) != 0, -mag, mag)
 
 
 def _e2m1_round(q: Tensor) -> Tensor:
     """Nearest E2M1 value of float32 ``q`` (RNE, saturating), as float32."""
-    return _e2m1_lut(q.device)[_e2m1_codes(q).long()]
+    return e2m1_values(_e2m1_codes(q))
 
 
 def _block2(block: int | Sequence[int]) -> tuple[int, int]:
