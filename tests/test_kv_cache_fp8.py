@@ -42,9 +42,10 @@ def cache_half_deployed(path):
     return ref
 
 
-def fast_logits(path, ids, kv_cache_dtype, chunk=7, block_tokens=8):
+def fast_logits(path, ids, kv_cache_dtype, chunk=7, block_tokens=8, numerics="exact"):
     model = load_fast(path, torch.float32, "cpu")
     model.kv_cache_dtype = kv_cache_dtype
+    model.set_numerics(numerics)
     drv = StepDriver(model, engram_hasher(model.cfg, path / "tokenizer.json"), block_tokens)
     return torch.cat([drv.execute([(0, ids[a:a + chunk], a, ids[:a])]) for a in range(0, len(ids), chunk)]), model
 
@@ -114,3 +115,27 @@ def test_engine_with_fp8_cache_serves_batched_and_prefix_hits_like_alone(tmp_pat
     for p, got in zip(prompts, alone):
         want = ref(torch.tensor([p + got[:-1]]))[0][len(p) - 1:].argmax(-1).tolist()
         assert got == want
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v41", "deepseek_v4"])
+def test_fast_model_in_deployed_numerics_equals_the_deployed_oracle(tmp_path, arch):
+    """Both halves: FP8 activations before the FP8 GEMMs and bf16 casts (``set_numerics``) plus the records."""
+    path = make_tiny(tmp_path / "m", arch)
+    ids = torch.randint(3, 1000, (41,), generator=torch.Generator().manual_seed(4)).tolist()
+    want = load(path, numerics="deployed")(torch.tensor([ids]))[0]
+    got, _ = fast_logits(path, ids, "fp8", block_tokens=8 if arch == "deepseek_v41" else 16, numerics="deployed")
+    err = rel_l2(got, want)
+    cache_only = rel_l2(cache_half_deployed(path)(torch.tensor([ids]))[0], want)
+    print(f"{arch}: fast deployed vs deployed oracle max rel L2 {err.max():.2e}; cache half only {cache_only.max():.3f}")
+    assert err.max() <= 1e-4 < cache_only.max()
+
+
+def test_engine_serves_deployed_numerics_on_the_fast_model(tmp_path):
+    path = make_tiny(tmp_path / "m", "deepseek_v41")
+    llm = LLM(model=str(path), numerics="deployed", max_num_batched_tokens=16)
+    assert llm.engine.args.resolved_model_impl() == "fast" and llm.engine.layout.kind("swa").record is not None
+    prompt = torch.randint(3, 1000, (30,), generator=torch.Generator().manual_seed(8)).tolist()
+    got = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
+                       use_tqdm=False)[0].outputs[0].token_ids
+    want = load(path, numerics="deployed")(torch.tensor([prompt + got[:-1]]))[0][len(prompt) - 1:]
+    assert got == want.argmax(-1).tolist()

@@ -32,11 +32,11 @@ class EngineArgs:
     gpu_memory_utilization: fraction of GPU memory for weights + cache on CUDA. dtype: compute dtype
     (``auto``: bfloat16 for the fast model on CUDA, else float32; the paged bridge takes float32 | float64).
     num_kv_blocks: override the block count per kind (tests, tuning). kv_cache_dtype: ``auto`` (the compute dtype)
-    or ``fp8`` (V4.1's deployed records: FP8 window rows, FP4 compressed KV, MXFP4 index keys, 2–3.6× smaller;
-    fast model only; :func:`v41.cache.layout.with_kv_cache_dtype`). numerics: exact | deployed (docs/numerics.md §4).
+    or ``fp8`` (the deployed records: V4.1 FP8 window rows, FP4 compressed KV, MXFP4 index keys, 2–3.6× smaller;
+    V4 584 B rows; fast model only; :func:`v41.cache.layout.with_kv_cache_dtype`). numerics: exact | deployed
+    (docs/numerics.md §4; ``deployed`` on the fast model stores the records whatever kv_cache_dtype says).
     model_impl: ``fast`` (the production model, ``models/fast``), ``paged`` (the reference modules over the
-    paged caches, ``models/paged``) or ``auto`` (fast, except ``numerics="deployed"`` which only the paged bridge
-    computes). quantization: ``auto`` keeps the checkpoint's FP8 / MXFP4 weights packed on the device (what its
+    paged caches, ``models/paged``) or ``auto`` (fast). quantization: ``auto`` keeps the checkpoint's FP8 / MXFP4 weights packed on the device (what its
     ``quantization_config`` says), ``none`` dequantizes them once at load (fast model only). index_scratch_bytes:
     cap on an indexer's score scratch. enforce_eager: no CUDA graphs. max_cudagraph_capture_size: the largest
     decode batch replayed from a CUDA graph (default min(max_num_seqs, 512); graphs are captured for the padded
@@ -110,10 +110,15 @@ class EngineArgs:
         return spec.num_speculative_tokens if spec is not None else 0
 
     def resolved_model_impl(self) -> str:
-        """``fast`` or ``paged`` (``auto`` resolved as the class docstring says)."""
-        if self.model_impl != "auto":
-            return self.model_impl
-        return "paged" if self.numerics == "deployed" else "fast"
+        """``fast`` or ``paged`` (``auto`` = ``fast``)."""
+        return "fast" if self.model_impl == "auto" else self.model_impl
+
+    def resolved_kv_cache_dtype(self) -> str:
+        """What the caches store: on the fast model ``fp8`` records when asked or under ``deployed`` numerics (the
+        cache half of it); else ``auto`` (the compute dtype; the paged bridge round-trips its rows instead)."""
+        if self.resolved_model_impl() == "paged":
+            return "auto"
+        return "fp8" if self.kv_cache_dtype == "fp8" or self.numerics == "deployed" else "auto"
 
     def torch_dtype(self) -> torch.dtype:
         """The compute dtype (``auto`` resolved). Raises ValueError for an unsupported name."""
@@ -162,8 +167,6 @@ class EngineArgs:
         if impl == "paged" and self.kv_cache_dtype != "auto":
             raise ValueError(f"kv_cache_dtype={self.kv_cache_dtype!r} runs on the fast model (model_impl='fast'); "
                              "the paged bridge keeps its caches in the compute dtype")
-        if impl == "fast" and self.numerics == "deployed":
-            raise ValueError("numerics='deployed' runs on the paged bridge only (model_impl='paged' or 'auto')")
         if impl == "paged" and self.dtype not in ("auto", *PAGED_DTYPES):
             raise ValueError(f"the paged bridge (model_impl='paged') computes in {PAGED_DTYPES}, got dtype "
                              f"{self.dtype!r}")

@@ -17,8 +17,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .. import _native
-from ..cache import blocks_for_budget, build_layout
-from ..cache.layout import with_kv_cache_dtype
+from ..cache import blocks_for_budget
 from ..config import load_config
 from ..models.engram_loader import engram_hasher
 from .args import EngineArgs
@@ -54,9 +53,7 @@ class EngineCore:
         args.validate()
         if args.speculative_config is not None:
             args.speculative_config.check(load_config(args.model, args.hf_overrides), args.tensor_parallel_size)
-        if args.kv_cache_dtype != "auto":  # V4 has no records yet: refused before any weight is loaded
-            cfg = load_config(args.model, args.hf_overrides)
-            with_kv_cache_dtype(build_layout(cfg), cfg, args.kv_cache_dtype)
+
         self.args = args
         dtype = args.torch_dtype()
         self.executor = make_executor(args)
@@ -94,7 +91,7 @@ class EngineCore:
         self._spec_done = SpecDecodeStats()  # the counts of every sequence that has left self.seqs
         log.info("engine ready: %d blocks of %d tokens per kind, kinds %s", num_blocks, layout.block_tokens,
                  [k.name for k in layout.kinds])
-        stored = str(dtype).removeprefix("torch.") if args.kv_cache_dtype == "auto" else "fp8 records"
+        stored = str(dtype).removeprefix("torch.") if args.resolved_kv_cache_dtype() == "auto" else "fp8 records"
         log.info("KV cache (%s): bytes per token per kind: %s; the longest request that fits alone: %d tokens "
                  "(max_model_len %d)", stored, layout.describe(dtype.itemsize), longest, self.max_model_len)
 

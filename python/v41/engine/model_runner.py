@@ -61,7 +61,8 @@ def load_model(args: EngineArgs, device: str, tp: TPGroup | None = None, session
                       engram_pin=offload and str(device).startswith("cuda")
                       and args.engram_config.resolved_transfer() == "uva")
     model.index_scratch_bytes = args.index_scratch_bytes
-    model.kv_cache_dtype = args.kv_cache_dtype
+    model.kv_cache_dtype = args.resolved_kv_cache_dtype()
+    model.set_numerics(args.numerics)
     return model
 
 

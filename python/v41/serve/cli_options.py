@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "kernels; none: dequantize them once at load")
     p.add_argument("--model-impl", choices=("auto", "fast", "paged"), default="auto",
                    help="fast (production model) or paged (reference modules over the paged cache, CPU parity "
-                        "path); auto = fast, paged for --numerics deployed")
+                        "path); auto = fast")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (decode runs eager)")
     p.add_argument("--max-cudagraph-capture-size", type=int, default=None, metavar="N",
                    help="largest decode batch replayed from a CUDA graph (default min(--max-num-seqs, 512))")

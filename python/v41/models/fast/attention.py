@@ -100,14 +100,14 @@ class FastAttention(nn.Module):
         self.n_heads, self.n_groups, self.head_dim = h1 - h0, g1 - g0, hd
         self.rope_key = rope_key(plan)
         self.attn_sink = nn.Parameter(torch.zeros(self.n_heads), requires_grad=False)
-        self.wq_a = PackedLinear(d, cfg.q_lora_rank)
+        self.wq_a = PackedLinear(d, cfg.q_lora_rank, fp8_input=True)
         self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
-        self.wq_b = PackedLinear(cfg.q_lora_rank, self.n_heads * hd)
-        self.wkv = PackedLinear(d, hd)
+        self.wq_b = PackedLinear(cfg.q_lora_rank, self.n_heads * hd, fp8_input=True)
+        self.wkv = PackedLinear(d, hd, fp8_input=True)
         self.kv_norm = RMSNorm(hd, cfg.rms_norm_eps)
         in_g = cfg.num_attention_heads * hd // cfg.o_groups
         self.wo_a = PackedLinear(in_g, self.n_groups * cfg.o_lora_rank, groups=self.n_groups)
-        self.wo_b = PackedLinear(self.n_groups * cfg.o_lora_rank, d)
+        self.wo_b = PackedLinear(self.n_groups * cfg.o_lora_rank, d, fp8_input=True)
 
     def forward(self, x: Tensor, ctx: StepContext) -> Tensor:
         """x [T, D] normalized sub-layer input → [T, D] (full on every rank)."""

@@ -51,7 +51,7 @@ class IndexerV4(nn.Module):
         super().__init__()
         hi, di = cfg.index_n_heads, cfg.index_head_dim
         self.compressor = WindowCompressor(cfg.hidden_size, di, ratio, True, cfg.rms_norm_eps)
-        self.wq_b = PackedLinear(cfg.q_lora_rank, hi * di)
+        self.wq_b = PackedLinear(cfg.q_lora_rank, hi * di, fp8_input=True)
         self.weights_proj = PackedLinear(cfg.hidden_size, hi)
         self.n_heads, self.head_dim = hi, di
 

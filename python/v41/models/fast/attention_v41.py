@@ -30,6 +30,7 @@ class Compressor(nn.Module):
         if ratio == 2:
             self.wgate = PackedLinear(cfg.hidden_size, cfg.head_dim)
         self.norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.deployed = False  # deployed numerics: the pooled ratio-2 latent is cast to bf16 before the norm
 
 
 class Indexer(nn.Module):
@@ -39,7 +40,7 @@ class Indexer(nn.Module):
     def __init__(self, cfg: ModelConfig, owns_keys: bool):
         super().__init__()
         hi, di = cfg.index_n_heads, cfg.index_head_dim
-        self.wq_b = PackedLinear(cfg.q_lora_rank, hi * di)
+        self.wq_b = PackedLinear(cfg.q_lora_rank, hi * di, fp8_input=True)
         self.weights_proj = PackedLinear(cfg.hidden_size, hi)
         if owns_keys:
             self.wk = PackedLinear(cfg.head_dim, di)
@@ -81,7 +82,8 @@ class CSA2Attention(FastAttention):
         seg = ctx.segments[r]
         ct = torch.promote_types(x.dtype, torch.float32)
         m, s, a = pool_step(seg, comp.wkv(x, ct), comp.wgate(x, ct), ctx.cache.state[lid])
-        latent = comp.norm(finish(m, s, a).to(x.dtype))
+        pooled = finish(m, s, a)
+        latent = comp.norm((pooled.to(torch.bfloat16) if comp.deployed else pooled).to(x.dtype))
         cos, sin = ctx.ropes[self.rope_key].cos_sin(seg.window * r)
         ctx.write_closed(f"idx{r}", lid, seg, rope(ix.k_norm(ix.wk(latent)), cos, sin))
         ctx.write_closed(f"ckv{r}", lid, seg, rope(latent, cos, sin))

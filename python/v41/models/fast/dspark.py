@@ -123,7 +123,7 @@ class DraftStage(FastBlock):
         super().__init__(cfg, DraftAttention(cfg, stage, tp), draft_moe(cfg, tp), delayed=True)
         d = cfg.hidden_size
         if stage == 0:
-            self.main_proj = PackedLinear(len(cfg.dspark_target_layer_ids) * d, d)
+            self.main_proj = PackedLinear(len(cfg.dspark_target_layer_ids) * d, d, fp8_input=True)
             self.main_norm = RMSNorm(d, cfg.rms_norm_eps)
         if stage == cfg.num_nextn_predict_layers - 1:
             self.norm = RMSNorm(d, cfg.rms_norm_eps)

@@ -40,7 +40,7 @@ class FastEngram(nn.Module):
         self.register_buffer("table", torch.empty(0), persistent=False)
         self.register_buffer("table_scale", None, persistent=False)
         self.table_fmt, self.table_block = "dense", (1, 1)
-        self.wkv = PackedLinear(cols * cfg.engram_head_dim, (cfg.hc_mult + 1) * cfg.hidden_size)
+        self.wkv = PackedLinear(cols * cfg.engram_head_dim, (cfg.hc_mult + 1) * cfg.hidden_size, fp8_input=True)
         self.q_weight = nn.Parameter(torch.zeros(cfg.hc_mult, cfg.hidden_size), requires_grad=False)
         self.k_weight = nn.Parameter(torch.zeros(cfg.hc_mult, cfg.hidden_size), requires_grad=False)
         self.hc, self.dim, self.eps, self.head_dim = cfg.hc_mult, cfg.hidden_size, cfg.rms_norm_eps, cfg.engram_head_dim

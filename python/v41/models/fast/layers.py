@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ... import quant
 from ...config import RopeScaling, yarn_inv_freq
 from ...kernels.linear import linear
 from ...kernels.norm import rms_norm
@@ -50,13 +51,19 @@ class PackedModule(nn.Module):
 class PackedLinear(PackedModule):
     """``y = x · Wᵀ`` with W ``[out, in]`` in its storage format (set by the loader with :meth:`set`).
 
-    ``groups``: the block-diagonal grouped projection (:func:`v41.kernels.linear.linear`)."""
+    ``groups``: the block-diagonal grouped projection (:func:`v41.kernels.linear.linear`). ``fp8_input``: in
+    ``deployed`` numerics (``self.deployed``, set by :meth:`FastModel.set_numerics`) the input is FP8
+    quantize-dequantized per 32 elements first, as the DeepSeek reference does before its FP8 GEMMs (docs/model.md
+    §2; :func:`v41.quant.fp8_act_qdq`)."""
 
-    def __init__(self, in_features: int, out_features: int, groups: int = 1):
+    def __init__(self, in_features: int, out_features: int, groups: int = 1, fp8_input: bool = False):
         super().__init__((out_features, in_features))
         self.in_features, self.out_features, self.groups = in_features, out_features, groups
+        self.fp8_input, self.deployed = fp8_input, False
 
     def forward(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+        if self.deployed and self.fp8_input:
+            x = quant.fp8_act_qdq(x, 32)
         return linear(x, self.packed, out_dtype, self.groups)
 
 

@@ -75,6 +75,16 @@ class FastModel(nn.Module):
         draft_tp = self.tp if draft_sharded else SINGLE  # replicated stages: no collective inside them
         self.drafter = FastDrafter(cfg, draft_tp, self.ropes["base"], self.head) if lookahead_tokens else None
 
+    def set_numerics(self, numerics: str) -> None:
+        """``exact`` or ``deployed`` (docs/numerics.md §4): the activation half of deployed numerics, i.e. FP8
+        quantize-dequantize of the inputs of the FP8 GEMMs and the reference's bf16 casts (the cache half is
+        ``kv_cache_dtype = "fp8"``). Raises ValueError for another value."""
+        if numerics not in ("exact", "deployed"):
+            raise ValueError(f"numerics must be 'exact' or 'deployed', got {numerics!r}")
+        for m in self.modules():
+            if hasattr(m, "deployed"):
+                m.deployed = numerics == "deployed"
+
     # -- cache ---------------------------------------------------------------------------------------------------
     def cache_layout(self, block_tokens: int | None = None):
         return fast_layout(self.cfg, block_tokens, self.lookahead_tokens, self.kv_cache_dtype)

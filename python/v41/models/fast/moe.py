@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ... import quant
 from ...distributed.group import SINGLE, TPGroup
 from ...kernels.moe import combine_pairs, grouped_linear
 from ...kernels.moe_align import route_pairs
@@ -48,8 +49,9 @@ class FastMoE(nn.Module):
         self.w13 = PackedExperts(n_experts, dim, 2 * inter_local)
         self.w2 = PackedExperts(n_experts, inter_local, dim)
         if n_shared:
-            self.shared_w13 = PackedLinear(dim, 2 * inter_local)
-            self.shared_w2 = PackedLinear(inter_local, dim)
+            self.shared_w13 = PackedLinear(dim, 2 * inter_local, fp8_input=True)
+            self.shared_w2 = PackedLinear(inter_local, dim, fp8_input=True)
+        self.deployed = False  # deployed numerics: FP8 inputs of the expert GEMMs, bf16 hidden before w2 (§3.8)
         self.n_shared, self.n_experts, self.top_k, self.limit = n_shared, n_experts, top_k, limit
         self.gate_temp, self.norm_topk_prob, self.scaling = gate_temp, norm_topk_prob, scaling
         self.always_renorm = always_renorm
@@ -66,13 +68,21 @@ class FastMoE(nn.Module):
                      self.tid2eid[token_ids] if self.is_hash else None, self.top_k, self.gate_temp, renorm,
                      self.scaling)
 
+    def _bf16(self, h: Tensor) -> Tensor:
+        """Deployed numerics: the reference casts the (weighted) hidden to bf16 before w2 (§3.8)."""
+        return h.to(torch.bfloat16).to(h.dtype) if self.deployed else h
+
+    def _w2_input(self, h: Tensor) -> Tensor:
+        return quant.fp8_act_qdq(self._bf16(h), 32) if self.deployed else h
+
     def forward(self, x: Tensor, token_ids: Tensor) -> Tensor:
         """x [T, D] (replicated), token_ids [T] → [T, D] (full on every rank)."""
         k = self.top_k
         ids, weights = self.route(x, token_ids)
         pairs = route_pairs(ids, self.n_experts)
-        h = grouped_linear(x, self.w13.packed, pairs.offsets, rows=pairs.rows, active=pairs.active)
-        h = swiglu(h, self.limit, weights.reshape(-1)[pairs.order])
+        xq = quant.fp8_act_qdq(x, 32) if self.deployed else x
+        h = grouped_linear(xq, self.w13.packed, pairs.offsets, rows=pairs.rows, active=pairs.active)
+        h = self._w2_input(swiglu(h, self.limit, weights.reshape(-1)[pairs.order]))
         y = grouped_linear(h, self.w2.packed, pairs.offsets, active=pairs.active)
-        shared = self.shared_w2(swiglu(self.shared_w13(x), self.limit)) if self.n_shared else None
+        shared = self.shared_w2(self._bf16(swiglu(self.shared_w13(x), self.limit))) if self.n_shared else None
         return self.tp.all_reduce(combine_pairs(y, pairs.inv, k, shared))
