@@ -16,8 +16,8 @@ import torch
 
 from v41 import quant
 from v41.cache.records import RecordFormat
-from v41.kernels import (indexer, linear, mhc, moe, moe_align, norm, paged, rope, router, sampling, sparse_attention,
-                         swiglu, topk, window_pool)
+from v41.kernels import (indexer, linear, mhc, moe, moe_align, norm, paged, record_store, rope, router, sampling,
+                         sparse_attention, swiglu, topk, window_pool)
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
 
@@ -193,6 +193,34 @@ def check_index_scores(device: str, dtype: torch.dtype, g: torch.Generator):
     return out
 
 
+def check_record_store(device: str, dtype: torch.dtype, g: torch.Generator):
+    """The fused record writer gives RecordFormat.encode's bytes exactly (0 = equal, inf = not), over rows of
+    magnitudes 1e-7 .. 1e5 (clamped and subnormal scales), zero rows and blocks, −1 slots and an index; and the
+    fused MXFP4 query rounding equals quant.mxfp4_qdq."""
+    out = []
+    for fmt in (RecordFormat("swa_fp8", 64), RecordFormat("ckv_fp4", 96), RecordFormat("idx_mxfp4", 32),
+                RecordFormat("swa_v4", 64, rope=16), RecordFormat("swa_v4", 512, rope=64),
+                RecordFormat("swa_fp8", 512), RecordFormat("ckv_fp4", 512), RecordFormat("idx_mxfp4", 128)):
+        n = 12
+        x = torch.randn(n, fmt.dims, generator=g) * torch.logspace(-7, 5, n).view(n, 1)
+        x[0] = 0.0
+        x[1, : fmt.block] = 0.0
+        x = x.to(device, dtype)
+        slots = torch.randperm(2 * n, generator=g)[:n].to(device)
+        slots[3] = -1
+        index = torch.randperm(n, generator=g).to(device)
+        want = torch.zeros(2 * n + 1, fmt.nbytes, dtype=torch.uint8, device=device)
+        got = torch.zeros_like(want)
+        paged.scatter_rows_ref(want, slots[index], fmt.encode(x), 2 * n)
+        record_store.store_records(got, slots, x, fmt, 2 * n, index=index)
+        out.append((f"record_store/{fmt.kind}-{fmt.dims}", 0.0 if torch.equal(got[:-1], want[:-1]) else float("inf"),
+                    0.0))
+    q = (torch.randn(5, 4, 128, generator=g) * torch.logspace(-6, 4, 5).view(5, 1, 1)).to(device, dtype)
+    same = torch.equal(record_store.mxfp4_qdq_rows(q), quant.mxfp4_qdq(q, 32))
+    out.append(("record_store/mxfp4_qdq_rows", 0.0 if same else float("inf"), 0.0))
+    return out
+
+
 def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
     t, d = 37, 64
     h = torch.randn(t, 4, d, generator=g).to(device, dtype)
@@ -317,7 +345,7 @@ def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
 
 
 CHECKS = [check_linear, check_grouped, check_route_pairs, check_window_pool, check_attention, check_index_scores,
-          check_mhc, check_uniforms, check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
+          check_record_store, check_mhc, check_uniforms, check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
           check_order_keys]
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ... import quant
 from ...config import LayerPlan, ModelConfig
 from ...distributed.group import TPGroup
 from ...kernels.indexer import index_scores
+from ...kernels.record_store import mxfp4_qdq_rows
 from ...kernels.topk import stable_topk
 from .attention import FastAttention, StepContext, selected_or_none
 from .compress import finish, pool_step
@@ -98,7 +98,7 @@ class CSA2Attention(FastAttention):
         kind = f"idx{r}"
         record = ctx.cache.records[kind]
         if record is not None:  # MXFP4 keys are scored against MXFP4 queries, as the deployed kernel does (§2)
-            q = quant.mxfp4_qdq(q, 32)
+            q = mxfp4_qdq_rows(q)
         b = ctx.batch
         scores = index_scores(q, w, ctx.cache.tensors[kind][plan.kv_src], b.block_tables[kind], b.req_index,
                               ctx.n_visible[r], ctx.cache.rows_per_block(kind), ctx.n_max[r], record=record)

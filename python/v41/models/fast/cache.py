@@ -16,6 +16,7 @@ from ...cache.layout import CacheLayout, KindSpec, StateSpec, build_layout, with
 from ...cache.records import RecordFormat
 from ...config import ModelConfig
 from ...kernels.paged import scatter_rows
+from ...kernels.record_store import store_records
 
 
 def fast_layout(cfg: ModelConfig, block_tokens: int | None = None, lookahead_tokens: int = 0,
@@ -74,8 +75,9 @@ class FastCache:
         ``slots[index]``) of ``layer``'s cache; slot −1 writes nothing (:func:`~v41.kernels.paged.scatter_rows`)."""
         fmt = self.records[kind]
         if fmt is not None:
-            rows = fmt.encode(rows)
-        scatter_rows(self.tensors[kind][layer], slots, rows, self.dummy_slot(kind), index=index)
+            store_records(self.tensors[kind][layer], slots, rows, fmt, self.dummy_slot(kind), index=index)
+        else:
+            scatter_rows(self.tensors[kind][layer], slots, rows, self.dummy_slot(kind), index=index)
 
     def rows_per_block(self, kind: str) -> int:
         return self.layout.block_tokens // self.layout.kind(kind).tokens_per_entry
