@@ -75,6 +75,18 @@ def test_speculation_under_preemption_gives_the_plain_engines_tokens():
         assert list(q.outputs[0].token_ids) == list(p.outputs[0].token_ids)
 
 
+def test_speculation_over_fp8_records_gives_the_plain_fp8_engines_tokens():
+    """With --kv-cache-dtype fp8 the verify steps write the window, compressed and index records and the drafter's
+    context rings as records too; rolled-back positions are rewritten: the tokens are the plain engine's."""
+    prompts = ["def load(path):\n    with open(path) as f:\n", "class Store:\n    def __init__(self"]
+    sp = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    plain = LLM(None, kv_cache_dtype="fp8").generate(prompts, sp, use_tqdm=False)
+    llm = spec_llm(4, kv_cache_dtype="fp8")
+    assert llm.engine.layout.kind("dspark").record is not None
+    for p, q in zip(plain, llm.generate(prompts, sp, use_tqdm=False)):
+        assert list(q.outputs[0].token_ids) == list(p.outputs[0].token_ids)
+
+
 @pytest.mark.slow  # ~300 s on 2 cores; CI runs test_speculation_under_preemption_gives_the_plain_engines_tokens
 def test_speculation_with_chunked_prefill_prefix_hits_and_preemption(oracle):
     """Chunks of 7 tokens (the verify rows share the budget), a shared prefix computed once, and a pool so small

@@ -15,7 +15,8 @@ def engine_info(core) -> dict:
     ``max_model_len`` (tokens, after the KV-cache cap), ``block_tokens`` (tokens per KV block = prefix-cache
     page), ``kinds`` (cache kind names, docs/cache.md), ``num_blocks`` ({kind: blocks or rows}),
     ``max_num_seqs``, ``max_num_batched_tokens``, ``enable_prefix_caching``, ``dtype`` (the compute dtype,
-    resolved: ``float32``, ``bfloat16``, ...), ``device``, ``numerics``, ``model_impl`` (resolved),
+    resolved: ``float32``, ``bfloat16``, ...), ``kv_cache_dtype`` (resolved: ``auto`` or ``fp8`` records), ``device``,
+    ``numerics``, ``model_impl`` (resolved),
     ``tensor_parallel_size``, ``all_reduce_backend`` (the backend in use, None at TP=1), ``engine_args``
     (every :class:`~v41.engine.args.EngineArgs` field as given)."""
     cfg, args = core.cfg, core.args
@@ -26,7 +27,8 @@ def engine_info(core) -> dict:
         "max_model_len": core.max_model_len, "block_tokens": core.layout.block_tokens, "kinds": list(blocks),
         "num_blocks": {k: v["total"] for k, v in blocks.items()}, "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens, "enable_prefix_caching": args.enable_prefix_caching,
-        "dtype": str(args.torch_dtype()).removeprefix("torch."), "device": str(core.device),
+        "dtype": str(args.torch_dtype()).removeprefix("torch."), "kv_cache_dtype": args.resolved_kv_cache_dtype(),
+        "device": str(core.device),
         "numerics": args.numerics, "model_impl": args.resolved_model_impl(),
         "tensor_parallel_size": args.tensor_parallel_size,
         "all_reduce_backend": getattr(core.executor, "backend", None), "engine_args": asdict(args)}
