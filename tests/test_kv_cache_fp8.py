@@ -86,7 +86,7 @@ def test_fp8_cache_equals_the_reference_with_deployed_cache_formats(tmp_path, ar
     err = rel_l2(got, want)
     exact = rel_l2(load(path)(torch.tensor([ids]))[0], want)
     print(f"fp8 cache vs cache-deployed oracle: max rel L2 {err.max():.2e}; exact oracle vs it {exact.max():.3f}")
-    assert err.max() <= 1e-4 < exact.min()  # the oracle's formats are really in play, and matched
+    assert err.max() <= 1e-5 and exact.min() > 1e-4  # measured 1.2e-6 (V4.1), 2.2e-6 (V4)  # the oracle's formats are really in play, and matched
 
 
 def test_fp8_cache_stays_within_the_deployed_bound_of_the_compute_dtype_cache(tmp_path):
@@ -102,15 +102,17 @@ def test_fp8_cache_stays_within_the_deployed_bound_of_the_compute_dtype_cache(tm
 def test_engine_with_fp8_cache_serves_batched_and_prefix_hits_like_alone(tmp_path, caplog):
     path = make_tiny(tmp_path / "m", "deepseek_v41")
     caplog.set_level(logging.INFO, logger="v41.engine")
-    llm = LLM(model=str(path), kv_cache_dtype="fp8", max_num_batched_tokens=24, max_num_seqs=4)
+    llm = LLM(model=str(path), kv_cache_dtype="fp8", max_num_batched_tokens=24, max_num_seqs=4, block_size=16)
     assert any("KV cache (fp8 records)" in r.getMessage() and "swa_fp8" in r.getMessage() for r in caplog.records)
     gen = torch.Generator().manual_seed(6)
     shared = torch.randint(3, 1000, (40,), generator=gen).tolist()
     prompts = [shared + torch.randint(3, 1000, (n,), generator=gen).tolist() for n in (3, 11, 20)]
     greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-    alone = [llm.generate([p], greedy, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    first = [llm.generate([p], greedy, use_tqdm=False)[0] for p in prompts]
+    alone = [o.outputs[0].token_ids for o in first]
+    assert [o.num_cached_tokens for o in first] == [0, 32, 32]  # the later ones hit two 16-token blocks of records
     together = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
-    assert together == alone  # chunked (24-token budget), batched, and the later ones hit the shared prefix
+    assert together == alone  # chunked (24-token budget), batched, prefix hits
     ref = cache_half_deployed(path)
     for p, got in zip(prompts, alone):
         want = ref(torch.tensor([p + got[:-1]]))[0][len(p) - 1:].argmax(-1).tolist()
@@ -127,7 +129,7 @@ def test_fast_model_in_deployed_numerics_equals_the_deployed_oracle(tmp_path, ar
     err = rel_l2(got, want)
     cache_only = rel_l2(cache_half_deployed(path)(torch.tensor([ids]))[0], want)
     print(f"{arch}: fast deployed vs deployed oracle max rel L2 {err.max():.2e}; cache half only {cache_only.max():.3f}")
-    assert err.max() <= 1e-4 < cache_only.max()
+    assert err.max() <= 1e-5 and cache_only.max() > 1e-4  # measured 2.6e-7 (V4.1), 2.5e-7 (V4)
 
 
 def test_engine_serves_deployed_numerics_on_the_fast_model(tmp_path):

@@ -102,10 +102,20 @@ def test_speculation_with_chunked_prefill_prefix_hits_and_preemption(oracle):
     assert small.engine.stats()["num_preemptions"] > 0
 
 
-def test_engine_drafts_are_the_reference_drafters(oracle, monkeypatch):
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_engine_drafts_are_the_reference_drafters(oracle, monkeypatch, kv):
     """Every draft block the engine proposes equals the oracle's DSpark block (greedy) for the committed prefix,
-    up to a slot where the oracle's own top-2 margin is a near-tie."""
+    up to a slot where the oracle's own top-2 margin is a near-tie. With fp8 records the oracle rounds its window
+    rows (the drafter's rings and block rows included) through their cache format: its attention modules'
+    ``deployed`` flag."""
     from v41.engine import spec_decode
+    from v41.models.reference.attention import Attention
+
+    if kv == "fp8":
+        oracle = loader.load(embedded_model_dir())
+        for m in oracle.modules():
+            if isinstance(m, Attention):
+                m.deployed = True
 
     seen = []
     real = spec_decode.SpecDecoder.draft
@@ -116,8 +126,8 @@ def test_engine_drafts_are_the_reference_drafters(oracle, monkeypatch):
         return rows
 
     monkeypatch.setattr(spec_decode.SpecDecoder, "draft", record)
-    spec_llm(5, max_num_seqs=2).generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                                         use_tqdm=False)
+    spec_llm(5, max_num_seqs=2, kv_cache_dtype=kv).generate(
+        PROMPTS[:2], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     assert len(seen) >= 6
     for tokens, drafts in seen:
         cache = oracle.new_cache()

@@ -123,11 +123,6 @@ def _e2m1_codes(q: Tensor) -> Tensor:
     return mag | (torch.signbit(q).to(torch.uint8) << 3)
 
 
-def _e2m1_lut(device: torch.device) -> Tensor:
-    """:data:`_E2M1_VALUES` by code, computed on ``device`` (no host copy, so CUDA graphs can capture it)."""
-    return e2m1_values(torch.arange(16, device=device))
-
-
 def e2m1_codes(q: Tensor) -> Tensor:
     """Public name of :func:`_e2m1_codes` (RNE, saturating E2M1 codes as uint8, bit 3 = sign)."""
     return _e2m1_codes(q)
@@ -348,7 +343,7 @@ def dequant_mxfp4(packed: Tensor, scale: Tensor) -> Tensor:
             f"got {tuple(s.shape)}"
         )
     codes = torch.stack((p & 0x0F, torch.bitwise_right_shift(p, 4)), dim=-1).reshape(*lead, inn)
-    vals = _e2m1_lut(p.device)[codes.long()]
+    vals = e2m1_values(codes)
     if inn == nb * _MX_BLOCK:
         return (vals.reshape(*lead, nb, _MX_BLOCK) * s[..., None]).reshape(*lead, inn)
     return vals * s.repeat_interleave(_MX_BLOCK, dim=-1)[..., :inn]

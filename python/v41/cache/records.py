@@ -1,4 +1,4 @@
-"""Deployed KV-cache records of V4.1 (docs/model.md §6.1; issue 17 item 3): the byte layouts that
+"""Deployed KV-cache records of V4.1 and V4 (docs/model.md §6; docs/cache.md "FP8 / FP4 records"): the byte layouts that
 ``--kv-cache-dtype fp8`` stores and the kernels read, with their encoders and decoders.
 
 Each record holds one cache row (one token of the window, one compressed entry, one index key):
@@ -20,7 +20,8 @@ Decoding a record gives exactly what the deployed-numerics quantize-dequantize o
 (:func:`~v41.quant.fp8_act_qdq`, :func:`~v41.quant.fp4_e4m3_qdq`, :func:`~v41.quant.mxfp4_qdq`; for V4 the
 reference's FP8 of the non-RoPE dims and bf16 of the RoPE dims): the scale
 formulas live there once, and ``tests/test_cache_records.py`` checks ``decode(encode(x)) == qdq(x)`` bit for
-bit. Codes first and scales last keeps a record's data 16-byte aligned for vector loads.
+bit. Codes come first, so a record's codes start where the record does (16-byte aligned for the 528 B and 288 B
+V4.1 rows; the 68 B index and 584 B V4 rows are 4- and 8-byte aligned).
 """
 
 from __future__ import annotations

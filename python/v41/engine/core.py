@@ -53,7 +53,6 @@ class EngineCore:
         args.validate()
         if args.speculative_config is not None:
             args.speculative_config.check(load_config(args.model, args.hf_overrides), args.tensor_parallel_size)
-
         self.args = args
         dtype = args.torch_dtype()
         self.executor = make_executor(args)

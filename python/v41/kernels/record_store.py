@@ -3,7 +3,8 @@ docs/model.md §6): :func:`store_records` encodes rows and stores the bytes at t
 :func:`mxfp4_qdq_rows` rounds the index queries to MXFP4 the same way. The PyTorch encoder takes about 25 small
 kernels per write; on a GPU that was most of a decode step's cost (benches/RESULTS.md).
 
-Every rounding is done with float32 adds and integer bit moves, so the Triton kernels give the bytes of
+Every rounding is done with float32 adds, correctly rounded divisions (``tl.math.div_rn``: Triton's ``/`` is an
+approximate division on NVIDIA GPUs) and integer bit moves, so the Triton kernels give the bytes of
 :meth:`RecordFormat.encode` bit for bit (also under Triton's interpreter):
 
 * a power-of-two scale ``2^ceil(log2 v)`` (v a positive normal float32) has E8M0 byte ``exponent(v) + [mantissa(v)
@@ -23,7 +24,7 @@ from torch import Tensor
 
 from .. import quant
 from ..cache.records import RecordFormat
-from .dispatch import triton, use_triton
+from .dispatch import TRITON_DTYPES, triton, use_triton
 from .paged import scatter_rows
 from .records import format_id
 
@@ -35,7 +36,7 @@ def store_records(cache: Tensor, slots: Tensor, rows: Tensor, record: RecordForm
     :func:`.dispatch.use_triton` says so, else :meth:`RecordFormat.encode` and
     :func:`~v41.kernels.paged.scatter_rows`."""
     n = rows.shape[0]
-    if n == 0 or not use_triton(cache, rows) or not cache.is_contiguous():
+    if n == 0 or rows.dtype not in TRITON_DTYPES or not use_triton(cache, rows) or not cache.is_contiguous():
         scatter_rows(cache, slots, record.encode(rows), dummy_slot, index=index)
         return
     src = rows.reshape(n, record.dims).contiguous()
@@ -51,7 +52,7 @@ def mxfp4_qdq_rows(x: Tensor) -> Tensor:
     """:func:`v41.quant.mxfp4_qdq` with blocks of 32 over the last dim (a multiple of 32), in one Triton launch
     where :func:`.dispatch.use_triton` says so. Returns x's shape and dtype."""
     d = x.shape[-1]
-    if x.numel() == 0 or d % 32 or not use_triton(x):
+    if x.numel() == 0 or d % 32 or x.dtype not in TRITON_DTYPES or not use_triton(x):
         return quant.mxfp4_qdq(x, 32)
     src = x.reshape(-1, d).contiguous()
     out = torch.empty_like(src)
@@ -104,8 +105,8 @@ if triton is not None:
                 ok = col < CODED
                 x = tl.load(row + col, mask=ok, other=0.0).to(tl.float32)
                 amax = tl.max(tl.abs(x), axis=1)
-                sb = _pow2_ceil_byte(tl.maximum(amax / 448.0, 1e-4))
-                q = x / (sb << 23).to(tl.float32, bitcast=True)[:, None]
+                sb = _pow2_ceil_byte(tl.maximum(tl.math.div_rn(amax, 448.0), 1e-4))
+                q = tl.math.div_rn(x, (sb << 23).to(tl.float32, bitcast=True)[:, None])
                 code, _ = _e4m3_round(tl.abs(q))
                 code = code | ((q.to(tl.int32, bitcast=True) < 0).to(tl.int32) << 7)
                 tl.store(dst + col, code.to(tl.uint8), mask=ok)
@@ -116,11 +117,11 @@ if triton is not None:
                 xo = tl.load(row + 2 * pair + 1, mask=ok, other=0.0).to(tl.float32)
                 amax = tl.maximum(tl.max(tl.abs(xe), axis=1), tl.max(tl.abs(xo), axis=1))
                 if FMT == 2:
-                    sb, s = _e4m3_round(tl.minimum(tl.maximum(amax / 6.0, 0.001953125), 448.0))
+                    sb, s = _e4m3_round(tl.minimum(tl.maximum(tl.math.div_rn(amax, 6.0), 0.001953125), 448.0))
                 else:
-                    sb = _pow2_ceil_byte(tl.maximum(amax, 1e-30) / 6.0)
+                    sb = _pow2_ceil_byte(tl.math.div_rn(tl.maximum(amax, 1e-30), 6.0))
                     s = (sb << 23).to(tl.float32, bitcast=True)
-                code = _e2m1_code(xe / s[:, None]) | (_e2m1_code(xo / s[:, None]) << 4)
+                code = _e2m1_code(tl.math.div_rn(xe, s[:, None])) | (_e2m1_code(tl.math.div_rn(xo, s[:, None])) << 4)
                 tl.store(dst + pair, code.to(tl.uint8), mask=ok)
             nbytes_codes: tl.constexpr = SCALES - 2 * ROPE
             tl.store(dst + SCALES + blk, sb.to(tl.uint8), mask=blk * BS < CODED)
@@ -140,7 +141,7 @@ if triton is not None:
         ok = blk[:, None] < NBLK
         x = tl.load(src_ptr + i * NBLK * 32 + col, mask=ok, other=0.0)
         xf = x.to(tl.float32)
-        s = (_pow2_ceil_byte(tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-30) / 6.0) << 23).to(tl.float32,
-                                                                                              bitcast=True)
-        y = e2m1_value(_e2m1_code(xf / s[:, None])) * s[:, None]
+        s = (_pow2_ceil_byte(tl.math.div_rn(tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-30), 6.0)) << 23).to(
+            tl.float32, bitcast=True)
+        y = e2m1_value(_e2m1_code(tl.math.div_rn(xf, s[:, None]))) * s[:, None]
         tl.store(out_ptr + i * NBLK * 32 + col, y.to(x.dtype), mask=ok)

@@ -28,6 +28,15 @@ def gather_keys(cache: Tensor, slots: Tensor, record: RecordFormat | None, dtype
     return (record.decode(rows) if record is not None else rows).to(dtype)
 
 
+def _records_of(sources: list, records: Records) -> list[RecordFormat | None]:
+    """One record format (or None) per source. Raises ValueError when the counts differ."""
+    if records is None:
+        return [None] * len(sources)
+    if len(records) != len(sources):
+        raise ValueError(f"{len(sources)} sources but {len(records)} record formats")
+    return list(records)
+
+
 def sparse_mqa_sink_ref(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, scale: float,
                         records: Records = None, max_rows: int = 1 << 22) -> Tensor:
     """``softmax({q·k·scale : listed keys} ∪ {sink_h})``-weighted sum of the keys (K = V).
@@ -39,7 +48,7 @@ def sparse_mqa_sink_ref(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: T
     with no valid key returns zeros.
     """
     t, h, d = q.shape
-    records = records or [None] * len(sources)
+    records = _records_of(sources, records)
     width = sum(s.shape[1] for _, s in sources)
     out = torch.empty_like(q)
     step = max(1, max_rows // max(1, width * d))
@@ -61,7 +70,7 @@ def sparse_mqa_sink(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tenso
     """:func:`sparse_mqa_sink_ref` as one Triton launch where :func:`.dispatch.use_triton` says so (one or two
     sources whose caches have q's dtype or hold records, d a power of two ≥ 16)."""
     d = q.shape[-1]
-    records = records or [None] * len(sources)
+    records = _records_of(sources, records)
     if (q.dtype in TRITON_DTYPES and 1 <= len(sources) <= 2 and d >= 16 and d & (d - 1) == 0
             and all(c.dtype == (q.dtype if f is None else torch.uint8) for (c, _), f in zip(sources, records))
             and use_triton(q, family="attention")):

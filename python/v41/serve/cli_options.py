@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-cudagraph-capture-size", type=int, default=None, metavar="N",
                    help="largest decode batch replayed from a CUDA graph (default min(--max-num-seqs, 512))")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
-                   help="auto: the compute dtype; fp8: V4.1's deployed cache records (FP8 window rows, FP4 "
-                        "compressed KV, MXFP4 index keys; fast model only)")
+                   help="auto: the compute dtype; fp8: the deployed cache records (V4.1: FP8 window rows, FP4 "
+                        "compressed KV, MXFP4 index keys; V4: 584 B FP8 rows; fast model only)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N",
                    help="tensor-parallel ranks, one process each (GPU r = cuda:r; CPU ranks need --device cpu)")
     p.add_argument("--all-reduce-backend", default="auto", choices=BACKENDS,

@@ -124,5 +124,5 @@ class V4Attention(FastAttention):
         kind = f"idx{r}"
         b = ctx.batch
         scores = index_scores(q, w, ctx.cache.tensors[kind][lid], b.block_tables[kind], b.req_index, ctx.n_visible[r],
-                              ctx.cache.rows_per_block(kind), ctx.n_max[r])
+                              ctx.cache.rows_per_block(kind), ctx.n_max[r], record=ctx.cache.records[kind])
         return selected_or_none(scores, stable_topk(scores, min(self.cfg.index_topk, scores.shape[1])))

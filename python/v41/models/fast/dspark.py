@@ -82,9 +82,12 @@ class DraftAttention(FastAttention):
         cos, sin = ctx.cos, ctx.sin
         qr = self.q_norm(self.wq_a(x))
         q = rope(self.wq_b(qr).view(x.shape[0], self.n_heads, self.head_dim), cos, sin)
-        ring = ctx.cache.tensors["dspark"][self.plan.layer_id]
-        sources = [(ring, ctx.ring_slots), (self.kv_rows(x, cos, sin), ctx.block_slots)]
-        records = [ctx.cache.records["dspark"], None]
+        ring, fmt = ctx.cache.tensors["dspark"][self.plan.layer_id], ctx.cache.records["dspark"]
+        block = self.kv_rows(x, cos, sin)
+        if fmt is not None:  # the block's own rows in the ring's rounding, as the reference's window rows are
+            block = fmt.decode(fmt.encode(block), block.dtype)
+        sources = [(ring, ctx.ring_slots), (block, ctx.block_slots)]
+        records = [fmt, None]
         o = rope(sparse_mqa_sink(q, sources, self.attn_sink, self.head_dim ** -0.5, records), cos, sin, inverse=True)
         return self.tp.all_reduce(self.wo_b(self.wo_a(o.reshape(x.shape[0], -1))))
 

@@ -71,7 +71,7 @@ class FastModel(nn.Module):
         self.segment_ratios = sorted({p.ratio for p in cfg.plan if p.ratio > 1 and p.owns_compressor})
         self.cache: FastCache | None = None
         self.lookahead_tokens = lookahead_tokens
-        self.kv_cache_dtype = "auto"  # "fp8": the caches store V4.1's records (set before init_cache)
+        self.kv_cache_dtype = "auto"  # "fp8": the caches store the deployed records (set before init_cache)
         draft_tp = self.tp if draft_sharded else SINGLE  # replicated stages: no collective inside them
         self.drafter = FastDrafter(cfg, draft_tp, self.ropes["base"], self.head) if lookahead_tokens else None
 

@@ -3,8 +3,8 @@ caches (eager, CPU-capable; docs/architecture.md §2 ``models/paged``).
 
 Every token-wise computation (embedding, Engram, mHC, norms, projections, MoE, heads) is the reference model's
 own; attention reads and writes the paged caches through :mod:`.v41` / :mod:`.v4`, request by request. It must
-equal the reference (docs/numerics.md §4: paged vs dense, batched vs alone, chunked vs whole) and serves ``--numerics
-deployed`` until the ``cuda/`` kernels store FP8 caches. It is not capturable (host loops per request).
+equal the reference (docs/numerics.md §4: paged vs dense, batched vs alone, chunked vs whole) in both numerics; it is
+the CPU parity path (``--model-impl paged``). It is not capturable (host loops per request).
 """
 
 from __future__ import annotations
