@@ -72,6 +72,16 @@ def test_tp_gives_tp1_tokens_and_logprobs(ckpt, prompts, tp1, tp, backend):
         assert stats["running"] == 0 and stats["waiting"] == 0
 
 
+def test_tp2_with_fp8_records_gives_tp1_fp8_tokens(ckpt, prompts):
+    """--kv-cache-dtype fp8 under TP: every rank stores the same records (the cache rows are replicated, heads are
+    sharded), so TP=2 gives the TP=1 fp8 engine's tokens."""
+    sp = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    with LLM(str(ckpt), **_kw(kv_cache_dtype="fp8")) as llm:
+        want = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    with LLM(str(ckpt), **_kw(kv_cache_dtype="fp8", tensor_parallel_size=2, all_reduce_backend="host")) as llm:
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == want
+
+
 def test_two_hosts_of_two_ranks_meet_through_the_env_rendezvous(ckpt, prompts, tp1):
     if "v41" not in ckpt.name:
         pytest.skip("one architecture is enough for the rendezvous")
