@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include "attention/sparse_mqa.h"
 #include "linear/wstream.h"
 
 #ifndef V41_ARCHS
@@ -107,6 +108,110 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   TORCH_CHECK(err == cudaSuccess, "wstream launch failed: ", cudaGetErrorString(err));
 }
 
+// Bytes per record of `fmt` for rows of `d` dims (python/v41/cache/records.py RecordFormat.nbytes), 0 for plain.
+int64_t record_bytes(int64_t fmt, int64_t d, int64_t rope) {
+  switch (fmt) {
+    case 1: return d + d / 32;
+    case 2: return d / 2 + d / 16;
+    case 4: return (d - rope) + 2 * rope + ((d - rope + 63) / 64 + 7) / 8 * 8;
+    default: return 0;
+  }
+}
+
+v41::MqaSource mqa_source(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& slots, int64_t fmt,
+                          int64_t rope) {
+  const int64_t d = q.size(2);
+  TORCH_CHECK(fmt == 0 || fmt == 1 || fmt == 2 || fmt == 4, "fmt must be 0 (bf16 rows), 1, 2 or 4 (records)");
+  TORCH_CHECK(cache.device() == q.device() && cache.dim() == 2 && cache.stride(1) == 1,
+              "cache must be a 2-D tensor with unit inner stride on q's device");
+  TORCH_CHECK(slots.device() == q.device() && slots.scalar_type() == at::kLong && slots.dim() == 2 &&
+                  slots.stride(1) == 1 && slots.size(0) == q.size(0),
+              "slots must be int64 [T, n] with unit inner stride on q's device");
+  const int64_t row_bytes = cache.stride(0) * cache.element_size();
+  if (fmt == 0) {
+    TORCH_CHECK(cache.scalar_type() == at::kBFloat16 && cache.size(1) == d, "bf16 rows of q's head dim");
+    TORCH_CHECK(row_bytes % 16 == 0, "bf16 rows must start 16-byte aligned");
+  } else {
+    TORCH_CHECK(cache.scalar_type() == at::kByte && cache.size(1) == record_bytes(fmt, d, rope),
+                "records must be uint8 [S, nbytes] of the format's size for q's head dim");
+    TORCH_CHECK(fmt != 4 || (rope > 0 && rope < d && (d - rope) % 8 == 0), "swa_v4: coded dims a multiple of 8");
+    TORCH_CHECK(row_bytes % (fmt == 4 ? 8 : 16) == 0, "records must start 16-byte (swa_v4: 8-byte) aligned");
+  }
+  TORCH_CHECK(aligned16(cache.data_ptr()), "cache must be 16-byte aligned");
+  v41::MqaSource s{};
+  s.cache = reinterpret_cast<const uint8_t*>(cache.data_ptr());
+  s.row_bytes = row_bytes;
+  s.slots = slots.data_ptr<int64_t>();
+  s.slot_stride = slots.stride(0);
+  s.n = int(slots.size(1));
+  s.fmt = int(fmt);
+  s.rope = fmt == 4 ? int(rope) : 0;
+  return s;
+}
+
+// out[t, h] = sparse MQA with sink over the keys listed by up to two sources (python/v41/kernels/sparse_mqa.py).
+void sparse_mqa(const at::Tensor& q, at::Tensor& out, const at::Tensor& sink, const at::Tensor& cache0,
+                const at::Tensor& slots0, int64_t fmt0, int64_t rope0, const c10::optional<at::Tensor>& cache1,
+                const c10::optional<at::Tensor>& slots1, int64_t fmt1, int64_t rope1, double scale, int64_t splits,
+                int64_t tiles_per_split, const c10::optional<at::Tensor>& part_acc,
+                const c10::optional<at::Tensor>& part_ml) {
+  TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.stride(2) == 1,
+              "q must be a bfloat16 CUDA tensor [T, H, D] with unit inner stride");
+  const int64_t t = q.size(0), h = q.size(1), d = q.size(2);
+  TORCH_CHECK(d == 64 || d == 128 || d == 256 || d == 512, "head dim must be 64, 128, 256 or 512");
+  TORCH_CHECK(aligned16(q.data_ptr()) && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0, "q must be 16-byte aligned");
+  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.sizes() == q.sizes() && out.stride(2) == 1 &&
+                  out.device() == q.device() && out.stride(1) % 2 == 0 && out.stride(0) % 2 == 0 &&
+                  aligned16(out.data_ptr()),
+              "out must be bfloat16 like q, 4-byte aligned pairs");
+  TORCH_CHECK(sink.device() == q.device() && sink.is_contiguous() && sink.numel() == h &&
+                  (sink.scalar_type() == at::kBFloat16 || sink.scalar_type() == at::kFloat),
+              "sink must be a contiguous bf16 or float32 [H] tensor on q's device");
+  TORCH_CHECK(cache1.has_value() == slots1.has_value(), "the second source needs a cache and slots");
+  TORCH_CHECK(splits >= 1 && tiles_per_split >= 0, "splits >= 1");
+  v41::MqaParams p{};
+  p.src[0] = mqa_source(q, cache0, slots0, fmt0, rope0);
+  p.n_src = 1;
+  if (cache1.has_value()) {
+    p.src[1] = mqa_source(q, *cache1, *slots1, fmt1, rope1);
+    p.n_src = 2;
+  }
+  const int64_t tiles = (p.src[0].n + v41::kMqaKeysPerTile - 1) / v41::kMqaKeysPerTile +
+                        (p.n_src > 1 ? (p.src[1].n + v41::kMqaKeysPerTile - 1) / v41::kMqaKeysPerTile : 0);
+  TORCH_CHECK(splits * tiles_per_split >= tiles, "splits x tiles_per_split must cover the key tiles");
+  if (splits > 1) {
+    TORCH_CHECK(part_acc.has_value() && part_acc->scalar_type() == at::kFloat && part_acc->is_contiguous() &&
+                    part_acc->numel() >= splits * t * h * d && part_acc->device() == q.device(),
+                "splits > 1 needs a contiguous float32 part_acc of splits x T x H x D");
+    TORCH_CHECK(part_ml.has_value() && part_ml->scalar_type() == at::kFloat && part_ml->is_contiguous() &&
+                    part_ml->numel() >= splits * t * h * 2 && part_ml->device() == q.device(),
+                "splits > 1 needs a contiguous float32 part_ml of splits x T x H x 2");
+  }
+  if (t == 0) return;
+  int64_t raw = 0;
+  for (int i = 0; i < p.n_src; ++i)
+    if (p.src[i].fmt != 0) raw = std::max<int64_t>(raw, (p.src[i].row_bytes + 15) / 16 * 16);
+  const at::cuda::CUDAGuard guard(q.device());
+  p.q = reinterpret_cast<const __nv_bfloat16*>(q.data_ptr());
+  p.q_stride_t = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.sink = sink.data_ptr();
+  p.sink_f32 = sink.scalar_type() == at::kFloat;
+  p.out = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
+  p.o_stride_t = out.stride(0);
+  p.o_stride_h = out.stride(1);
+  p.part_acc = splits > 1 ? part_acc->data_ptr<float>() : nullptr;
+  p.part_ml = splits > 1 ? part_ml->data_ptr<float>() : nullptr;
+  p.T = int(t);
+  p.H = int(h);
+  p.scale = float(scale);
+  p.splits = int(splits);
+  p.tiles_per_split = int(tiles_per_split);
+  p.raw_stride = int(raw);
+  const cudaError_t err = v41::sparse_mqa_launch(p, int(d), at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "sparse_mqa launch failed: ", cudaGetErrorString(err));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -116,6 +221,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("y"), py::arg("partial"), py::arg("counters"), py::arg("fmt"), py::arg("n_groups"), py::arg("b0"),
         py::arg("sk"), py::arg("token_groups"), py::arg("slots"), py::arg("split"), py::arg("chunks_per_split"),
         py::arg("x_prefetch"));
+  m.def("sparse_mqa", &sparse_mqa, "sparse MQA with sink over bf16 rows or records (python/v41/kernels/sparse_mqa.py)",
+        py::arg("q"), py::arg("out"), py::arg("sink"), py::arg("cache0"), py::arg("slots0"), py::arg("fmt0"),
+        py::arg("rope0"), py::arg("cache1"), py::arg("slots1"), py::arg("fmt1"), py::arg("rope1"), py::arg("scale"),
+        py::arg("splits"), py::arg("tiles_per_split"), py::arg("part_acc"), py::arg("part_ml"));
   // the architectures cuda/build.py compiled for, e.g. "sm_90a" or "sm_90a,sm_100a"
   m.attr("ARCHS") = py::tuple(py::str(V41_STR(V41_ARCHS)).attr("split")(","));
 }

@@ -1,12 +1,12 @@
 """The CUDA kernels of ``cuda/`` against the Triton kernels and the bytes floor, at V4.1-Flash / V4-Flash decode
 shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel table).
 
-    python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24]
+    python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24] [--ops linears,experts,attention]
 
 Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
 rotate over enough copies of the weight that none is still in L2 (≥ 256 MB in all), and each MoE launch routes
 afresh (uniform top-6). Floor = the bytes read (weights and scales; the experts a routing touches) over the copy
-bandwidth measured in the same call. Each cell also checks the CUDA output against the Triton one. Prints one
+bandwidth measured in the same call (sparse-MQA cells: attention_bench.py). Each cell also checks the CUDA output against the Triton one. Prints one
 table last.
 """
 
@@ -17,6 +17,7 @@ import statistics
 
 import torch
 
+from attention_bench import attention_cells
 from event_timing import median_ms
 from v41.kernels import dispatch, linear, moe, moe_align, wstream
 from v41.kernels.packed import PackedWeight
@@ -129,6 +130,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--reps", type=int, default=24)
+    ap.add_argument("--ops", default="linears,experts,attention")
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
     args = ap.parse_args()
     SWEEP.extend(c for c in args.sweep.split(",") if c)
@@ -136,8 +138,11 @@ def main() -> None:
     wstream.MAX_ROWS = max(batches)  # time the kernel past the dispatch's row limit too (where Triton wins)
     print(f"{torch.cuda.get_device_name()}; CUDA kernels {dispatch.cuda_status()}", flush=True)
     bw = copy_bandwidth()
-    rows = linear_cells(batches, args.reps, bw) + expert_cells(batches, args.reps, bw)
-    print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; µs per launch (graph replay, weights not in L2)")
+    ops = args.ops.split(",")
+    rows = ((linear_cells(batches, args.reps, bw) if "linears" in ops else [])
+            + (expert_cells(batches, args.reps, bw) if "experts" in ops else [])
+            + (attention_cells(batches, args.reps, bw, graph_us, rel) if "attention" in ops else []))
+    print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; µs per launch (graph replay, weights and key rows not in L2)")
     extra = [f"{c} µs" for c in SWEEP]
     print("| op | rows | CUDA µs | Triton µs | floor µs | CUDA / floor | CUDA GB/s | Triton / CUDA | rel. diff | "
           + "".join(f"{h} | " for h in extra))
@@ -146,7 +151,7 @@ def main() -> None:
         gbs = floor * bw / 1e9 / us["cuda"] if us["cuda"] else 0.0
         print(f"| {name} | {cell} | {us['cuda']:.1f} | {us['triton']:.1f} | {floor:.1f} | "
               f"{us['cuda'] / floor:.2f}× | {gbs:,.0f} | {us['triton'] / us['cuda']:.2f}× | {err:.1e} | "
-              + "".join(f"{us[c]:.1f} | " for c in SWEEP))
+              + "".join(f"{us.get(c, float('nan')):.1f} | " for c in SWEEP))
 
 
 if __name__ == "__main__":

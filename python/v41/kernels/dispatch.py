@@ -108,8 +108,10 @@ def use_cuda(*tensors: torch.Tensor, family: str | None = None) -> bool:
     return all(t.device == dev for t in tensors) and cuda_runs_on(dev)
 
 
-CUDA_OPS = {"dense linears": None, "MoE experts": "moe"}  # op → family, for the ops with a CUDA kernel
-TRITON_ONLY = {"attention": "attention", "other ops": None}
+# op → (family, where its CUDA kernel runs), for the ops with a CUDA kernel
+CUDA_OPS = {"dense linears": (None, "at decode sizes"), "MoE experts": ("moe", "at decode sizes"),
+            "sparse attention": ("attention", "for bf16")}
+TRITON_ONLY = {"indexer": "attention", "other ops": None}
 
 
 def describe_paths(device: str) -> str:
@@ -118,11 +120,12 @@ def describe_paths(device: str) -> str:
     if dev.type != "cuda":
         return "PyTorch references (CPU)" if not interpreting() else "Triton interpreter / PyTorch references"
     parts = []
-    for op, family in (*CUDA_OPS.items(), *TRITON_ONLY.items()):
+    ops = [(op, family, where) for op, (family, where) in CUDA_OPS.items()]
+    for op, family, where in ops + [(op, family, None) for op, family in TRITON_ONLY.items()]:
         mode = kernel_mode(family)
         path = "PyTorch" if mode == "torch" or triton is None else "Triton"
-        if op in CUDA_OPS and mode in ("auto", "cuda") and cuda_runs_on(dev):
-            path = f"CUDA at decode sizes, else {path}"
+        if where is not None and mode in ("auto", "cuda") and cuda_runs_on(dev):
+            path = f"CUDA {where}, else {path}"
         parts.append(f"{op}: {path}")
     return "; ".join(parts) + f" (CUDA kernels {cuda_status(dev)})"
 

@@ -1,5 +1,6 @@
 """Sparse MQA with a per-head sink over gathered key rows (docs/model.md §3.5 step 4–5; the FlashMLA
-sparse interface: every query lists the cache slots it reads, −1 = none).
+sparse interface: every query lists the cache slots it reads, −1 = none). On sm_90 with ``v41._cuda`` built, bf16
+queries take the CUDA kernel of :mod:`.sparse_mqa`; the Triton kernel below serves the other CUDA cases.
 
 The Triton kernel (one program per query token and block of 16 heads) gathers each listed key row once per
 head block, keeps an online softmax in float32 and adds the sink to the final normaliser only; slot −1 is
@@ -14,9 +15,10 @@ import torch
 from torch import Tensor
 
 from ..cache.records import RecordFormat
-from .dispatch import TRITON_DTYPES, dot_dtype, triton, use_triton
+from .dispatch import TRITON_DTYPES, dot_dtype, triton, use_cuda, use_triton
 from .paged import gather_slots
 from .records import format_id, rope_dims
+from .sparse_mqa import sparse_mqa
 
 Records = list[RecordFormat | None] | None
 
@@ -67,10 +69,15 @@ def sparse_mqa_sink_ref(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: T
 
 def sparse_mqa_sink(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, scale: float,
                     records: Records = None) -> Tensor:
-    """:func:`sparse_mqa_sink_ref` as one Triton launch where :func:`.dispatch.use_triton` says so (one or two
-    sources whose caches have q's dtype or hold records, d a power of two ≥ 16)."""
+    """:func:`sparse_mqa_sink_ref` through the CUDA kernel of :mod:`.sparse_mqa` where :func:`.dispatch.use_cuda`
+    says so and it takes the operands (bf16), else as one Triton launch where :func:`.dispatch.use_triton` says so
+    (one or two sources whose caches have q's dtype or hold records, d a power of two ≥ 16)."""
     d = q.shape[-1]
     records = _records_of(sources, records)
+    if use_cuda(q, family="attention"):
+        out = sparse_mqa(q, sources, sink, scale, records)
+        if out is not None:
+            return out
     if (q.dtype in TRITON_DTYPES and 1 <= len(sources) <= 2 and d >= 16 and d & (d - 1) == 0
             and all(c.dtype == (q.dtype if f is None else torch.uint8) for (c, _), f in zip(sources, records))
             and use_triton(q, family="attention")):

@@ -1,0 +1,55 @@
+"""Sparse-MQA cells of ``kernel_bench.py``: the CUDA kernel (``cuda/attention/sparse_mqa.cu``) against the Triton
+kernel and the bytes floor at V4.1-Flash / V4-Flash shapes (64 heads × 512, a 128-token window plus 512
+selected compressed entries per query), decode (T = batch) and a prefill chunk, over bf16 rows and the deployed
+records. Key rows are gathered at random from caches far larger than L2; floor = the key bytes a query lists
+(each listed row once per token) plus q and o, over the copy bandwidth of the same call."""
+
+from __future__ import annotations
+
+import torch
+
+from v41.cache.records import RecordFormat
+from v41.kernels import sparse_attention, sparse_mqa
+
+HEADS, DIM, WINDOW, SELECTED = 64, 512, 128, 512
+CACHE_ROWS = 1 << 18
+FORMATS = {"bf16": (None, None),
+           "v41 fp8/fp4": (RecordFormat("swa_fp8", DIM), RecordFormat("ckv_fp4", DIM)),
+           "v4 fp8": (RecordFormat("swa_v4", DIM, rope=64), RecordFormat("swa_v4", DIM, rope=64))}
+
+
+def _cache(record: RecordFormat | None) -> torch.Tensor:
+    if record is None:
+        return torch.randn(CACHE_ROWS, DIM, device="cuda").to(torch.bfloat16)
+    return torch.cat([record.encode(torch.randn(CACHE_ROWS // 8, DIM, device="cuda")) for _ in range(8)])
+
+
+def _row_bytes(record: RecordFormat | None) -> int:
+    return 2 * DIM if record is None else record.nbytes
+
+
+def attention_cells(batches, reps, bw, graph_us, rel, prefill: int = 2048):
+    rows = []
+    for name, (r0, r1) in FORMATS.items():
+        caches = (_cache(r0), _cache(r1))
+        sink = torch.randn(HEADS, device="cuda").to(torch.bfloat16)
+        for t in [*batches, prefill]:
+            n_inputs = 4 if t < prefill else 2
+            inputs = []
+            for _ in range(n_inputs):
+                q = (torch.randn(t, HEADS, DIM, device="cuda") * 0.1).to(torch.bfloat16)
+                win = torch.randint(0, CACHE_ROWS, (t, WINDOW), device="cuda")
+                sel = torch.randint(0, CACHE_ROWS, (t, SELECTED), device="cuda")
+                inputs.append((q, [(caches[0], win), (caches[1], sel)]))
+            paths = {"cuda": lambda q, src: sparse_mqa.sparse_mqa(q, src, sink, DIM ** -0.5, [r0, r1]),
+                     "triton": lambda q, src: sparse_attention._sparse_triton(q, src, sink, DIM ** -0.5, [r0, r1])}
+            err = rel(paths["cuda"](*inputs[0]), paths["triton"](*inputs[0]))
+            n = reps if t < prefill else 4
+            us = {p: graph_us([lambda i=i, f=f: f(*inputs[i % n_inputs]) for i in range(n)]) for p, f in paths.items()}
+            per_token = WINDOW * _row_bytes(r0) + SELECTED * _row_bytes(r1) + 2 * HEADS * DIM * 2
+            floor = t * per_token / bw * 1e6
+            rows.append((f"sparse MQA {name}", f"T={t}", us, floor, err))
+            del inputs
+        del caches
+        torch.cuda.empty_cache()
+    return rows

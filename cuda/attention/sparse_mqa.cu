@@ -1,0 +1,348 @@
+// Sparse MQA with a per-head sink over gathered cache rows (docs/model.md §3.5 steps 4–5; docs/kernels.md §2
+// "Sparse MQA"): o_h = Σ_k softmax({q_h·k·scale} ∪ {sink_h})_k · k for the keys k a query lists (K = V), the
+// sink in the normaliser only. PyTorch reference: sparse_mqa_sink_ref of python/v41/kernels/sparse_attention.py.
+//
+// Layout of the work. A CTA owns one query token, up to 64 heads and a range of key tiles (split-KV): grid
+// (splits, T, ceil(H / 64)). Each tile of 32 listed keys is gathered once for all heads of the CTA by cp.async
+// into shared memory (bf16 rows directly; records into a staging buffer, then decoded to bf16 in shared memory,
+// exactly as RecordFormat.decode of python/v41/cache/records.py: every value is a code times a power of two or
+// an E4M3 scale, exact in bf16), double-buffered so the next tile's gather overlaps this tile's math. Warps come
+// in pairs per 16 heads (the M side of m16n8k16 bf16 MMAs): the pair splits the head dim in halves, each computes
+// its half of the 16 × 32 scores, the two exchange them through shared memory (a + b = b + a, so both hold the same
+// sums), run the same online softmax in float32, and each accumulates P · V for its half of the output dims
+// (16 × D/2 float32 accumulators per warp). Slot −1 and keys past a query's list are masked; tiles with no valid
+// key are skipped. With one split the CTA writes o = acc / (l + e^(sink − m)); with several, each writes its
+// unnormalised acc and (m, l) and the combine kernel merges them in split order (deterministic).
+#include <cuda_bf16.h>
+
+#include "../common/mma.cuh"
+#include "../common/smem.cuh"
+#include "sparse_mqa.h"
+
+namespace v41 {
+namespace {
+
+constexpr int BK = kMqaKeysPerTile;
+constexpr float kNoMax = -1.0e30f;  // finite: e^(m − m_new) stays defined while no valid key has been seen
+
+__device__ __forceinline__ float e4m3_value(uint32_t b) {
+  const uint32_t e = (b >> 3) & 15, m = b & 7;
+  const float mag = e == 0 ? float(m) * 0.001953125f : __uint_as_float(((e + 120) << 23) | (m << 20));
+  return (b & 128) ? -mag : mag;
+}
+
+__device__ __forceinline__ float e8m0_value(uint32_t b) { return __uint_as_float(b == 0 ? 0x00400000u : b << 23); }
+
+__device__ __forceinline__ float e2m1_value(uint32_t n) {
+  const uint32_t e = (n >> 1) & 3, m = n & 1;
+  const float mag = e == 0 ? float(m) * 0.5f : float(2 + m) * __uint_as_float((e + 125) << 23);
+  return (n & 8) ? -mag : mag;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <int D>
+struct Smem {
+  static constexpr int kRow = D + 8;  // bf16 per staged row: 16 bytes of padding keep ldmatrix conflict-free
+  static size_t bytes(int head_groups, int raw_stride) {
+    return size_t(head_groups) * 16 * kRow * 2 + 2 * BK * kRow * 2 + 2 * BK * size_t(raw_stride) +
+           size_t(2 * head_groups) * 16 * BK * 4 + 16;
+  }
+};
+
+// Issues the gather of key tile `tile` into buffer `buf` (bf16 rows into kbuf, records into raw) and writes its
+// valid-key bit mask (bit i: key i of the tile is listed and its slot is not -1).
+template <int D>
+__device__ __forceinline__ void load_tile(const MqaParams& p, int t, int tile, int nt0, int buf,
+                                          __nv_bfloat16* kbuf, uint8_t* raw, uint32_t* vmask) {
+  constexpr int kRow = Smem<D>::kRow;
+  const int second = tile >= nt0;
+  const MqaSource& s = p.src[second];
+  const int k0 = (second ? tile - nt0 : tile) * BK;
+  const int64_t* slots = s.slots + int64_t(t) * s.slot_stride + k0;
+  const int lim = min(BK, s.n - k0);
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  if (tid < 32) {
+    const int64_t slot = tid < lim ? slots[tid] : -1;
+    const uint32_t m = __ballot_sync(0xffffffffu, slot >= 0);
+    if (tid == 0) vmask[buf] = m;
+  }
+  if (s.fmt == int(KvFmt::kPlain)) {
+    constexpr int kChunks = D * 2 / 16;
+    for (int i = tid; i < BK * kChunks; i += nthreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const int64_t slot = r < lim ? slots[r] : -1;
+      const uint8_t* src = s.cache + (slot >= 0 ? slot : 0) * s.row_bytes + c * 16;
+      cp_async<16>(reinterpret_cast<uint8_t*>(kbuf + (buf * BK + r) * kRow) + c * 16, src, slot >= 0);
+    }
+  } else if (s.row_bytes % 16 == 0) {
+    const int chunks = int(s.row_bytes / 16);
+    for (int i = tid; i < BK * chunks; i += nthreads) {
+      const int r = i / chunks, c = i % chunks;
+      const int64_t slot = r < lim ? slots[r] : -1;
+      cp_async<16>(raw + (buf * BK + r) * p.raw_stride + c * 16,
+                   s.cache + (slot >= 0 ? slot : 0) * s.row_bytes + c * 16, slot >= 0);
+    }
+  } else {
+    const int chunks = int(s.row_bytes / 8);
+    for (int i = tid; i < BK * chunks; i += nthreads) {
+      const int r = i / chunks, c = i % chunks;
+      const int64_t slot = r < lim ? slots[r] : -1;
+      cp_async<8>(raw + (buf * BK + r) * p.raw_stride + c * 8,
+                  s.cache + (slot >= 0 ? slot : 0) * s.row_bytes + c * 8, slot >= 0);
+    }
+  }
+}
+
+// Decodes the staged records of buffer `buf` into bf16 rows of kbuf (zero-filled rows decode to zeros).
+template <int D>
+__device__ __forceinline__ void decode_tile(const MqaSource& s, int raw_stride, int buf, __nv_bfloat16* kbuf,
+                                            const uint8_t* raw) {
+  constexpr int kRow = Smem<D>::kRow, kChunks = D / 8;
+  const int coded = D - s.rope;
+  for (int i = threadIdx.x; i < BK * kChunks; i += blockDim.x) {
+    const int r = i / kChunks, d0 = (i % kChunks) * 8;
+    const uint8_t* row = raw + (buf * BK + r) * raw_stride;
+    uint4 out;
+    uint32_t* w = reinterpret_cast<uint32_t*>(&out);
+    if (s.fmt == int(KvFmt::kCkvFp4)) {
+      const uint32_t codes = *reinterpret_cast<const uint32_t*>(row + d0 / 2);
+      const float sc = e4m3_value(row[D / 2 + d0 / 16]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        w[j] = pack_bf16(e2m1_value((codes >> (8 * j)) & 15) * sc, e2m1_value((codes >> (8 * j + 4)) & 15) * sc);
+    } else if (s.fmt == int(KvFmt::kSwaV4) && d0 >= coded) {
+      const uint2* bf = reinterpret_cast<const uint2*>(row + coded + 2 * (d0 - coded));
+      const uint2 lo = bf[0], hi = bf[1];
+      out = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    } else {  // FP8 codes with E8M0 scales: per 32 dims (swa_fp8) or per 64 after the RoPE dims (swa_v4)
+      const uint2 c2 = *reinterpret_cast<const uint2*>(row + d0);
+      const uint32_t byte = s.fmt == int(KvFmt::kSwaFp8) ? row[D + d0 / 32] : row[coded + 2 * s.rope + d0 / 64];
+      const float sc = e8m0_value(byte);
+      const uint32_t c[2] = {c2.x, c2.y};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t word = c[j / 2] >> (16 * (j % 2));
+        w[j] = pack_bf16(e4m3_value(word & 255) * sc, e4m3_value((word >> 8) & 255) * sc);
+      }
+    }
+    *reinterpret_cast<uint4*>(kbuf + (buf * BK + r) * kRow + d0) = out;
+  }
+}
+
+template <int D, int HG>
+__global__ void __launch_bounds__(64 * HG, 1) sparse_mqa_kernel(const MqaParams p) {
+  constexpr int NW = 2 * HG, DW = D / 2, NDT = DW / 8, kRow = Smem<D>::kRow;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* kbuf = q_s + HG * 16 * kRow;
+  uint8_t* raw = reinterpret_cast<uint8_t*>(kbuf + 2 * BK * kRow);
+  float* sx = reinterpret_cast<float*>(raw + 2 * BK * p.raw_stride);
+  uint32_t* vmask = reinterpret_cast<uint32_t*>(sx + NW * 16 * BK);
+
+  const int split = blockIdx.x, t = blockIdx.y, h0 = blockIdx.z * kMqaHeadsPerCta;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int hg = warp % HG, dh = warp / HG, g = lane / 4, tq = lane % 4;
+  const int nt0 = (p.src[0].n + BK - 1) / BK;
+  const int nt1 = p.n_src > 1 ? (p.src[1].n + BK - 1) / BK : 0;
+  const int first = split * p.tiles_per_split;
+  const int n_tiles = max(0, min(nt0 + nt1, first + p.tiles_per_split) - first);
+
+  for (int i = tid; i < HG * 16 * (D / 8); i += blockDim.x) {  // this CTA's heads of q; heads ≥ H read as zeros
+    const int r = i / (D / 8), c = i % (D / 8), h = h0 + r;
+    const __nv_bfloat16* src = p.q + t * p.q_stride_t + (h < p.H ? h : 0) * p.q_stride_h + c * 8;
+    cp_async<16>(q_s + r * kRow + c * 8, src, h < p.H);
+  }
+  if (n_tiles > 0) load_tile<D>(p, t, first, nt0, 0, kbuf, raw, vmask);
+  cp_async_commit();
+
+  float m_r[2] = {kNoMax, kNoMax}, l_r[2] = {0.f, 0.f};
+  float acc[NDT][4];
+#pragma unroll
+  for (int n = 0; n < NDT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int buf = it & 1, tile = first + it;
+    if (it + 1 < n_tiles) load_tile<D>(p, t, tile + 1, nt0, buf ^ 1, kbuf, raw, vmask);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const uint32_t vm = vmask[buf];
+    if (vm != 0) {
+      const MqaSource& s = p.src[tile >= nt0];
+      if (s.fmt != int(KvFmt::kPlain)) {
+        decode_tile<D>(s, p.raw_stride, buf, kbuf, raw);
+        __syncthreads();
+      }
+      const __nv_bfloat16* K = kbuf + buf * BK * kRow;
+      // scores of this warp's half of the head dim: s[j] = keys 8j..8j+7
+      float sc[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll 4
+      for (int kk = 0; kk < DW / 16; ++kk) {
+        const int dim = dh * DW + kk * 16;
+        uint32_t a[4];
+        ldmatrix_x4(a, q_s + (hg * 16 + (lane & 15)) * kRow + dim + (lane >> 4) * 8);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t b[4];
+          const int i = lane >> 3, r = lane & 7;
+          ldmatrix_x4(b, K + (np * 16 + (i >> 1) * 8 + r) * kRow + dim + (i & 1) * 8);
+          mma_bf16_16816(sc[2 * np], a[0], a[1], a[2], a[3], b[0], b[1]);
+          mma_bf16_16816(sc[2 * np + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+        }
+      }
+      float* mine = sx + warp * 16 * BK;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) mine[j * 32 + lane] = sc[j / 4][j % 4];
+      __syncthreads();
+      const float* other = sx + (hg + (1 - dh) * HG) * 16 * BK;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) sc[j / 4][j % 4] += other[j * 32 + lane];
+      // online softmax over rows g (elements 0, 1) and g + 8 (elements 2, 3)
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = j * 8 + 2 * tq + (e & 1);
+          sc[j][e] = (vm >> key) & 1 ? sc[j][e] * p.scale : -INFINITY;
+          mx[e / 2] = fmaxf(mx[e / 2], sc[j][e]);
+        }
+      float alpha[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m_r[r], mx[r]);
+        alpha[r] = expf(m_r[r] - m_new);
+        m_r[r] = m_new;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sc[j][e] = expf(sc[j][e] - m_r[e / 2]);
+          sum[e / 2] += sc[j][e];
+        }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+        sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+        l_r[r] = l_r[r] * alpha[r] + sum[r];
+      }
+#pragma unroll
+      for (int n = 0; n < NDT; ++n) {
+        acc[n][0] *= alpha[0];
+        acc[n][1] *= alpha[0];
+        acc[n][2] *= alpha[1];
+        acc[n][3] *= alpha[1];
+      }
+      // acc += P · V over this warp's half of the dims; P's fragments are the score accumulators in bf16
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        const uint32_t a0 = pack_bf16(sc[2 * ks][0], sc[2 * ks][1]), a1 = pack_bf16(sc[2 * ks][2], sc[2 * ks][3]);
+        const uint32_t a2 = pack_bf16(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
+        const uint32_t a3 = pack_bf16(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
+#pragma unroll
+        for (int np = 0; np < NDT / 2; ++np) {
+          uint32_t b[4];
+          const int i = lane >> 3, r = lane & 7;
+          ldmatrix_x4_trans(b, K + (ks * 16 + (i & 1) * 8 + r) * kRow + dh * DW + np * 16 + (i >> 1) * 8);
+          mma_bf16_16816(acc[2 * np], a0, a1, a2, a3, b[0], b[1]);
+          mma_bf16_16816(acc[2 * np + 1], a0, a1, a2, a3, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = h0 + hg * 16 + g + 8 * r;
+    if (h >= p.H) continue;
+    if (p.splits == 1) {
+      const float sink = p.sink_f32 ? static_cast<const float*>(p.sink)[h]
+                                    : __bfloat162float(static_cast<const __nv_bfloat16*>(p.sink)[h]);
+      const float denom = l_r[r] + expf(sink - m_r[r]);
+      __nv_bfloat16* o = p.out + t * p.o_stride_t + h * p.o_stride_h + dh * DW + 2 * tq;
+#pragma unroll
+      for (int n = 0; n < NDT; ++n)
+        *reinterpret_cast<uint32_t*>(o + n * 8) = pack_bf16(acc[n][2 * r] / denom, acc[n][2 * r + 1] / denom);
+    } else {
+      const int64_t row = (int64_t(split) * p.T + t) * p.H + h;
+      float* o = p.part_acc + row * D + dh * DW + 2 * tq;
+#pragma unroll
+      for (int n = 0; n < NDT; ++n) *reinterpret_cast<float2*>(o + n * 8) = make_float2(acc[n][2 * r], acc[n][2 * r + 1]);
+      if (dh == 0 && tq == 0) *reinterpret_cast<float2*>(p.part_ml + 2 * row) = make_float2(m_r[r], l_r[r]);
+    }
+  }
+}
+
+// One CTA per (token, head), D / 4 threads of 4 dims: merges the splits in order.
+template <int D>
+__global__ void __launch_bounds__(D / 4) sparse_mqa_combine(const MqaParams p) {
+  const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x * 4;
+  float mx = kNoMax;
+  for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.part_ml[2 * ((int64_t(s) * p.T + t) * p.H + h)]);
+  float l = 0.f;
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s = 0; s < p.splits; ++s) {
+    const int64_t row = (int64_t(s) * p.T + t) * p.H + h;
+    const float2 ml = *reinterpret_cast<const float2*>(p.part_ml + 2 * row);
+    const float w = expf(ml.x - mx);
+    const float4 a = *reinterpret_cast<const float4*>(p.part_acc + row * D + d);
+    l += ml.y * w;
+    o.x += a.x * w;
+    o.y += a.y * w;
+    o.z += a.z * w;
+    o.w += a.w * w;
+  }
+  const float sink = p.sink_f32 ? static_cast<const float*>(p.sink)[h]
+                                : __bfloat162float(static_cast<const __nv_bfloat16*>(p.sink)[h]);
+  const float denom = l + expf(sink - mx);
+  __nv_bfloat16* out = p.out + t * p.o_stride_t + h * p.o_stride_h + d;
+  reinterpret_cast<uint32_t*>(out)[0] = pack_bf16(o.x / denom, o.y / denom);
+  reinterpret_cast<uint32_t*>(out)[1] = pack_bf16(o.z / denom, o.w / denom);
+}
+
+template <int D, int HG>
+cudaError_t launch(const MqaParams& p, cudaStream_t stream) {
+  const size_t smem = Smem<D>::bytes(HG, p.raw_stride);
+  auto kernel = sparse_mqa_kernel<D, HG>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (err != cudaSuccess) return err;
+  const dim3 grid{unsigned(p.splits), unsigned(p.T), unsigned((p.H + kMqaHeadsPerCta - 1) / kMqaHeadsPerCta)};
+  kernel<<<grid, 64 * HG, smem, stream>>>(p);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || p.splits == 1) return err;
+  sparse_mqa_combine<D><<<dim3(unsigned(p.T), unsigned(p.H)), D / 4, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t launch_d(const MqaParams& p, cudaStream_t stream) {
+  const int heads = min(p.H, kMqaHeadsPerCta);
+  if (heads <= 16) return launch<D, 1>(p, stream);
+  if (heads <= 32) return launch<D, 2>(p, stream);
+  return launch<D, 4>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t sparse_mqa_launch(const MqaParams& p, int D, cudaStream_t stream) {
+  switch (D) {
+    case 64: return launch_d<64>(p, stream);
+    case 128: return launch_d<128>(p, stream);
+    case 256: return launch_d<256>(p, stream);
+    case 512: return launch_d<512>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace v41

@@ -1,0 +1,48 @@
+// Sparse MQA decode / prefill with a per-head sink over gathered cache rows, reading bf16 rows or the deployed
+// FP8 / FP4 records: declarations shared by the kernel (sparse_mqa.cu) and the torch binding. Python wrapper and
+// reference: python/v41/kernels/sparse_mqa.py, python/v41/kernels/sparse_attention.py.
+#pragma once
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace v41 {
+
+// Row formats: the FMT ids of python/v41/kernels/records.py (3, the index-key record, is not attention's).
+enum class KvFmt : int { kPlain = 0, kSwaFp8 = 1, kCkvFp4 = 2, kSwaV4 = 4 };
+
+struct MqaSource {
+  const uint8_t* cache;   // row r (bf16 values or one record) at cache + r * row_bytes
+  int64_t row_bytes;
+  const int64_t* slots;   // [T, n] cache row of each listed key of each query, -1 = none; row stride slot_stride
+  int64_t slot_stride;
+  int n;                  // keys listed per query
+  int fmt;                // KvFmt
+  int rope;               // kSwaV4: trailing bf16 RoPE dims
+};
+
+struct MqaParams {
+  const __nv_bfloat16* q;  // [T, H, D]
+  int64_t q_stride_t, q_stride_h;
+  const void* sink;        // [H] bf16 (sink_f32 == 0) or float32
+  int sink_f32;
+  MqaSource src[2];
+  int n_src;
+  __nv_bfloat16* out;      // [T, H, D]
+  int64_t o_stride_t, o_stride_h;
+  float* part_acc;         // [splits, T, H, D] unnormalised partial outputs when splits > 1
+  float* part_ml;          // [splits, T, H, 2] (running max, sum of exponentials) when splits > 1
+  int T, H;
+  float scale;
+  int tiles_per_split, splits;
+  int raw_stride;          // bytes per staged record row in shared memory (0: no source holds records)
+};
+
+constexpr int kMqaKeysPerTile = 32;
+constexpr int kMqaHeadsPerCta = 64;
+
+// Launches the split kernel on grid (splits, T, ceil(H / 64)) and, when splits > 1, the combine kernel; D is the
+// head dim (64, 128, 256 or 512). Returns the first launch error.
+cudaError_t sparse_mqa_launch(const MqaParams& p, int D, cudaStream_t stream);
+
+}  // namespace v41

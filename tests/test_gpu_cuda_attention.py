@@ -1,0 +1,160 @@
+"""The CUDA sparse MQA of ``cuda/attention/sparse_mqa.cu`` on a GPU against :func:`sparse_mqa_sink_ref` in float32
+on fresh random inputs, outputs poisoned first: bf16 rows and the deployed records (V4.1 ``swa_fp8`` + ``ckv_fp4``,
+V4 ``swa_v4``), odd list lengths, slot −1, queries with no valid key, split-KV and one split, more than 64 heads,
+CUDA-graph replay (skipped without CUDA or without ``v41._cuda`` built for the device; run on the device machine by
+``benches/gpu/cuda_gpu.sh``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_checks import poison, rel
+from v41.cache.records import RecordFormat
+from v41.kernels import dispatch, sparse_mqa
+from v41.kernels.sparse_attention import sparse_mqa_sink, sparse_mqa_sink_ref
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not dispatch.cuda_runs_on(torch.device("cuda")),
+                                reason="needs CUDA and v41._cuda built for this GPU (make cuda)")
+
+DEV = "cuda"
+FORMATS = {
+    "bf16": lambda d: (None, None),
+    "v41": lambda d: (RecordFormat("swa_fp8", d), RecordFormat("ckv_fp4", d)),
+    "v4": lambda d: (RecordFormat("swa_v4", d, rope=d // 8), RecordFormat("swa_v4", d, rope=d // 8)),
+}
+
+
+def _gen():
+    return torch.Generator().manual_seed(torch.seed() % (1 << 31))
+
+
+def _cache(rows: int, d: int, record: RecordFormat | None, g) -> torch.Tensor:
+    x = torch.randn(rows, d, generator=g) * torch.exp(torch.randn(rows, 1, generator=g))
+    x = x.to(DEV)
+    return x.to(torch.bfloat16) if record is None else record.encode(x)
+
+
+def _slots(t: int, n: int, rows: int, g, none_frac: float = 0.3) -> torch.Tensor:
+    s = torch.randint(0, rows, (t, n), generator=g)
+    s[torch.rand(t, n, generator=g) < none_frac] = -1
+    if t > 1:
+        s[1] = -1  # a query with no valid key in this source
+    return s.to(DEV)
+
+
+def _case(t, h, d, n0, n1, fmt, g):
+    r0, r1 = FORMATS[fmt](d)
+    q = (torch.randn(t, h, d, generator=g) * 0.2).to(DEV, torch.bfloat16)
+    sources = [(_cache(300, d, r0, g), _slots(t, n0, 300, g))]
+    records = [r0]
+    if n1 is not None:
+        sources.append((_cache(700, d, r1, g), _slots(t, n1, 700, g)))
+        records.append(r1)
+    sink = torch.randn(h, generator=g).to(DEV, torch.bfloat16)
+    return q, sources, sink, records
+
+
+def _ref(q, sources, sink, scale, records):
+    return sparse_mqa_sink_ref(q.float(), sources, sink.float(), scale, records)
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("t,h,d,n0,n1", [(1, 64, 512, 128, 512), (3, 64, 512, 7, 45), (40, 64, 512, 128, 100),
+                                         (5, 8, 64, 8, 6), (2, 128, 512, 33, None), (9, 24, 128, 64, 300),
+                                         (4, 16, 256, 1, 0)])
+def test_sparse_mqa_equals_its_reference(fmt, t, h, d, n0, n1):
+    g = _gen()
+    q, sources, sink, records = _case(t, h, d, n0, n1, fmt, g)
+    scale = d ** -0.5
+    poison(DEV)
+    out = sparse_mqa.sparse_mqa(q, sources, sink, scale, records)
+    assert out is not None
+    ref = _ref(q, sources, sink, scale, records)
+    assert rel(out.float(), ref) < 1e-2
+    assert torch.equal(sparse_mqa_sink(q, sources, sink, scale, records), out)  # the dispatch picks CUDA
+    if t > 1:
+        assert torch.count_nonzero(out[1]) == 0  # no valid key: zeros
+
+
+def test_split_kv_and_one_split_agree_and_repeat_bit_for_bit():
+    g = _gen()
+    q, sources, sink, records = _case(1, 64, 512, 128, 512, "v41", g)
+    splits, per = sparse_mqa.launch_shape(1, 64, 20, q.device)
+    assert splits > 1
+    many = sparse_mqa.sparse_mqa(q, sources, sink, 0.05, records)
+    for _ in range(3):
+        assert torch.equal(sparse_mqa.sparse_mqa(q, sources, sink, 0.05, records), many)
+    wide = torch.cat([q] * 200)  # enough tokens that no split is made
+    srcs = [(c, s.expand(200, -1)) for c, s in sources]
+    assert sparse_mqa.launch_shape(200, 64, 20, q.device)[0] == 1
+    one = sparse_mqa.sparse_mqa(wide, srcs, sink, 0.05, records)
+    assert rel(one[0].float(), many[0].float()) < 5e-3
+
+
+def test_sparse_mqa_replays_in_a_cuda_graph():
+    g = _gen()
+    q, sources, sink, records = _case(2, 64, 512, 128, 512, "v41", g)
+    static_q = q.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        sparse_mqa.sparse_mqa(static_q, sources, sink, 0.05, records)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = sparse_mqa.sparse_mqa(static_q, sources, sink, 0.05, records)
+    for _ in range(3):
+        fresh = (torch.randn(q.shape, generator=g) * 0.2).to(DEV, torch.bfloat16)
+        static_q.copy_(fresh)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, sparse_mqa.sparse_mqa(fresh, sources, sink, 0.05, records))
+
+
+def test_sparse_mqa_declines_what_it_does_not_take():
+    g = _gen()
+    q, sources, sink, records = _case(2, 8, 64, 8, 6, "bf16", g)
+    assert sparse_mqa.sparse_mqa(q.float(), sources, sink, 0.1, records) is None          # float32 queries
+    assert sparse_mqa.sparse_mqa(q[..., :32], [(c[:, :32], s) for c, s in sources], sink, 0.1, records) is None
+    idx = RecordFormat("idx_mxfp4", 64)
+    assert sparse_mqa.sparse_mqa(q, [(_cache(10, 64, idx, g), sources[0][1])], sink, 0.1, [idx]) is None
+
+
+def _first_close_call(logprobs, gap: float) -> int:
+    """Index of the first position whose top-2 logprobs lie within ``gap`` nats (len if none)."""
+    for i, lp in enumerate(logprobs):
+        top = sorted((v.logprob for v in lp.values()), reverse=True)
+        if len(top) > 1 and top[0] - top[1] < gap:
+            return i
+    return len(logprobs)
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+@pytest.mark.parametrize("arch", ["deepseek_v41", "deepseek_v4"])
+def test_bf16_engine_with_the_cuda_kernels_gives_the_triton_engines_greedy_tokens(tmp_path, arch, kv, monkeypatch):
+    """The margin rule in bf16: tokens agree up to the first position where the Triton run's top two are within
+    0.05 nats (bf16 rounding of two summation orders moves logits by ~1e-2)."""
+    import gc
+
+    from v41 import LLM, SamplingParams
+    from v41.testing.tiny import make_tiny
+
+    path = str(make_tiny(tmp_path / arch, arch))
+    prompts = [[0] + list(range(5, 5 + n)) for n in (3, 17, 40, 63)]
+    sp = SamplingParams(temperature=0.0, max_tokens=24, logprobs=2, ignore_eos=True)
+    runs = {}
+    for mode in ("triton", "auto"):
+        monkeypatch.setenv("V41_KERNELS", mode)
+        gc.collect()
+        torch.cuda.empty_cache()
+        llm = LLM(path, block_size=16, device="cuda", dtype="bfloat16", gpu_memory_utilization=0.2,
+                  kv_cache_dtype=kv)
+        runs[mode] = [o.outputs[0] for o in llm.generate(prompts, sp, use_tqdm=False)]
+        del llm
+    compared = 0
+    for got, want in zip(runs["auto"], runs["triton"]):
+        n = _first_close_call(want.logprobs, 0.05)
+        assert got.token_ids[:n] == want.token_ids[:n], (n, got.token_ids, want.token_ids)
+        compared += n
+    assert compared >= 24  # the rule left something to compare
