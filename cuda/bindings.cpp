@@ -135,7 +135,6 @@ v41::MqaSource mqa_source(const at::Tensor& q, const at::Tensor& cache, const at
     TORCH_CHECK(cache.scalar_type() == at::kByte && cache.size(1) == record_bytes(fmt, d, rope),
                 "records must be uint8 [S, nbytes] of the format's size for q's head dim");
     TORCH_CHECK(fmt != 4 || (rope > 0 && rope < d && (d - rope) % 8 == 0), "swa_v4: coded dims a multiple of 8");
-    TORCH_CHECK(row_bytes % (fmt == 4 ? 8 : 16) == 0, "records must start 16-byte (swa_v4: 8-byte) aligned");
   }
   TORCH_CHECK(aligned16(cache.data_ptr()), "cache must be 16-byte aligned");
   v41::MqaSource s{};

@@ -134,7 +134,8 @@ def _first_close_call(logprobs, gap: float) -> int:
 @pytest.mark.parametrize("arch", ["deepseek_v41", "deepseek_v4"])
 def test_bf16_engine_with_the_cuda_kernels_gives_the_triton_engines_greedy_tokens(tmp_path, arch, kv, monkeypatch):
     """The margin rule in bf16: tokens agree up to the first position where the Triton run's top two are within
-    0.05 nats (bf16 rounding of two summation orders moves logits by ~1e-2)."""
+    0.25 nats (bf16 logits of magnitude 8–16 are spaced 0.03–0.06 apart, and two summation orders round
+    differently at every layer)."""
     import gc
 
     from v41 import LLM, SamplingParams
@@ -154,7 +155,7 @@ def test_bf16_engine_with_the_cuda_kernels_gives_the_triton_engines_greedy_token
         del llm
     compared = 0
     for got, want in zip(runs["auto"], runs["triton"]):
-        n = _first_close_call(want.logprobs, 0.05)
+        n = _first_close_call(want.logprobs, 0.25)
         assert got.token_ids[:n] == want.token_ids[:n], (n, got.token_ids, want.token_ids)
         compared += n
     assert compared >= 24  # the rule left something to compare

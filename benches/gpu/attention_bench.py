@@ -28,8 +28,11 @@ def _row_bytes(record: RecordFormat | None) -> int:
     return 2 * DIM if record is None else record.nbytes
 
 
-def attention_cells(batches, reps, bw, graph_us, rel, prefill: int = 2048):
+def attention_cells(batches, reps, bw, graph_us, rel, prefill: int = 2048, min_tiles=()):
+    """Rows (op, cell, {path: µs}, floor µs, rel. diff CUDA vs Triton); ``min_tiles``: values of
+    ``sparse_mqa.MIN_TILES_PER_SPLIT`` the decode cells are also timed at (columns ``split≥N``)."""
     rows = []
+    default = sparse_mqa.MIN_TILES_PER_SPLIT
     for name, (r0, r1) in FORMATS.items():
         caches = (_cache(r0), _cache(r1))
         sink = torch.randn(HEADS, device="cuda").to(torch.bfloat16)
@@ -46,6 +49,10 @@ def attention_cells(batches, reps, bw, graph_us, rel, prefill: int = 2048):
             err = rel(paths["cuda"](*inputs[0]), paths["triton"](*inputs[0]))
             n = reps if t < prefill else 4
             us = {p: graph_us([lambda i=i, f=f: f(*inputs[i % n_inputs]) for i in range(n)]) for p, f in paths.items()}
+            for v in min_tiles if t < prefill else ():
+                sparse_mqa.MIN_TILES_PER_SPLIT = v
+                us[f"split≥{v}"] = graph_us([lambda i=i: paths["cuda"](*inputs[i % n_inputs]) for i in range(n)])
+                sparse_mqa.MIN_TILES_PER_SPLIT = default
             per_token = WINDOW * _row_bytes(r0) + SELECTED * _row_bytes(r1) + 2 * HEADS * DIM * 2
             floor = t * per_token / bw * 1e6
             rows.append((f"sparse MQA {name}", f"T={t}", us, floor, err))

@@ -131,6 +131,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--reps", type=int, default=24)
     ap.add_argument("--ops", default="linears,experts,attention")
+    ap.add_argument("--mqa-min-tiles", default="", help="MIN_TILES_PER_SPLIT values to also time sparse MQA at")
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
     args = ap.parse_args()
     SWEEP.extend(c for c in args.sweep.split(",") if c)
@@ -141,17 +142,19 @@ def main() -> None:
     ops = args.ops.split(",")
     rows = ((linear_cells(batches, args.reps, bw) if "linears" in ops else [])
             + (expert_cells(batches, args.reps, bw) if "experts" in ops else [])
-            + (attention_cells(batches, args.reps, bw, graph_us, rel) if "attention" in ops else []))
+            + (attention_cells(batches, args.reps, bw, graph_us, rel,
+                                    min_tiles=[int(v) for v in args.mqa_min_tiles.split(",") if v])
+               if "attention" in ops else []))
     print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; µs per launch (graph replay, weights and key rows not in L2)")
-    extra = [f"{c} µs" for c in SWEEP]
+    extra = list(dict.fromkeys(k for row in rows for k in row[2] if k not in ("cuda", "triton")))
     print("| op | rows | CUDA µs | Triton µs | floor µs | CUDA / floor | CUDA GB/s | Triton / CUDA | rel. diff | "
-          + "".join(f"{h} | " for h in extra))
+          + "".join(f"{h} µs | " for h in extra))
     print("|---" * (9 + len(extra)) + "|")
     for name, cell, us, floor, err in rows:
         gbs = floor * bw / 1e9 / us["cuda"] if us["cuda"] else 0.0
         print(f"| {name} | {cell} | {us['cuda']:.1f} | {us['triton']:.1f} | {floor:.1f} | "
               f"{us['cuda'] / floor:.2f}× | {gbs:,.0f} | {us['triton'] / us['cuda']:.2f}× | {err:.1e} | "
-              + "".join(f"{us.get(c, float('nan')):.1f} | " for c in SWEEP))
+              + "".join(f"{us.get(c, float('nan')):.1f} | " for c in extra))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@
 // Layout of the work. A CTA owns one query token, up to 64 heads and a range of key tiles (split-KV): grid
 // (splits, T, ceil(H / 64)). Each tile of 32 listed keys is gathered once for all heads of the CTA by cp.async
 // into shared memory (bf16 rows directly; records into a staging buffer, then decoded to bf16 in shared memory,
-// exactly as RecordFormat.decode of python/v41/cache/records.py: every value is a code times a power of two or
-// an E4M3 scale, exact in bf16), double-buffered so the next tile's gather overlaps this tile's math. Warps come
+// exactly as RecordFormat.decode of python/v41/cache/records.py, with the bit moves of common/dequant.cuh:
+// every value is a code times a power of two or an E4M3 scale, exact in bf16), double-buffered so the next tile's gather overlaps this tile's math. Warps come
 // in pairs per 16 heads (the M side of m16n8k16 bf16 MMAs): the pair splits the head dim in halves, each computes
 // its half of the 16 × 32 scores, the two exchange them through shared memory (a + b = b + a, so both hold the same
 // sums), run the same online softmax in float32, and each accumulates P · V for its half of the output dims
@@ -15,6 +15,7 @@
 // unnormalised acc and (m, l) and the combine kernel merges them in split order (deterministic).
 #include <cuda_bf16.h>
 
+#include "../common/dequant.cuh"
 #include "../common/mma.cuh"
 #include "../common/smem.cuh"
 #include "sparse_mqa.h"
@@ -29,14 +30,6 @@ __device__ __forceinline__ float e4m3_value(uint32_t b) {
   const uint32_t e = (b >> 3) & 15, m = b & 7;
   const float mag = e == 0 ? float(m) * 0.001953125f : __uint_as_float(((e + 120) << 23) | (m << 20));
   return (b & 128) ? -mag : mag;
-}
-
-__device__ __forceinline__ float e8m0_value(uint32_t b) { return __uint_as_float(b == 0 ? 0x00400000u : b << 23); }
-
-__device__ __forceinline__ float e2m1_value(uint32_t n) {
-  const uint32_t e = (n >> 1) & 3, m = n & 1;
-  const float mag = e == 0 ? float(m) * 0.5f : float(2 + m) * __uint_as_float((e + 125) << 23);
-  return (n & 8) ? -mag : mag;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -70,29 +63,21 @@ __device__ __forceinline__ void load_tile(const MqaParams& p, int t, int tile, i
     const uint32_t m = __ballot_sync(0xffffffffu, slot >= 0);
     if (tid == 0) vmask[buf] = m;
   }
+  // blockDim.x / 32 threads per key row: one slot load each, then the row's copies
+  const int per_row = nthreads / BK, r = tid / per_row, sub = tid % per_row;
+  const int64_t slot = r < lim ? slots[r] : -1;
+  const uint8_t* src = s.cache + (slot >= 0 ? slot : 0) * s.row_bytes;
   if (s.fmt == int(KvFmt::kPlain)) {
-    constexpr int kChunks = D * 2 / 16;
-    for (int i = tid; i < BK * kChunks; i += nthreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const int64_t slot = r < lim ? slots[r] : -1;
-      const uint8_t* src = s.cache + (slot >= 0 ? slot : 0) * s.row_bytes + c * 16;
-      cp_async<16>(reinterpret_cast<uint8_t*>(kbuf + (buf * BK + r) * kRow) + c * 16, src, slot >= 0);
-    }
-  } else if (s.row_bytes % 16 == 0) {
-    const int chunks = int(s.row_bytes / 16);
-    for (int i = tid; i < BK * chunks; i += nthreads) {
-      const int r = i / chunks, c = i % chunks;
-      const int64_t slot = r < lim ? slots[r] : -1;
-      cp_async<16>(raw + (buf * BK + r) * p.raw_stride + c * 16,
-                   s.cache + (slot >= 0 ? slot : 0) * s.row_bytes + c * 16, slot >= 0);
-    }
+    uint8_t* dst = reinterpret_cast<uint8_t*>(kbuf + (buf * BK + r) * kRow);
+    for (int c = sub; c < D * 2 / 16; c += per_row) cp_async<16>(dst + c * 16, src + c * 16, slot >= 0);
   } else {
-    const int chunks = int(s.row_bytes / 8);
-    for (int i = tid; i < BK * chunks; i += nthreads) {
-      const int r = i / chunks, c = i % chunks;
-      const int64_t slot = r < lim ? slots[r] : -1;
-      cp_async<8>(raw + (buf * BK + r) * p.raw_stride + c * 8,
-                  s.cache + (slot >= 0 ? slot : 0) * s.row_bytes + c * 8, slot >= 0);
+    uint8_t* dst = raw + (buf * BK + r) * p.raw_stride;
+    if (s.row_bytes % 16 == 0) {
+      for (int c = sub; c < s.row_bytes / 16; c += per_row) cp_async<16>(dst + c * 16, src + c * 16, slot >= 0);
+    } else if (s.row_bytes % 8 == 0) {
+      for (int c = sub; c < s.row_bytes / 8; c += per_row) cp_async<8>(dst + c * 8, src + c * 8, slot >= 0);
+    } else {  // rows of small models that no copy width divides: bytes, synchronously
+      for (int c = sub; c < s.row_bytes; c += per_row) dst[c] = slot >= 0 ? src[c] : uint8_t(0);
     }
   }
 }
@@ -108,12 +93,16 @@ __device__ __forceinline__ void decode_tile(const MqaSource& s, int raw_stride, 
     const uint8_t* row = raw + (buf * BK + r) * raw_stride;
     uint4 out;
     uint32_t* w = reinterpret_cast<uint32_t*>(&out);
-    if (s.fmt == int(KvFmt::kCkvFp4)) {
-      const uint32_t codes = *reinterpret_cast<const uint32_t*>(row + d0 / 2);
-      const float sc = e4m3_value(row[D / 2 + d0 / 16]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        w[j] = pack_bf16(e2m1_value((codes >> (8 * j)) & 15) * sc, e2m1_value((codes >> (8 * j + 4)) & 15) * sc);
+    if (s.fmt == int(KvFmt::kCkvFp4)) {  // E2M1 pairs (0,4) (1,5) (2,6) (3,7) → dim order, × 2^126, × scale
+      const uint32_t q = *reinterpret_cast<const uint32_t*>(row + d0 / 2);
+      const uint32_t p0 = fp4_pair<0>(q), p1 = fp4_pair<1>(q), p2 = fp4_pair<2>(q), p3 = fp4_pair<3>(q);
+      const uint32_t k = bf16_pow2(kFp4Bias) * 0x10001u;
+      const __nv_bfloat16 sc = __float2bfloat16_rn(e4m3_value(row[D / 2 + d0 / 16]));  // exact
+      const uint32_t s2 = uint32_t(__bfloat16_as_ushort(sc)) * 0x10001u;
+      w[0] = bf16x2_mul(bf16x2_mul(__byte_perm(p0, p1, 0x5410), k), s2);
+      w[1] = bf16x2_mul(bf16x2_mul(__byte_perm(p2, p3, 0x5410), k), s2);
+      w[2] = bf16x2_mul(bf16x2_mul(__byte_perm(p0, p1, 0x7632), k), s2);
+      w[3] = bf16x2_mul(bf16x2_mul(__byte_perm(p2, p3, 0x7632), k), s2);
     } else if (s.fmt == int(KvFmt::kSwaV4) && d0 >= coded) {
       const uint2* bf = reinterpret_cast<const uint2*>(row + coded + 2 * (d0 - coded));
       const uint2 lo = bf[0], hi = bf[1];
@@ -121,13 +110,9 @@ __device__ __forceinline__ void decode_tile(const MqaSource& s, int raw_stride, 
     } else {  // FP8 codes with E8M0 scales: per 32 dims (swa_fp8) or per 64 after the RoPE dims (swa_v4)
       const uint2 c2 = *reinterpret_cast<const uint2*>(row + d0);
       const uint32_t byte = s.fmt == int(KvFmt::kSwaFp8) ? row[D + d0 / 32] : row[coded + 2 * s.rope + d0 / 64];
-      const float sc = e8m0_value(byte);
-      const uint32_t c[2] = {c2.x, c2.y};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t word = c[j / 2] >> (16 * (j % 2));
-        w[j] = pack_bf16(e4m3_value(word & 255) * sc, e4m3_value((word >> 8) & 255) * sc);
-      }
+      uint32_t v[4] = {fp8_pair<0>(c2.x), fp8_pair<1>(c2.x), fp8_pair<0>(c2.y), fp8_pair<1>(c2.y)};
+      ScaleFactor<kFp8Bias>(byte).apply(v);
+      w[0] = v[0], w[1] = v[1], w[2] = v[2], w[3] = v[3];
     }
     *reinterpret_cast<uint4*>(kbuf + (buf * BK + r) * kRow + d0) = out;
   }

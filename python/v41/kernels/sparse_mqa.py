@@ -43,7 +43,7 @@ def _source_ok(q: Tensor, cache: Tensor, slots: Tensor, record: RecordFormat | N
         return cache.dtype == torch.bfloat16 and cache.shape[1] == d and cache.stride(0) % 8 == 0
     if format_id(record) not in CUDA_FORMATS or record.dims != d or cache.dtype != torch.uint8:
         return False
-    if cache.shape[1] != record.nbytes or cache.stride(0) % (8 if record.rope else 16):
+    if cache.shape[1] != record.nbytes:
         return False
     return not record.rope or record.coded % 8 == 0
 
