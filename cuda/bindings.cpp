@@ -137,6 +137,7 @@ v41::MqaSource mqa_source(const at::Tensor& q, const at::Tensor& cache, const at
     TORCH_CHECK(fmt != 4 || (rope > 0 && rope < d && (d - rope) % 8 == 0), "swa_v4: coded dims a multiple of 8");
   }
   TORCH_CHECK(aligned16(cache.data_ptr()), "cache must be 16-byte aligned");
+  TORCH_CHECK(cache.size(0) < (int64_t(1) << 31), "at most 2^31 - 1 cache rows (slots are staged as int32)");
   v41::MqaSource s{};
   s.cache = reinterpret_cast<const uint8_t*>(cache.data_ptr());
   s.row_bytes = row_bytes;
@@ -178,6 +179,7 @@ void sparse_mqa(const at::Tensor& q, at::Tensor& out, const at::Tensor& sink, co
   const int64_t tiles = (p.src[0].n + v41::kMqaKeysPerTile - 1) / v41::kMqaKeysPerTile +
                         (p.n_src > 1 ? (p.src[1].n + v41::kMqaKeysPerTile - 1) / v41::kMqaKeysPerTile : 0);
   TORCH_CHECK(splits * tiles_per_split >= tiles, "splits x tiles_per_split must cover the key tiles");
+  TORCH_CHECK(tiles_per_split <= v41::kMqaMaxTilesPerCta, "at most ", v41::kMqaMaxTilesPerCta, " tiles per split");
   if (splits > 1) {
     TORCH_CHECK(part_acc.has_value() && part_acc->scalar_type() == at::kFloat && part_acc->is_contiguous() &&
                     part_acc->numel() >= splits * t * h * d && part_acc->device() == q.device(),

@@ -3,13 +3,14 @@
 // sink in the normaliser only. PyTorch reference: sparse_mqa_sink_ref of python/v41/kernels/sparse_attention.py.
 //
 // Layout of the work. A CTA owns one query token, up to 64 heads and a range of key tiles (split-KV): grid
-// (splits, T, ceil(H / 64)). Each tile of 32 listed keys is gathered once for all heads of the CTA by cp.async
-// into shared memory (bf16 rows directly; records into a staging buffer, then decoded to bf16 in shared memory,
-// exactly as RecordFormat.decode of python/v41/cache/records.py, with the bit moves of common/dequant.cuh:
-// every value is a code times a power of two or an E4M3 scale, exact in bf16), double-buffered so the next tile's gather overlaps this tile's math. Warps come
-// in pairs per 16 heads (the M side of m16n8k16 bf16 MMAs): the pair splits the head dim in halves, each computes
-// its half of the 16 × 32 scores, the two exchange them through shared memory (a + b = b + a, so both hold the same
-// sums), run the same online softmax in float32, and each accumulates P · V for its half of the output dims
+// (splits, T, ceil(H / 64)). The CTA first stages the slots of its tiles in shared memory; then each tile of 32
+// listed keys is gathered once for all heads of the CTA by cp.async into shared memory (bf16 rows directly;
+// records into a staging buffer, then decoded to bf16 in shared memory exactly as RecordFormat.decode of
+// python/v41/cache/records.py, with the bit moves of common/dequant.cuh: every value is a code times a power of
+// two or an E4M3 scale, exact in bf16), up to 4 tiles in flight so that gathers overlap the math. Warps come in
+// pairs per 16 heads (the M side of m16n8k16 bf16 MMAs): the pair splits the head dim in halves, each computes
+// its half of the 16 × 32 scores, the two exchange them through shared memory (a + b = b + a, so both hold the
+// same sums), run the same online softmax in float32, and each accumulates P · V for its half of the output dims
 // (16 × D/2 float32 accumulators per warp). Slot −1 and keys past a query's list are masked; tiles with no valid
 // key are skipped. With one split the CTA writes o = acc / (l + e^(sink − m)); with several, each writes its
 // unnormalised acc and (m, l) and the combine kernel merges them in split order (deterministic).
@@ -40,38 +41,35 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 template <int D>
 struct Smem {
   static constexpr int kRow = D + 8;  // bf16 per staged row: 16 bytes of padding keep ldmatrix conflict-free
-  static size_t bytes(int head_groups, int raw_stride) {
-    return size_t(head_groups) * 16 * kRow * 2 + 2 * BK * kRow * 2 + 2 * BK * size_t(raw_stride) +
-           size_t(2 * head_groups) * 16 * BK * 4 + 16;
+  static size_t bytes(int head_groups, const MqaParams& p) {
+    return size_t(head_groups) * 16 * kRow * 2 + size_t(p.kbuf_stages) * BK * kRow * 2 +
+           size_t(p.stages) * BK * p.raw_stride + size_t(2 * head_groups) * 16 * BK * 4 +
+           size_t(p.tiles_per_split) * BK * 4 + 16;
   }
 };
 
-// Issues the gather of key tile `tile` into buffer `buf` (bf16 rows into kbuf, records into raw) and writes its
-// valid-key bit mask (bit i: key i of the tile is listed and its slot is not -1).
+// Issues the gather of key tile `tile` (the CTA's `local`-th) into pipeline stage `st` (bf16 rows into kbuf, records
+// into raw) and writes its valid-key bit mask (bit i: key i of the tile is listed and its slot is not -1).
 template <int D>
-__device__ __forceinline__ void load_tile(const MqaParams& p, int t, int tile, int nt0, int buf,
-                                          __nv_bfloat16* kbuf, uint8_t* raw, uint32_t* vmask) {
+__device__ __forceinline__ void load_tile(const MqaParams& p, int local, int tile, int nt0, int st,
+                                          __nv_bfloat16* kbuf, uint8_t* raw, uint32_t* vmask, const int* slot_s) {
   constexpr int kRow = Smem<D>::kRow;
-  const int second = tile >= nt0;
-  const MqaSource& s = p.src[second];
-  const int k0 = (second ? tile - nt0 : tile) * BK;
-  const int64_t* slots = s.slots + int64_t(t) * s.slot_stride + k0;
-  const int lim = min(BK, s.n - k0);
+  const MqaSource& s = p.src[tile >= nt0];
+  const int* slots = slot_s + local * BK;
   const int tid = threadIdx.x, nthreads = blockDim.x;
   if (tid < 32) {
-    const int64_t slot = tid < lim ? slots[tid] : -1;
-    const uint32_t m = __ballot_sync(0xffffffffu, slot >= 0);
-    if (tid == 0) vmask[buf] = m;
+    const uint32_t m = __ballot_sync(0xffffffffu, slots[tid] >= 0);
+    if (tid == 0) vmask[st] = m;
   }
-  // blockDim.x / 32 threads per key row: one slot load each, then the row's copies
+  // blockDim.x / 32 threads per key row, each copying a share of the row
   const int per_row = nthreads / BK, r = tid / per_row, sub = tid % per_row;
-  const int64_t slot = r < lim ? slots[r] : -1;
-  const uint8_t* src = s.cache + (slot >= 0 ? slot : 0) * s.row_bytes;
+  const int slot = slots[r];
+  const uint8_t* src = s.cache + int64_t(slot >= 0 ? slot : 0) * s.row_bytes;
   if (s.fmt == int(KvFmt::kPlain)) {
-    uint8_t* dst = reinterpret_cast<uint8_t*>(kbuf + (buf * BK + r) * kRow);
+    uint8_t* dst = reinterpret_cast<uint8_t*>(kbuf + (st * BK + r) * kRow);
     for (int c = sub; c < D * 2 / 16; c += per_row) cp_async<16>(dst + c * 16, src + c * 16, slot >= 0);
   } else {
-    uint8_t* dst = raw + (buf * BK + r) * p.raw_stride;
+    uint8_t* dst = raw + (st * BK + r) * p.raw_stride;
     if (s.row_bytes % 16 == 0) {
       for (int c = sub; c < s.row_bytes / 16; c += per_row) cp_async<16>(dst + c * 16, src + c * 16, slot >= 0);
     } else if (s.row_bytes % 8 == 0) {
@@ -82,9 +80,9 @@ __device__ __forceinline__ void load_tile(const MqaParams& p, int t, int tile, i
   }
 }
 
-// Decodes the staged records of buffer `buf` into bf16 rows of kbuf (zero-filled rows decode to zeros).
+// Decodes the staged records of stage `buf` into the bf16 rows `kout` (zero-filled rows decode to zeros).
 template <int D>
-__device__ __forceinline__ void decode_tile(const MqaSource& s, int raw_stride, int buf, __nv_bfloat16* kbuf,
+__device__ __forceinline__ void decode_tile(const MqaSource& s, int raw_stride, int buf, __nv_bfloat16* kout,
                                             const uint8_t* raw) {
   constexpr int kRow = Smem<D>::kRow, kChunks = D / 8;
   const int coded = D - s.rope;
@@ -114,7 +112,7 @@ __device__ __forceinline__ void decode_tile(const MqaSource& s, int raw_stride, 
       ScaleFactor<kFp8Bias>(byte).apply(v);
       w[0] = v[0], w[1] = v[1], w[2] = v[2], w[3] = v[3];
     }
-    *reinterpret_cast<uint4*>(kbuf + (buf * BK + r) * kRow + d0) = out;
+    *reinterpret_cast<uint4*>(kout + r * kRow + d0) = out;
   }
 }
 
@@ -124,9 +122,10 @@ __global__ void __launch_bounds__(64 * HG, 1) sparse_mqa_kernel(const MqaParams 
   extern __shared__ __align__(16) uint8_t smem[];
   __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* kbuf = q_s + HG * 16 * kRow;
-  uint8_t* raw = reinterpret_cast<uint8_t*>(kbuf + 2 * BK * kRow);
-  float* sx = reinterpret_cast<float*>(raw + 2 * BK * p.raw_stride);
-  uint32_t* vmask = reinterpret_cast<uint32_t*>(sx + NW * 16 * BK);
+  uint8_t* raw = reinterpret_cast<uint8_t*>(kbuf + p.kbuf_stages * BK * kRow);
+  float* sx = reinterpret_cast<float*>(raw + p.stages * BK * p.raw_stride);
+  int* slot_s = reinterpret_cast<int*>(sx + NW * 16 * BK);
+  uint32_t* vmask = reinterpret_cast<uint32_t*>(slot_s + p.tiles_per_split * BK);
 
   const int split = blockIdx.x, t = blockIdx.y, h0 = blockIdx.z * kMqaHeadsPerCta;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -135,14 +134,24 @@ __global__ void __launch_bounds__(64 * HG, 1) sparse_mqa_kernel(const MqaParams 
   const int nt1 = p.n_src > 1 ? (p.src[1].n + BK - 1) / BK : 0;
   const int first = split * p.tiles_per_split;
   const int n_tiles = max(0, min(nt0 + nt1, first + p.tiles_per_split) - first);
+  const int stages = p.stages;
 
   for (int i = tid; i < HG * 16 * (D / 8); i += blockDim.x) {  // this CTA's heads of q; heads ≥ H read as zeros
     const int r = i / (D / 8), c = i % (D / 8), h = h0 + r;
     const __nv_bfloat16* src = p.q + t * p.q_stride_t + (h < p.H ? h : 0) * p.q_stride_h + c * 8;
     cp_async<16>(q_s + r * kRow + c * 8, src, h < p.H);
   }
-  if (n_tiles > 0) load_tile<D>(p, t, first, nt0, 0, kbuf, raw, vmask);
-  cp_async_commit();
+  for (int j = tid; j < n_tiles * BK; j += blockDim.x) {  // the slots of this CTA's tiles, -1 past a list's end
+    const int tile = first + j / BK, second = tile >= nt0;
+    const MqaSource& s = p.src[second];
+    const int k = (second ? tile - nt0 : tile) * BK + j % BK;
+    slot_s[j] = k < s.n ? int(s.slots[int64_t(t) * s.slot_stride + k]) : -1;
+  }
+  __syncthreads();
+  for (int st = 0; st < stages - 1; ++st) {
+    if (st < n_tiles) load_tile<D>(p, st, first + st, nt0, st, kbuf, raw, vmask, slot_s);
+    cp_async_commit();
+  }
 
   float m_r[2] = {kNoMax, kNoMax}, l_r[2] = {0.f, 0.f};
   float acc[NDT][4];
@@ -150,19 +159,24 @@ __global__ void __launch_bounds__(64 * HG, 1) sparse_mqa_kernel(const MqaParams 
   for (int n = 0; n < NDT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 
   for (int it = 0; it < n_tiles; ++it) {
-    const int buf = it & 1, tile = first + it;
-    if (it + 1 < n_tiles) load_tile<D>(p, t, tile + 1, nt0, buf ^ 1, kbuf, raw, vmask);
+    const int st = it % stages, tile = first + it;
+    if (it + stages - 1 < n_tiles) {
+      const int ahead = it + stages - 1;
+      load_tile<D>(p, ahead, first + ahead, nt0, ahead % stages, kbuf, raw, vmask, slot_s);
+    }
     cp_async_commit();
-    cp_async_wait<1>();
+    if (stages == 4) cp_async_wait<3>();
+    else if (stages == 3) cp_async_wait<2>();
+    else cp_async_wait<1>();
     __syncthreads();
-    const uint32_t vm = vmask[buf];
+    const uint32_t vm = vmask[st];
     if (vm != 0) {
       const MqaSource& s = p.src[tile >= nt0];
+      __nv_bfloat16* K = kbuf + (st % p.kbuf_stages) * BK * kRow;
       if (s.fmt != int(KvFmt::kPlain)) {
-        decode_tile<D>(s, p.raw_stride, buf, kbuf, raw);
+        decode_tile<D>(s, p.raw_stride, st, K, raw);
         __syncthreads();
       }
-      const __nv_bfloat16* K = kbuf + buf * BK * kRow;
       // scores of this warp's half of the head dim: s[j] = keys 8j..8j+7
       float sc[4][4];
 #pragma unroll
@@ -297,8 +311,17 @@ __global__ void __launch_bounds__(D / 4) sparse_mqa_combine(const MqaParams p) {
 }
 
 template <int D, int HG>
-cudaError_t launch(const MqaParams& p, cudaStream_t stream) {
-  const size_t smem = Smem<D>::bytes(HG, p.raw_stride);
+cudaError_t launch(MqaParams p, cudaStream_t stream) {
+  constexpr size_t kMaxSmem = 227 * 1024;
+  bool plain = false;
+  for (int i = 0; i < p.n_src; ++i) plain = plain || p.src[i].fmt == int(KvFmt::kPlain);
+  for (p.stages = 4; p.stages > 2; --p.stages) {
+    p.kbuf_stages = plain ? p.stages : 1;
+    if (Smem<D>::bytes(HG, p) <= kMaxSmem) break;
+  }
+  p.kbuf_stages = plain ? p.stages : 1;
+  const size_t smem = Smem<D>::bytes(HG, p);
+  if (smem > kMaxSmem) return cudaErrorInvalidConfiguration;
   auto kernel = sparse_mqa_kernel<D, HG>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (err != cudaSuccess) return err;
@@ -320,7 +343,7 @@ cudaError_t launch_d(const MqaParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t sparse_mqa_launch(const MqaParams& p, int D, cudaStream_t stream) {
+cudaError_t sparse_mqa_launch(MqaParams p, int D, cudaStream_t stream) {
   switch (D) {
     case 64: return launch_d<64>(p, stream);
     case 128: return launch_d<128>(p, stream);

@@ -36,13 +36,17 @@ struct MqaParams {
   float scale;
   int tiles_per_split, splits;
   int raw_stride;          // bytes per staged record row in shared memory (0: no source holds records)
+  int stages;              // key tiles in flight (2..4; set by sparse_mqa_launch)
+  int kbuf_stages;         // bf16 tile buffers: `stages` when a source holds bf16 rows, else 1 (the decode target)
 };
 
 constexpr int kMqaKeysPerTile = 32;
 constexpr int kMqaHeadsPerCta = 64;
+constexpr int kMqaMaxTilesPerCta = 80;  // the CTA's slots are staged in shared memory (int32, 10 KB at most)
 
 // Launches the split kernel on grid (splits, T, ceil(H / 64)) and, when splits > 1, the combine kernel; D is the
-// head dim (64, 128, 256 or 512). Returns the first launch error.
-cudaError_t sparse_mqa_launch(const MqaParams& p, int D, cudaStream_t stream);
+// head dim (64, 128, 256 or 512), tiles_per_split at most kMqaMaxTilesPerCta. Picks the deepest pipeline (up to
+// 4 tiles in flight) that fits shared memory. Returns the first launch error.
+cudaError_t sparse_mqa_launch(MqaParams p, int D, cudaStream_t stream);
 
 }  // namespace v41

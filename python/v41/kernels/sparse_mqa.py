@@ -3,7 +3,7 @@
 records (``--kv-cache-dtype fp8``: ``swa_fp8``, ``ckv_fp4``, ``swa_v4``), decode and prefill alike.
 
 Each key tile (32 listed keys) is gathered and, for records, decoded once per query token for up to 64 heads,
-into shared memory; bf16 tensor-core MMAs with float32 accumulation and an online softmax, P rounded to bf16
+into shared memory, up to 4 tiles in flight; bf16 tensor-core MMAs with float32 accumulation and an online softmax, P rounded to bf16
 for P·V as in the Triton kernel. Split-KV: when tokens × head blocks leave SMs idle (decode), a query's key tiles
 are split over CTAs (at least :data:`MIN_TILES_PER_SPLIT` tiles each) whose float32 partials a second launch
 merges in split order, so results do not depend on timing. Both launches make no host synchronisation (CUDA
@@ -23,7 +23,8 @@ from .records import format_id
 HEAD_DIMS = (64, 128, 256, 512)
 KEYS_PER_TILE = 32
 HEADS_PER_CTA = 64
-MIN_TILES_PER_SPLIT = 2
+MIN_TILES_PER_SPLIT = 1   # benches/RESULTS.md: 1 beat 2 and 4 at T = 1; no split at T = 1 is 5× slower
+MAX_TILES_PER_SPLIT = 80  # cuda/attention/sparse_mqa.h kMqaMaxTilesPerCta: a CTA stages its slots
 CUDA_FORMATS = (0, 1, 2, 4)  # records.FORMAT_IDS the kernel reads (not the index keys)
 
 _sm_count: dict[int, int] = {}
@@ -63,12 +64,13 @@ def takes(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, records
 
 def launch_shape(t: int, h: int, tiles: int, device: torch.device) -> tuple[int, int]:
     """(splits, tiles per split): split a query's key tiles until the CTAs (t × head blocks × splits) reach the
-    SM count, each split holding at least :data:`MIN_TILES_PER_SPLIT` tiles."""
+    SM count, each split holding at least :data:`MIN_TILES_PER_SPLIT` tiles and at most
+    :data:`MAX_TILES_PER_SPLIT`."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _sm_count:
         _sm_count[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     ctas = max(1, t * -(-h // HEADS_PER_CTA))
-    splits = max(1, min(-(-tiles // MIN_TILES_PER_SPLIT), _sm_count[idx] // ctas))
+    splits = max(1, min(-(-tiles // MIN_TILES_PER_SPLIT), _sm_count[idx] // ctas), -(-tiles // MAX_TILES_PER_SPLIT))
     per = -(-tiles // splits) if tiles else 0
     return (-(-tiles // per) if per else 1), per
 
