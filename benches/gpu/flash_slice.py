@@ -3,6 +3,8 @@ the GPU, v41's engine (checkpoint formats: FP8 dense + MXFP4 experts, CUDA graph
 (bf16, eager, the same dequantized weights) side by side in one call.
 
     python3 benches/gpu/flash_slice.py --slice v4 [--transformers] [--cells 1x2048,8x2048] [--prefill 2048,8192]
+    python3 benches/gpu/flash_slice.py --slice v41 --kv-cache-dtype fp8 --cells 1x1048576 --prefill , \
+        --budget 8192 --recent-index-prefill          # decode at a 1M-token context (long_context.py)
 
 Figures as docs/benchmarking.md "How a figure is taken": decode = median of 50 engine steps (scheduler + forward +
 sampling) after 10 warm-ups with all B requests running (checked), every request prefilled to context C first,
@@ -16,6 +18,7 @@ prints one table last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -90,9 +93,11 @@ def decode_headroom(batch: int, context: int, budget: int, steps: int = 50, warm
     return -(-batch * context // max(1, budget - batch)) + batch + warmup + steps + 16
 
 
-def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10, after=None) -> float:
+def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10, after=None,
+               prefill_ctx=contextlib.nullcontext) -> float:
     """Median ms per engine step with ``batch`` requests decoding at ``context``; ``after(core)`` runs once the
-    timed steps are checked, before the requests are aborted."""
+    timed steps are checked, before the requests are aborted; the prefill runs inside ``prefill_ctx()``
+    (long_context.recent_index_selection with ``--recent-index-prefill``)."""
     from v41.engine.params import SamplingParams
 
     rng = random.Random(batch * 7919 + context)
@@ -101,8 +106,11 @@ def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10
         # max_tokens None: no request may finish inside the timed window
         sp = SamplingParams(temperature=1.0, seed=i, ignore_eos=True, max_tokens=None)
         core.add_request(f"d{batch}-{context}-{i}", [rng.randrange(3, vocab) for _ in range(context)], sp)
-    while any(len(s.output_token_ids) == 0 for s in core.seqs.values()):
-        core.step()
+    t0 = time.perf_counter()
+    with prefill_ctx():
+        while any(len(s.output_token_ids) == 0 for s in core.seqs.values()):
+            core.step()
+    print(f"v41 decode B={batch} C={context}: prefilled in {time.perf_counter() - t0:.0f} s", flush=True)
     times = []
     for k in range(warmup + steps):
         torch.cuda.synchronize()
@@ -282,6 +290,10 @@ def main() -> None:
     ap.add_argument("--per-layer", default="", help="BATCHxCONTEXT decode cells also timed layer by layer")
     ap.add_argument("--quantization", default="auto", choices=("auto", "none"))
     ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
+    ap.add_argument("--budget", type=int, default=0, help="max_num_batched_tokens (default: the longest prefill, "
+                    "at least 256)")
+    ap.add_argument("--recent-index-prefill", action="store_true", help="decode cells prefill with recency "
+                    "selection in the index sources (long_context.py; the timed decode steps index for real)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
     cells = [tuple(int(x) for x in c.split("x")) for c in a.cells.split(",") if c]
@@ -294,7 +306,7 @@ def main() -> None:
     print("environment:", json.dumps(env), flush=True)
     root = Path(tempfile.mkdtemp())
     path = write_config(root, a.slice)
-    budget = max(prefills + [256])
+    budget = a.budget or max(prefills + [256])
     max_len = max([c + decode_headroom(b, c, budget) for b, c in cells] + [p + 80 for p in prefills])
     t = time.perf_counter()
     core = v41_engine(path, max(b for b, _ in cells), budget, max_len, a.quantization,
@@ -315,7 +327,11 @@ def main() -> None:
         if (batch, context) in layered:
             def after(core, what=what, batch=batch, context=context):
                 layer_rows[what] = per_layer(core, batch, context, env["copy_GBps"])
-        rows.append({"what": what, "v41": v41_decode(core, batch, context, after=after), "unit": "ms",
+        if a.recent_index_prefill:
+            from long_context import recent_index_selection
+            what += " (recency prefill)"
+        ctx = recent_index_selection if a.recent_index_prefill else contextlib.nullcontext
+        rows.append({"what": what, "v41": v41_decode(core, batch, context, after=after, prefill_ctx=ctx), "unit": "ms",
                      "floor": floor_ms(wb, core.cfg, batch, context, env["copy_GBps"], core.layout),
                      "request_cache_bytes": request_cache_bytes(core.layout, context)})
         print(rows[-1], flush=True)

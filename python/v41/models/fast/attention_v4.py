@@ -19,7 +19,7 @@ from ...kernels.paged import gather_slots, table_slots
 from ...kernels.rope import rope
 from ...kernels.topk import stable_topk
 from ...kernels.window_pool import NEG, combine_triples
-from .attention import FastAttention, StepContext, selected_or_none
+from .attention import FastAttention, StepContext, index_row_chunks, selected_or_none
 from .compress import finish, pool_step
 from .layers import PackedLinear, RMSNorm
 
@@ -121,8 +121,11 @@ class V4Attention(FastAttention):
         cos, sin = ctx.rope[self.rope_key]
         q = rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
         w = ix.weights_proj(x, torch.promote_types(x.dtype, torch.float32)) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
-        kind = f"idx{r}"
-        b = ctx.batch
-        scores = index_scores(q, w, ctx.cache.tensors[kind][lid], b.block_tables[kind], b.req_index, ctx.n_visible[r],
-                              ctx.cache.rows_per_block(kind), ctx.n_max[r], record=ctx.cache.records[kind])
-        return selected_or_none(scores, stable_topk(scores, min(self.cfg.index_topk, scores.shape[1])))
+        kind, b, n = f"idx{r}", ctx.batch, ctx.n_max[r]
+        picks = []
+        for rows in index_row_chunks(x.shape[0], n):  # bounded [rows, N] scratch (attention.INDEX_SCRATCH_BYTES)
+            scores = index_scores(q[rows], w[rows], ctx.cache.tensors[kind][lid], b.block_tables[kind],
+                                  b.req_index[rows], ctx.n_visible[r][rows], ctx.cache.rows_per_block(kind), n,
+                                  record=ctx.cache.records[kind])
+            picks.append(selected_or_none(scores, stable_topk(scores, min(self.cfg.index_topk, n))))
+        return torch.cat(picks) if len(picks) > 1 else picks[0]

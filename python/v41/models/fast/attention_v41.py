@@ -14,7 +14,7 @@ from ...distributed.group import TPGroup
 from ...kernels.indexer import index_scores
 from ...kernels.record_store import mxfp4_qdq_rows
 from ...kernels.topk import stable_topk
-from .attention import FastAttention, StepContext, selected_or_none
+from .attention import FastAttention, StepContext, index_row_chunks, selected_or_none
 from .compress import finish, pool_step
 from ...kernels.rope import rope
 from .layers import PackedLinear, RMSNorm
@@ -99,20 +99,26 @@ class CSA2Attention(FastAttention):
         record = ctx.cache.records[kind]
         if record is not None:  # MXFP4 keys are scored against MXFP4 queries, as the deployed kernel does (§2)
             q = mxfp4_qdq_rows(q)
-        b = ctx.batch
-        scores = index_scores(q, w, ctx.cache.tensors[kind][plan.kv_src], b.block_tables[kind], b.req_index,
-                              ctx.n_visible[r], ctx.cache.rows_per_block(kind), ctx.n_max[r], record=record)
+        b, n, block = ctx.batch, ctx.n_max[r], cfg.candidate_block_size
+        picks, cand = [], []
+        for rows in index_row_chunks(x.shape[0], n):  # bounded [rows, N] scratch (attention.INDEX_SCRATCH_BYTES)
+            scores = index_scores(q[rows], w[rows], ctx.cache.tensors[kind][plan.kv_src], b.block_tables[kind],
+                                  b.req_index[rows], ctx.n_visible[r][rows], ctx.cache.rows_per_block(kind), n,
+                                  record=record)
+            if plan.is_candidate_source:
+                cand.append(candidate_blocks(scores, ctx.n_visible[r][rows], block, cfg.candidate_topk_blocks))
+            elif plan.uses_candidate_filter:
+                keep = ctx.cand[rows].repeat_interleave(block, dim=1)[:, :n]
+                scores = scores.masked_fill(~keep, float("-inf"))
+            picks.append(selected_or_none(scores, stable_topk(scores, min(cfg.index_topk, n))))
         if plan.is_candidate_source:
-            ctx.cand = candidate_mask(scores, ctx.n_visible[r], cfg.candidate_block_size, cfg.candidate_topk_blocks)
-        elif plan.uses_candidate_filter:
-            scores = scores.masked_fill(~ctx.cand, float("-inf"))
-        k = min(cfg.index_topk, scores.shape[1])
-        return selected_or_none(scores, stable_topk(scores, k))
+            ctx.cand = torch.cat(cand) if len(cand) > 1 else cand[0]
+        return torch.cat(picks) if len(picks) > 1 else picks[0]
 
 
-def candidate_mask(scores: Tensor, n_visible: Tensor, block: int, topk_blocks: int) -> Tensor:
-    """Level-1 candidate positions (§3.7 step 5) of every query at once: scores [T, N] (−inf where not visible),
-    n_visible [T] → [T, N] bool. Block score = max over its positions; the block of the newest visible entry is
+def candidate_blocks(scores: Tensor, n_visible: Tensor, block: int, topk_blocks: int) -> Tensor:
+    """Level-1 candidate blocks (§3.7 step 5) of every query at once: scores [T, N] (−inf where not visible),
+    n_visible [T] → [T, ceil(N / block)] bool (entry j is a candidate where block j // block is). Block score = max over its positions; the block of the newest visible entry is
     pinned to +inf; the top ``min(topk_blocks, #blocks)`` blocks whose score is not −inf are kept (ties to the
     lower block)."""
     t, n = scores.shape
@@ -127,5 +133,4 @@ def candidate_mask(scores: Tensor, n_visible: Tensor, block: int, topk_blocks: i
     bscore = bscore.scatter(1, newest[:, None], pin[:, None])
     keep = stable_topk(bscore, min(topk_blocks, n_blocks))
     keep_ok = ~torch.isneginf(bscore.gather(1, keep))
-    bmask = torch.zeros(t, n_blocks, dtype=torch.bool, device=scores.device).scatter(1, keep, keep_ok)
-    return bmask.repeat_interleave(block, dim=1)[:, :n]
+    return torch.zeros(t, n_blocks, dtype=torch.bool, device=scores.device).scatter(1, keep, keep_ok)
