@@ -1,5 +1,5 @@
-"""Test-session hooks: the matrix cells that ``make test`` (CI: 2 cores, about 30 minutes, docs/numerics.md §4a)
-leaves to ``make test-all``.
+"""Test-session hooks: one intra-op thread per test process, and the matrix cells that ``make test`` (CI: 2 cores,
+about 30 minutes, docs/numerics.md §4a) leaves to ``make test-all``.
 
 A module-level fixture parametrized by architecture cannot take a ``slow`` mark per parameter in the test file,
 so those cells are named here; each entry says what CI still runs in its place. Seconds are test time on the
@@ -8,9 +8,18 @@ so those cells are named here; each entry says what CI still runs in its place. 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import pytest
+# One intra-op thread per test process (and the subprocesses it starts): the tiny tensors of the tests gain
+# nothing from more, and two ``-n 2`` workers on 2 cores running torch's default 2 threads each made a sample of
+# engine tests 2.7× slower (130.7 s against 47.7 s, measured 2026-12-03).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 CI_SLOW = {
     "test_engine.py::test_concurrent_requests_get_the_tokens_they_get_alone[deepseek_v4]": "111 s; V4.1 in CI",

@@ -8,6 +8,7 @@ E8M0 per 32), ``bf16``, ``f32`` or ``i64``.
 
 from __future__ import annotations
 
+import functools
 import re
 
 # transformers `deepseek_v4` names -> bare names (conversion_mapping.py renames only; §5.2).
@@ -55,6 +56,7 @@ def _map_leaf(name: str, table: dict[str, str]) -> str:
     return ".".join(parts)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the same names come back on every load of a checkpoint
 def hf_to_bare(name: str) -> str:
     """Map one transformers-style name to the bare name (already-bare names pass through unchanged).
 
