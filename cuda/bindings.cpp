@@ -141,6 +141,7 @@ v41::MqaSource mqa_source(const at::Tensor& q, const at::Tensor& cache, const at
   v41::MqaSource s{};
   s.cache = reinterpret_cast<const uint8_t*>(cache.data_ptr());
   s.row_bytes = row_bytes;
+  s.copy_bytes = fmt == 0 ? 2 * d : cache.size(1);
   s.slots = slots.data_ptr<int64_t>();
   s.slot_stride = slots.stride(0);
   s.n = int(slots.size(1));
@@ -191,7 +192,7 @@ void sparse_mqa(const at::Tensor& q, at::Tensor& out, const at::Tensor& sink, co
   if (t == 0) return;
   int64_t raw = 0;
   for (int i = 0; i < p.n_src; ++i)
-    if (p.src[i].fmt != 0) raw = std::max<int64_t>(raw, (p.src[i].row_bytes + 15) / 16 * 16);
+    if (p.src[i].fmt != 0) raw = std::max<int64_t>(raw, (p.src[i].copy_bytes + 15) / 16 * 16);
   const at::cuda::CUDAGuard guard(q.device());
   p.q = reinterpret_cast<const __nv_bfloat16*>(q.data_ptr());
   p.q_stride_t = q.stride(0);
@@ -210,7 +211,8 @@ void sparse_mqa(const at::Tensor& q, at::Tensor& out, const at::Tensor& sink, co
   p.tiles_per_split = int(tiles_per_split);
   p.raw_stride = int(raw);
   const cudaError_t err = v41::sparse_mqa_launch(p, int(d), at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "sparse_mqa launch failed: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, "sparse_mqa launch failed: ", cudaGetErrorString(err),
+              err == cudaErrorInvalidConfiguration ? " (the tiles do not fit this GPU's shared memory)" : "");
 }
 
 }  // namespace

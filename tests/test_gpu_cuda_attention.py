@@ -22,6 +22,7 @@ FORMATS = {
     "bf16": lambda d: (None, None),
     "v41": lambda d: (RecordFormat("swa_fp8", d), RecordFormat("ckv_fp4", d)),
     "v4": lambda d: (RecordFormat("swa_v4", d, rope=d // 8), RecordFormat("swa_v4", d, rope=d // 8)),
+    "mixed": lambda d: (RecordFormat("swa_fp8", d), None),  # DSpark: its window records beside the plain rows
 }
 
 
@@ -43,7 +44,7 @@ def _slots(t: int, n: int, rows: int, g, none_frac: float = 0.3) -> torch.Tensor
     return s.to(DEV)
 
 
-def _case(t, h, d, n0, n1, fmt, g):
+def _case(t, h, d, n0, n1, fmt, g, sink_dtype=torch.bfloat16):
     r0, r1 = FORMATS[fmt](d)
     q = (torch.randn(t, h, d, generator=g) * 0.2).to(DEV, torch.bfloat16)
     sources = [(_cache(300, d, r0, g), _slots(t, n0, 300, g))]
@@ -51,7 +52,7 @@ def _case(t, h, d, n0, n1, fmt, g):
     if n1 is not None:
         sources.append((_cache(700, d, r1, g), _slots(t, n1, 700, g)))
         records.append(r1)
-    sink = torch.randn(h, generator=g).to(DEV, torch.bfloat16)
+    sink = torch.randn(h, generator=g).to(DEV, sink_dtype)
     return q, sources, sink, records
 
 
@@ -75,6 +76,18 @@ def test_sparse_mqa_equals_its_reference(fmt, t, h, d, n0, n1):
     assert torch.equal(sparse_mqa_sink(q, sources, sink, scale, records), out)  # the dispatch picks CUDA
     if t > 1:
         assert torch.count_nonzero(out[1]) == 0  # no valid key: zeros
+
+
+@pytest.mark.parametrize("t,h,fmt", [(3, 80, "mixed"), (2, 16, "v4"), (5, 64, "mixed")])
+def test_float32_sink_partial_head_blocks_and_shallower_pipelines(t, h, fmt):
+    """A float32 sink (the model's ``attn_sink`` in float32 runs), 80 heads (a second, partial 64-head block), and
+    the mixed record + bf16 layout of DSpark, which leaves shared memory for 2 tiles in flight at 64 heads."""
+    g = _gen()
+    q, sources, sink, records = _case(t, h, 512, 128, 512, fmt, g, sink_dtype=torch.float32)
+    poison(DEV)
+    out = sparse_mqa.sparse_mqa(q, sources, sink, 0.05, records)
+    assert out is not None
+    assert rel(out.float(), _ref(q, sources, sink, 0.05, records)) < 1e-2
 
 
 def test_split_kv_and_one_split_agree_and_repeat_bit_for_bit():

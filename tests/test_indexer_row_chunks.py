@@ -1,6 +1,7 @@
-"""The indexer's bounded scratch (``models/fast/attention.py`` INDEX_SCRATCH_BYTES): scoring and ranking a step's
-queries in row chunks gives the same selections, hence bit-identical logits, as one pass, for V4.1 (candidate
-source and filtered layers) and V4, in prefill and decode."""
+"""The indexer's bounded scratch (``EngineArgs.index_scratch_bytes``, ``models/fast/attention.py``
+``index_row_chunks``): scoring and ranking a step's queries in row chunks gives the same selections, hence
+bit-identical logits, as one pass, for V4.1 (candidate source and filtered layers) and V4, in prefill and
+decode."""
 
 from __future__ import annotations
 
@@ -13,17 +14,18 @@ from v41.models.fast import attention, load_fast
 from v41.testing.tiny import make_tiny
 
 
-def test_row_chunks_cover_the_rows_within_the_budget(monkeypatch):
-    monkeypatch.setattr(attention, "INDEX_SCRATCH_BYTES", 10 * 4 * attention.INDEX_BYTES_PER_ENTRY)
-    assert attention.index_row_chunks(25, 4) == [slice(0, 10), slice(10, 20), slice(20, 25)]
-    assert attention.index_row_chunks(0, 4) == [slice(0, 0)]
-    assert attention.index_row_chunks(3, 1 << 40) == [slice(0, 1), slice(1, 2), slice(2, 3)]  # at least a row
-    monkeypatch.setattr(attention, "INDEX_SCRATCH_BYTES", 1 << 30)
-    assert attention.index_row_chunks(2048, 1 << 20) == [slice(a, a + 32) for a in range(0, 2048, 32)]
+def test_row_chunks_cover_the_rows_within_the_budget():
+    per_row = 4 * attention.INDEX_BYTES_PER_ENTRY
+    assert attention.index_row_chunks(25, 4, 10 * per_row) == [slice(0, 10), slice(10, 20), slice(20, 25)]
+    assert attention.index_row_chunks(0, 4, 10 * per_row) == [slice(0, 0)]
+    assert attention.index_row_chunks(3, 1 << 40, 1 << 30) == [slice(0, 1), slice(1, 2), slice(2, 3)]  # ≥ a row
+    assert attention.index_row_chunks(2048, 1 << 20, 1 << 30) == [slice(a, a + 32) for a in range(0, 2048, 32)]
 
 
-def _logits(path, ids):
+def _logits(path, ids, scratch_bytes=None):
     model = load_fast(path, torch.float32, "cpu")
+    if scratch_bytes is not None:
+        model.index_scratch_bytes = scratch_bytes
     drv = StepDriver(model, engram_hasher(model.cfg, path / "tokenizer.json"), 16)
     out = [drv.execute([(0, ids[:30], 0, [])])]
     for a in range(30, len(ids)):  # decode steps
@@ -38,9 +40,8 @@ def test_row_chunked_selection_gives_the_one_pass_logits(tmp_path, arch, monkeyp
     whole = _logits(path, ids)
     calls = []
     chunks = attention.index_row_chunks
-    monkeypatch.setattr(attention, "INDEX_SCRATCH_BYTES", 1)  # one query row per chunk
     for mod in ("attention_v41", "attention_v4"):
         monkeypatch.setattr(f"v41.models.fast.{mod}.index_row_chunks",
-                            lambda t, n: calls.append(len(r := chunks(t, n))) or r)
-    assert torch.equal(_logits(path, ids), whole)
+                            lambda t, n, b: calls.append(len(r := chunks(t, n, b))) or r)
+    assert torch.equal(_logits(path, ids, scratch_bytes=1), whole)  # one query row per chunk
     assert max(calls) == 30  # the prefill step was split into 30 one-row chunks

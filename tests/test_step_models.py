@@ -20,11 +20,14 @@ CHUNKS = [1, 2, 3, 7, 64]
 CI_PAGED_CHUNKS = [7]
 
 
-def setup(arch: str, impl: str, tmp, block_tokens: int, index_scratch_bytes: int = 4096):
+def setup(arch: str, impl: str, tmp, block_tokens: int, index_scratch_bytes: int | None = None):
+    """The reference and a driven step model; ``index_scratch_bytes`` (default: 4 KiB for the paged model, the fast
+    model's own) sets the indexer's scratch cap."""
     path = make_tiny(tmp, arch)
     ref = load(path)
-    model = PagedModel(ref, index_scratch_bytes) if impl == "paged" else load_fast(path, torch.float32, "cpu")
-    model.index_scratch_bytes = index_scratch_bytes
+    model = PagedModel(ref, index_scratch_bytes or 4096) if impl == "paged" else load_fast(path, torch.float32, "cpu")
+    if index_scratch_bytes is not None:
+        model.index_scratch_bytes = index_scratch_bytes
     return ref, StepDriver(model, engram_hasher(ref.cfg, path / "tokenizer.json"), block_tokens)
 
 

@@ -3,7 +3,7 @@
 // sink in the normaliser only. PyTorch reference: sparse_mqa_sink_ref of python/v41/kernels/sparse_attention.py.
 //
 // Layout of the work. A CTA owns one query token, up to 64 heads and a range of key tiles (split-KV): grid
-// (splits, T, ceil(H / 64)). The CTA first stages the slots of its tiles in shared memory; then each tile of 32
+// (T, splits, ceil(H / 64)). The CTA first stages the slots of its tiles in shared memory; then each tile of 32
 // listed keys is gathered once for all heads of the CTA by cp.async into shared memory (bf16 rows directly;
 // records into a staging buffer, then decoded to bf16 in shared memory exactly as RecordFormat.decode of
 // python/v41/cache/records.py, with the bit moves of common/dequant.cuh: every value is a code times a power of
@@ -65,17 +65,18 @@ __device__ __forceinline__ void load_tile(const MqaParams& p, int local, int til
   const int per_row = nthreads / BK, r = tid / per_row, sub = tid % per_row;
   const int slot = slots[r];
   const uint8_t* src = s.cache + int64_t(slot >= 0 ? slot : 0) * s.row_bytes;
+  const int n = int(s.copy_bytes);
   if (s.fmt == int(KvFmt::kPlain)) {
     uint8_t* dst = reinterpret_cast<uint8_t*>(kbuf + (st * BK + r) * kRow);
     for (int c = sub; c < D * 2 / 16; c += per_row) cp_async<16>(dst + c * 16, src + c * 16, slot >= 0);
   } else {
     uint8_t* dst = raw + (st * BK + r) * p.raw_stride;
-    if (s.row_bytes % 16 == 0) {
-      for (int c = sub; c < s.row_bytes / 16; c += per_row) cp_async<16>(dst + c * 16, src + c * 16, slot >= 0);
-    } else if (s.row_bytes % 8 == 0) {
-      for (int c = sub; c < s.row_bytes / 8; c += per_row) cp_async<8>(dst + c * 8, src + c * 8, slot >= 0);
+    if (s.row_bytes % 16 == 0 && n % 16 == 0) {
+      for (int c = sub; c < n / 16; c += per_row) cp_async<16>(dst + c * 16, src + c * 16, slot >= 0);
+    } else if (s.row_bytes % 8 == 0 && n % 8 == 0) {
+      for (int c = sub; c < n / 8; c += per_row) cp_async<8>(dst + c * 8, src + c * 8, slot >= 0);
     } else {  // rows of small models that no copy width divides: bytes, synchronously
-      for (int c = sub; c < s.row_bytes; c += per_row) dst[c] = slot >= 0 ? src[c] : uint8_t(0);
+      for (int c = sub; c < n; c += per_row) dst[c] = slot >= 0 ? src[c] : uint8_t(0);
     }
   }
 }
@@ -117,7 +118,7 @@ __device__ __forceinline__ void decode_tile(const MqaSource& s, int raw_stride, 
 }
 
 template <int D, int HG>
-__global__ void __launch_bounds__(64 * HG, 1) sparse_mqa_kernel(const MqaParams p) {
+__global__ void __launch_bounds__(64 * HG, 1) sparse_mqa_kernel(const __grid_constant__ MqaParams p) {
   constexpr int NW = 2 * HG, DW = D / 2, NDT = DW / 8, kRow = Smem<D>::kRow;
   extern __shared__ __align__(16) uint8_t smem[];
   __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -127,7 +128,7 @@ __global__ void __launch_bounds__(64 * HG, 1) sparse_mqa_kernel(const MqaParams 
   int* slot_s = reinterpret_cast<int*>(sx + NW * 16 * BK);
   uint32_t* vmask = reinterpret_cast<uint32_t*>(slot_s + p.tiles_per_split * BK);
 
-  const int split = blockIdx.x, t = blockIdx.y, h0 = blockIdx.z * kMqaHeadsPerCta;
+  const int t = blockIdx.x, split = blockIdx.y, h0 = blockIdx.z * kMqaHeadsPerCta;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int hg = warp % HG, dh = warp / HG, g = lane / 4, tq = lane % 4;
   const int nt0 = (p.src[0].n + BK - 1) / BK;
@@ -285,7 +286,7 @@ __global__ void __launch_bounds__(64 * HG, 1) sparse_mqa_kernel(const MqaParams 
 
 // One CTA per (token, head), D / 4 threads of 4 dims: merges the splits in order.
 template <int D>
-__global__ void __launch_bounds__(D / 4) sparse_mqa_combine(const MqaParams p) {
+__global__ void __launch_bounds__(D / 4) sparse_mqa_combine(const __grid_constant__ MqaParams p) {
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x * 4;
   float mx = kNoMax;
   for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.part_ml[2 * ((int64_t(s) * p.T + t) * p.H + h)]);
@@ -312,20 +313,24 @@ __global__ void __launch_bounds__(D / 4) sparse_mqa_combine(const MqaParams p) {
 
 template <int D, int HG>
 cudaError_t launch(MqaParams p, cudaStream_t stream) {
-  constexpr size_t kMaxSmem = 227 * 1024;
+  int dev = 0, optin = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  if (err != cudaSuccess) return err;
   bool plain = false;
   for (int i = 0; i < p.n_src; ++i) plain = plain || p.src[i].fmt == int(KvFmt::kPlain);
   for (p.stages = 4; p.stages > 2; --p.stages) {
     p.kbuf_stages = plain ? p.stages : 1;
-    if (Smem<D>::bytes(HG, p) <= kMaxSmem) break;
+    if (Smem<D>::bytes(HG, p) <= size_t(optin)) break;
   }
   p.kbuf_stages = plain ? p.stages : 1;
   const size_t smem = Smem<D>::bytes(HG, p);
-  if (smem > kMaxSmem) return cudaErrorInvalidConfiguration;
+  if (smem > size_t(optin)) return cudaErrorInvalidConfiguration;
   auto kernel = sparse_mqa_kernel<D, HG>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  // the device's limit rather than this launch's size: concurrent callers set the same value
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
   if (err != cudaSuccess) return err;
-  const dim3 grid{unsigned(p.splits), unsigned(p.T), unsigned((p.H + kMqaHeadsPerCta - 1) / kMqaHeadsPerCta)};
+  const dim3 grid{unsigned(p.T), unsigned(p.splits), unsigned((p.H + kMqaHeadsPerCta - 1) / kMqaHeadsPerCta)};
   kernel<<<grid, 64 * HG, smem, stream>>>(p);
   err = cudaGetLastError();
   if (err != cudaSuccess || p.splits == 1) return err;

@@ -14,6 +14,7 @@ enum class KvFmt : int { kPlain = 0, kSwaFp8 = 1, kCkvFp4 = 2, kSwaV4 = 4 };
 struct MqaSource {
   const uint8_t* cache;   // row r (bf16 values or one record) at cache + r * row_bytes
   int64_t row_bytes;
+  int64_t copy_bytes;     // bytes of a row the kernel stages (2·D for bf16 rows, the record size)
   const int64_t* slots;   // [T, n] cache row of each listed key of each query, -1 = none; row stride slot_stride
   int64_t slot_stride;
   int n;                  // keys listed per query
@@ -44,9 +45,10 @@ constexpr int kMqaKeysPerTile = 32;
 constexpr int kMqaHeadsPerCta = 64;
 constexpr int kMqaMaxTilesPerCta = 80;  // the CTA's slots are staged in shared memory (int32, 10 KB at most)
 
-// Launches the split kernel on grid (splits, T, ceil(H / 64)) and, when splits > 1, the combine kernel; D is the
+// Launches the split kernel on grid (T, splits, ceil(H / 64)) and, when splits > 1, the combine kernel; D is the
 // head dim (64, 128, 256 or 512), tiles_per_split at most kMqaMaxTilesPerCta. Picks the deepest pipeline (up to
-// 4 tiles in flight) that fits shared memory. Returns the first launch error.
+// 4 tiles in flight) that fits the device's shared memory per block; cudaErrorInvalidConfiguration when even 2
+// do not. Returns the first launch error.
 cudaError_t sparse_mqa_launch(MqaParams p, int D, cudaStream_t stream);
 
 }  // namespace v41

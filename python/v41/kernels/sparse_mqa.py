@@ -38,7 +38,7 @@ def _source_ok(q: Tensor, cache: Tensor, slots: Tensor, record: RecordFormat | N
     d = q.shape[-1]
     if cache.dim() != 2 or cache.stride(1) != 1 or not _aligned(cache) or slots.dtype != torch.int64:
         return False
-    if slots.dim() != 2 or slots.shape[0] != q.shape[0] or cache.device != q.device:
+    if slots.dim() != 2 or slots.shape[0] != q.shape[0] or cache.device != q.device or slots.device != q.device:
         return False
     if record is None:
         return cache.dtype == torch.bfloat16 and cache.shape[1] == d and cache.stride(0) % 8 == 0
@@ -57,7 +57,7 @@ def takes(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, records
         return False
     if q.stride(2) != 1 or q.stride(0) % 8 or q.stride(1) % 8 or not _aligned(q):
         return False
-    if sink.dtype not in (torch.bfloat16, torch.float32) or sink.numel() != q.shape[1]:
+    if sink.dtype not in (torch.bfloat16, torch.float32) or sink.numel() != q.shape[1] or sink.device != q.device:
         return False
     return all(_source_ok(q, c, s, f) for (c, s), f in zip(sources, records))
 

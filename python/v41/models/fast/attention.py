@@ -38,7 +38,8 @@ class StepContext:
     positions; ``window_slots`` [T, W] swa slots of
     each query's window, oldest first (−1 = none); ``segments[r]``; ``n_max[r]`` = max_seq_len // r;
     ``n_visible[r]`` [T] = (pos + 1) // r; ``topk[layer]`` [T, k] entry ids (−1 = none); ``cand`` [T, N / block]
-    bool, the level-1 candidate blocks (``candidate_block_size`` entries each) of the candidate source."""
+    bool, the level-1 candidate blocks (``candidate_block_size`` entries each) of the candidate source;
+    ``index_scratch_bytes`` bounds the indexer's per-layer scratch (:func:`index_row_chunks`)."""
 
     batch: StepBatch
     cache: FastCache
@@ -50,6 +51,7 @@ class StepContext:
     n_visible: dict[int, Tensor]
     topk: dict[int, Tensor] = field(default_factory=dict)
     cand: Tensor | None = None
+    index_scratch_bytes: int = 1 << 30
     _closed: dict[str, Tensor] = field(default_factory=dict)
 
     def entry_slots(self, kind: str, entry_ids: Tensor) -> Tensor:
@@ -145,19 +147,16 @@ def window_slots(batch: StepBatch, cache: FastCache, window: int) -> Tensor:
     return table_slots(batch.block_tables["swa"], batch.req_index, win, cache.rows_per_block("swa"))
 
 
-# The indexer's per-step scratch: a step's T queries are scored and ranked in row chunks whose [rows, N] scratch
-# stays within INDEX_SCRATCH_BYTES (float32 scores, int64 order keys, the masked copy and the candidate
-# expansion: about INDEX_BYTES_PER_ENTRY bytes per (query, entry)), so a prefill chunk at a 1M-token context
-# (N = 1,048,576 entries of a ratio-1 source) needs 1 GiB per index layer instead of 32 GiB at T = 1,024.
-INDEX_SCRATCH_BYTES = 1 << 30
-INDEX_BYTES_PER_ENTRY = 32
+INDEX_BYTES_PER_ENTRY = 32  # float32 score, int64 order key, the masked copy, the candidate expansion
 
 
-def index_row_chunks(t: int, n: int) -> list[slice]:
-    """Row ranges covering ``t`` queries scored against ``n`` entries within :data:`INDEX_SCRATCH_BYTES` (one
-    range when everything fits; ``[0:0]`` for an empty step). The ranges depend on shapes only, so a CUDA graph
-    captures the same launches every replay."""
-    rows = max(1, INDEX_SCRATCH_BYTES // max(1, n * INDEX_BYTES_PER_ENTRY))
+def index_row_chunks(t: int, n: int, scratch_bytes: int) -> list[slice]:
+    """Row ranges covering a step's ``t`` queries scored against ``n`` entries, each range's ``[rows, n]``
+    indexer scratch within ``scratch_bytes`` (``EngineArgs.index_scratch_bytes``, default 1 GiB: at a 1M-token
+    context, N = 1,048,576 entries of a ratio-1 source, 32 queries at a time instead of 32 GiB for a
+    1,024-token chunk); one range when everything fits, ``[0:0]`` for an empty step. The ranges depend on
+    shapes only, so a CUDA graph captures the same launches every replay."""
+    rows = max(1, scratch_bytes // max(1, n * INDEX_BYTES_PER_ENTRY))
     return [slice(a, min(t, a + rows)) for a in range(0, t, rows)] or [slice(0, 0)]
 
 

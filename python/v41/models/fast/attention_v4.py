@@ -123,7 +123,7 @@ class V4Attention(FastAttention):
         w = ix.weights_proj(x, torch.promote_types(x.dtype, torch.float32)) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
         kind, b, n = f"idx{r}", ctx.batch, ctx.n_max[r]
         picks = []
-        for rows in index_row_chunks(x.shape[0], n):  # bounded [rows, N] scratch (attention.INDEX_SCRATCH_BYTES)
+        for rows in index_row_chunks(x.shape[0], n, ctx.index_scratch_bytes):  # bounded [rows, N] scratch
             scores = index_scores(q[rows], w[rows], ctx.cache.tensors[kind][lid], b.block_tables[kind],
                                   b.req_index[rows], ctx.n_visible[r][rows], ctx.cache.rows_per_block(kind), n,
                                   record=ctx.cache.records[kind])

@@ -101,7 +101,7 @@ class CSA2Attention(FastAttention):
             q = mxfp4_qdq_rows(q)
         b, n, block = ctx.batch, ctx.n_max[r], cfg.candidate_block_size
         picks, cand = [], []
-        for rows in index_row_chunks(x.shape[0], n):  # bounded [rows, N] scratch (attention.INDEX_SCRATCH_BYTES)
+        for rows in index_row_chunks(x.shape[0], n, ctx.index_scratch_bytes):  # bounded [rows, N] scratch
             scores = index_scores(q[rows], w[rows], ctx.cache.tensors[kind][plan.kv_src], b.block_tables[kind],
                                   b.req_index[rows], ctx.n_visible[r][rows], ctx.cache.rows_per_block(kind), n,
                                   record=record)
@@ -117,8 +117,9 @@ class CSA2Attention(FastAttention):
 
 
 def candidate_blocks(scores: Tensor, n_visible: Tensor, block: int, topk_blocks: int) -> Tensor:
-    """Level-1 candidate blocks (§3.7 step 5) of every query at once: scores [T, N] (−inf where not visible),
-    n_visible [T] → [T, ceil(N / block)] bool (entry j is a candidate where block j // block is). Block score = max over its positions; the block of the newest visible entry is
+    """Level-1 candidate blocks (§3.7 step 5) of every query at once: scores [T, N] (−inf where not
+    visible), n_visible [T] → [T, ceil(N / block)] bool (entry j is a candidate where block j // block is).
+    Block score = max over its positions; the block of the newest visible entry is
     pinned to +inf; the top ``min(topk_blocks, #blocks)`` blocks whose score is not −inf are kept (ties to the
     lower block)."""
     t, n = scores.shape

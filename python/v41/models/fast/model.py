@@ -72,6 +72,7 @@ class FastModel(nn.Module):
         self.cache: FastCache | None = None
         self.lookahead_tokens = lookahead_tokens
         self.kv_cache_dtype = "auto"  # "fp8": the caches store the deployed records (set before init_cache)
+        self.index_scratch_bytes = 1 << 30  # EngineArgs.index_scratch_bytes: the indexer's row chunks (attention.py)
         draft_tp = self.tp if draft_sharded else SINGLE  # replicated stages: no collective inside them
         self.drafter = FastDrafter(cfg, draft_tp, self.ropes["base"], self.head) if lookahead_tokens else None
 
@@ -105,7 +106,7 @@ class FastModel(nn.Module):
             window_slots=window_slots(batch, cache, self.cfg.sliding_window),
             segments={r: Segments.build(batch, r, cache.dummy_state_row, self._ring(r)) for r in self.segment_ratios},
             n_max={r: batch.max_seq_len // r for r in ratios},
-            n_visible={r: (batch.positions + 1) // r for r in ratios})
+            n_visible={r: (batch.positions + 1) // r for r in ratios}, index_scratch_bytes=self.index_scratch_bytes)
 
     def _ring(self, ratio: int) -> int:
         """Ring slots of the state rows of ``ratio`` (0 = plain rows): V4.1 ratio 2 when speculating."""
