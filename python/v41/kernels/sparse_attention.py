@@ -1,6 +1,6 @@
 """Sparse MQA with a per-head sink over gathered key rows (docs/model.md §3.5 step 4–5; the FlashMLA
-sparse interface: every query lists the cache slots it reads, −1 = none). On sm_90 with ``v41._cuda`` built, bf16
-queries take the CUDA kernel of :mod:`.sparse_mqa`; the Triton kernel below serves the other CUDA cases.
+sparse interface: every query lists the cache slots it reads, −1 = none). Where ``v41._cuda`` is built for the GPU,
+bf16 queries take the CUDA kernel of :mod:`.sparse_mqa`; the Triton kernel below serves the other CUDA cases.
 
 The Triton kernel (one program per query token and block of 16 heads) gathers each listed key row once per
 head block, keeps an online softmax in float32 and adds the sink to the final normaliser only; slot −1 is
