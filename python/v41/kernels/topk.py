@@ -15,8 +15,6 @@ from torch import Tensor
 from .dispatch import triton, use_triton
 
 _LOW32 = 0xFFFFFFFF
-_BELOW_EVERY_KEY = -(1 << 63)  # order_keys never makes it: the lowest score (−inf) keys start at about −2^62.9
-SEGMENT = 16384  # entries per first-stage piece of a long row (top_keys)
 
 
 def order_keys(scores: Tensor) -> Tensor:
@@ -45,22 +43,9 @@ def order_keys_ref(scores: Tensor) -> Tensor:
 def stable_topk(scores: Tensor, k: int) -> Tensor:
     """Indices [..., k] int64 of the k largest scores along the last dim, in descending score order, exact ties
     to the lower index (what a stable descending sort gives). Requires k ≤ N."""
-    return _LOW32 - (top_keys(order_keys(scores), k) & _LOW32)
-
-
-def top_keys(keys: Tensor, k: int) -> Tensor:
-    """The k largest of unique int64 ``keys`` along the last dim, descending. A row longer than 2·:data:`SEGMENT`
-    (with k ≤ SEGMENT) takes two stages: the top k of each SEGMENT-long piece (the last padded with keys below
-    every score's), then the top k of those — the same keys, since each of the row's top k is among its piece's
-    top k, with many thread blocks on a long row instead of one."""
-    n = keys.shape[-1]
-    if n <= 2 * SEGMENT or k > SEGMENT:
-        return torch.topk(keys, k, dim=-1, sorted=True).values
-    pieces = -(-n // SEGMENT)
-    if pieces * SEGMENT != n:
-        keys = torch.nn.functional.pad(keys, (0, pieces * SEGMENT - n), value=_BELOW_EVERY_KEY)
-    first = torch.topk(keys.view(*keys.shape[:-1], pieces, SEGMENT), k, dim=-1, sorted=False).values
-    return torch.topk(first.flatten(-2), k, dim=-1, sorted=True).values
+    keys = order_keys(scores)
+    top = torch.topk(keys, k, dim=-1, sorted=True).values
+    return _LOW32 - (top & _LOW32)
 
 
 if triton is not None:
