@@ -64,6 +64,25 @@ def test_version_reports_the_cuda_kernel_path():
     out = subprocess.run([sys.executable, "-m", "v41.cli", "--version"], capture_output=True, text=True, check=True)
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("cuda kernels:"))
     assert "unavailable" in line or "built for sm_90a" in line, out.stdout
+    paths = next(ln for ln in out.stdout.splitlines() if ln.startswith("kernel paths:"))
+    assert "PyTorch references" in paths or "sparse attention:" in paths, out.stdout
+
+
+def test_the_start_up_log_names_each_op_familys_path(monkeypatch):
+    """With the extension running on the GPU, the ops with a CUDA kernel say so; a family set to another mode
+    and the ops without one name their Triton / PyTorch path."""
+    if dispatch.triton is None:
+        pytest.skip("needs Triton installed")
+    monkeypatch.setattr(dispatch, "cuda_runs_on", lambda device: True)
+    for var in ("V41_KERNELS", "V41_MOE_KERNELS", "V41_ATTENTION_KERNELS"):
+        monkeypatch.delenv(var, raising=False)
+    line = dispatch.describe_paths("cuda")
+    assert "sparse attention: CUDA for bf16, else Triton" in line and "indexer: Triton" in line, line
+    assert "MoE experts: CUDA at decode sizes, else Triton" in line, line
+    monkeypatch.setenv("V41_ATTENTION_KERNELS", "triton")
+    assert "sparse attention: Triton;" in dispatch.describe_paths("cuda")
+    monkeypatch.setenv("V41_KERNELS", "torch")
+    assert "dense linears: PyTorch;" in dispatch.describe_paths("cuda")
 
 
 @pytest.mark.parametrize("rows,groups", [(1, 1), (8, 1), (9, 2), (17, 4), (64, 8), (200, 8)])

@@ -3,7 +3,7 @@
 ``v41 init-tiny DIR --arch deepseek_v41|deepseek_v4 [--seed N]`` writes a tiny random checkpoint;
 ``v41 generate [--model DIR] --prompt TEXT ...`` runs the engine (Rust scheduler, paged cache, sampler) and
 streams the completion (the embedded tiny V4.1 model when ``--model`` is left out); ``v41 --version`` prints the package
-version and how the Rust extension was built. Usage errors and bad inputs print ``v41: error: ...`` and
+version, how the Rust extension was built, and which kernel path each op family takes here. Usage errors and bad inputs print ``v41: error: ...`` and
 exit with status 2: bad arguments, a missing model directory, ``config.json`` or ``tokenizer.json``, a
 corrupt or inconsistent config (``ConfigError``), a broken checkpoint (``CheckpointError``: malformed index,
 missing/unexpected tensors, wrong shapes or dtypes, truncated shards) and other I/O errors. The library
@@ -42,9 +42,12 @@ class _VersionAction(argparse.Action):
             print("native: " + " ".join(f"{k}={v}" for k, v in info.items()))
         except ImportError as e:
             print(f"native: unavailable ({e})")
-        from .kernels.dispatch import cuda_status, triton
+        import torch
+
+        from .kernels.dispatch import cuda_status, describe_paths, triton
 
         print(f"cuda kernels: {cuda_status()}")
+        print(f"kernel paths: {describe_paths('cuda' if torch.cuda.is_available() else 'cpu')}")
         print(f"triton: {triton.__version__ if triton is not None else 'not installed'}")
         parser.exit(0)
 
