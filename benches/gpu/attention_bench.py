@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from event_timing import graph_us, rel
 from v41.cache.records import RecordFormat
 from v41.kernels import sparse_attention, sparse_mqa
 
@@ -28,7 +29,7 @@ def _row_bytes(record: RecordFormat | None) -> int:
     return 2 * DIM if record is None else record.nbytes
 
 
-def attention_cells(batches, reps, bw, graph_us, rel, prefill: int = 2048, min_tiles=()):
+def attention_cells(batches, reps, bw, prefill: int = 2048, min_tiles=()):
     """Rows (op, cell, {path: µs}, floor µs, rel. diff CUDA vs Triton); ``min_tiles``: values of
     ``sparse_mqa.MIN_TILES_PER_SPLIT`` the decode cells are also timed at (columns ``split≥N``)."""
     rows = []

@@ -18,7 +18,7 @@ import statistics
 import torch
 
 from attention_bench import attention_cells
-from event_timing import median_ms
+from event_timing import graph_us, median_ms, rel
 from v41.kernels import dispatch, linear, moe, moe_align, wstream
 from v41.kernels.packed import PackedWeight
 
@@ -44,22 +44,6 @@ def fp8_weight(n: int, k: int, block: int) -> PackedWeight:
     codes = torch.where((codes & 0x7F) == 0x7F, codes - 1, codes)
     scale = torch.randint(115, 122, (-(-n // block), -(-k // block)), dtype=torch.uint8, device="cuda")
     return PackedWeight(codes.view(torch.float8_e4m3fn), scale, "fp8", (block, block))
-
-
-def graph_us(calls) -> float:
-    """Median µs per call of ``calls`` (zero-argument callables) captured in one graph."""
-    for c in calls[:2]:
-        c()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    return statistics.median(median_ms(g.replay, 5) for _ in range(3)) * 1e3 / len(calls)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30)).item()
 
 
 SWEEP: list[str] = []
@@ -142,7 +126,7 @@ def main() -> None:
     ops = args.ops.split(",")
     rows = ((linear_cells(batches, args.reps, bw) if "linears" in ops else [])
             + (expert_cells(batches, args.reps, bw) if "experts" in ops else [])
-            + (attention_cells(batches, args.reps, bw, graph_us, rel,
+            + (attention_cells(batches, args.reps, bw,
                                     min_tiles=[int(v) for v in args.mqa_min_tiles.split(",") if v])
                if "attention" in ops else []))
     print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; µs per launch (graph replay, weights and key rows not in L2)")

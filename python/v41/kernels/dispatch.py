@@ -34,6 +34,7 @@ _UNSET = object()
 _CUDA_EXT = _UNSET
 _CUDA_WHY = ["not loaded"]
 _CUDA_RUNS: dict[int, bool] = {}
+_SM_COUNT: dict[int, int] = {}
 
 
 def kernel_mode(family: str | None = None) -> str:
@@ -141,6 +142,14 @@ def use_triton(*tensors: torch.Tensor, family: str | None = None) -> bool:
     if mode == "triton":
         return True
     return all(t.is_cuda for t in tensors)  # auto, cuda: ops without a CUDA kernel run Triton
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of CUDA ``device`` (the current device when it has no index), cached."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
 
 
 def interpreting() -> bool:

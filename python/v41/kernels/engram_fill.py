@@ -30,12 +30,11 @@ Two transfers (``fill_slots(..., transfer=)``):
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 from torch import Tensor
 
-from .dispatch import interpreting, triton, use_triton
+from .dispatch import interpreting, sm_count, triton, use_triton
 
 ROWS = 8  # copy entries per program iteration
 CPU_PROGRAMS = 4  # the interpreter's default grid: a few programs, each striding over several entries
@@ -81,11 +80,6 @@ def fill_slots_reference(host: Tensor, copy_rows: Tensor, copy_slots: Tensor, sl
     slots.index_copy_(0, dst, staged.to(slots.device, non_blocking=True))
 
 
-@functools.lru_cache(maxsize=16)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def fill_slots_uva(host: Tensor, copy_rows: Tensor, copy_slots: Tensor, slots: Tensor,
                    num_programs: int | None = None, check_pinned: bool = True) -> None:
     """:func:`fill_slots_reference` as one Triton launch reading ``host`` over UVA (module docstring).
@@ -116,7 +110,7 @@ def fill_slots_uva(host: Tensor, copy_rows: Tensor, copy_slots: Tensor, slots: T
     words = width // unit
     block = min(triton.next_power_of_2(words), 1024)
     if num_programs is None:
-        num_programs = _sm_count(slots.device) if slots.is_cuda else CPU_PROGRAMS
+        num_programs = sm_count(slots.device) if slots.is_cuda else CPU_PROGRAMS
     grid = (max(1, min(num_programs, triton.cdiv(m, ROWS))),)
     with torch.cuda.device(slots.device) if slots.is_cuda else contextlib.nullcontext():
         _fill_kernel[grid](src, copy_rows, copy_slots, dst, m, host.shape[0], slots.shape[0], words,

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..cache.records import RecordFormat
-from .dispatch import cuda_ext
+from .dispatch import cuda_ext, sm_count
 from .records import format_id
 
 HEAD_DIMS = (64, 128, 256, 512)
@@ -26,8 +26,6 @@ HEADS_PER_CTA = 64
 MIN_TILES_PER_SPLIT = 1   # benches/RESULTS.md: 1 beat 2 and 4 at T = 1; no split at T = 1 is 5× slower
 MAX_TILES_PER_SPLIT = 80  # cuda/attention/sparse_mqa.h kMqaMaxTilesPerCta: a CTA stages its slots
 CUDA_FORMATS = (0, 1, 2, 4)  # records.FORMAT_IDS the kernel reads (not the index keys)
-
-_sm_count: dict[int, int] = {}
 
 
 def _aligned(t: Tensor) -> bool:
@@ -66,11 +64,8 @@ def launch_shape(t: int, h: int, tiles: int, device: torch.device) -> tuple[int,
     """(splits, tiles per split): split a query's key tiles until the CTAs (t × head blocks × splits) reach the
     SM count, each split holding at least :data:`MIN_TILES_PER_SPLIT` tiles and at most
     :data:`MAX_TILES_PER_SPLIT`."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _sm_count:
-        _sm_count[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     ctas = max(1, t * -(-h // HEADS_PER_CTA))
-    splits = max(1, min(-(-tiles // MIN_TILES_PER_SPLIT), _sm_count[idx] // ctas), -(-tiles // MAX_TILES_PER_SPLIT))
+    splits = max(1, min(-(-tiles // MIN_TILES_PER_SPLIT), sm_count(device) // ctas), -(-tiles // MAX_TILES_PER_SPLIT))
     per = -(-tiles // splits) if tiles else 0
     return (-(-tiles // per) if per else 1), per
 

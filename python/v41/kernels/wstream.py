@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dispatch import cuda_ext
+from .dispatch import cuda_ext, sm_count
 from .packed import PackedWeight
 
 MAX_ROWS = 8              # dense linears: above this the Triton / BLAS paths win (benches/RESULTS.md)
@@ -35,7 +35,6 @@ FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
 
 _counters: dict[int, Tensor] = {}
-_sm_count: dict[int, int] = {}
 
 
 def _takes(x: Tensor, w: PackedWeight, k: int, n_group: int) -> bool:
@@ -64,12 +63,9 @@ def _counters_for(device: torch.device) -> Tensor | None:
 
 def _launch_shape(slots: int, n: int, k: int, fmt: str, device: torch.device) -> tuple[int, int]:
     """(split, chunks per split): enough CTAs for ``CTAS_PER_SM`` per SM, never more slices than chunks."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _sm_count:
-        _sm_count[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     tiles = slots * -(-n // ROWS_PER_CTA)
     chunks = k // CHUNK[fmt]
-    split = max(1, min(chunks, -(-CTAS_PER_SM * _sm_count[idx] // tiles)))
+    split = max(1, min(chunks, -(-CTAS_PER_SM * sm_count(device) // tiles)))
     if tiles * split > COUNTER_SLOTS:
         split = 1
     per = -(-chunks // split)

@@ -49,9 +49,9 @@ class StepContext:
     segments: dict[int, Segments]
     n_max: dict[int, int]
     n_visible: dict[int, Tensor]
+    index_scratch_bytes: int
     topk: dict[int, Tensor] = field(default_factory=dict)
     cand: Tensor | None = None
-    index_scratch_bytes: int = 1 << 30
     _closed: dict[str, Tensor] = field(default_factory=dict)
 
     def entry_slots(self, kind: str, entry_ids: Tensor) -> Tensor:
