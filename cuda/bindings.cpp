@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include "attention/sparse_mqa.h"
+#include "indexer/select_topk.h"
 #include "linear/wstream.h"
 
 #ifndef V41_ARCHS
@@ -215,6 +216,40 @@ void sparse_mqa(const at::Tensor& q, at::Tensor& out, const at::Tensor& sink, co
               err == cudaErrorInvalidConfiguration ? " (the tiles do not fit this GPU's shared memory)" : "");
 }
 
+// out[t] = the k best eligible entries of scores[t], ascending, -1 for ineligible picks (python/v41/kernels/topk.py).
+void select_topk(const at::Tensor& scores, const c10::optional<at::Tensor>& n_valid, int64_t k, at::Tensor& out) {
+  TORCH_CHECK(scores.is_cuda() && scores.scalar_type() == at::kFloat && scores.dim() == 2 && scores.stride(1) == 1,
+              "scores must be a float32 CUDA tensor [T, N] with unit inner stride");
+  const int64_t t = scores.size(0), n = scores.size(1);
+  TORCH_CHECK(n < (int64_t(1) << 28) && t < (int64_t(1) << 31), "at most 2^28 - 1 entries per row");
+  TORCH_CHECK(k >= 1 && k <= n && k <= v41::kTopkMaxK, "k must be in [1, min(N, ", v41::kTopkMaxK, ")]");
+  TORCH_CHECK(out.scalar_type() == at::kLong && out.is_contiguous() && out.dim() == 2 && out.size(0) == t &&
+                  out.size(1) == k && out.device() == scores.device(),
+              "out must be a contiguous int64 [T, k] tensor on scores' device");
+  check_index(n_valid, scores, "n_valid");
+  TORCH_CHECK(!n_valid.has_value() || n_valid->numel() == t, "n_valid needs one entry per row");
+  if (t == 0) return;
+  const at::cuda::CUDAGuard guard(scores.device());
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  v41::TopkParams p{};
+  p.scores = scores.data_ptr<float>();
+  p.stride = scores.stride(0);
+  p.n_valid = opt_ptr<int64_t>(n_valid);
+  p.out = out.data_ptr<int64_t>();
+  p.T = int(t);
+  p.N = int(n);
+  p.k = int(k);
+  at::Tensor work, cand;
+  if (!v41::select_topk_single(p.T, p.N, sms)) {
+    work = at::zeros({t, v41::kTopkWorkInts}, scores.options().dtype(at::kInt));
+    cand = at::empty({t, v41::kTopkCap}, scores.options().dtype(at::kLong));
+    p.work = work.data_ptr<int>();
+    p.cand = reinterpret_cast<unsigned long long*>(cand.data_ptr<int64_t>());
+  }
+  const cudaError_t err = v41::select_topk_launch(p, sms, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "select_topk launch failed: ", cudaGetErrorString(err));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -228,6 +263,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("out"), py::arg("sink"), py::arg("cache0"), py::arg("slots0"), py::arg("fmt0"),
         py::arg("rope0"), py::arg("cache1"), py::arg("slots1"), py::arg("fmt1"), py::arg("rope1"), py::arg("scale"),
         py::arg("splits"), py::arg("tiles_per_split"), py::arg("part_acc"), py::arg("part_ml"));
+  m.def("select_topk", &select_topk, "exact top-k ids of float32 score rows (python/v41/kernels/topk.py)",
+        py::arg("scores"), py::arg("n_valid"), py::arg("k"), py::arg("out"));
+  m.attr("TOPK_MAX_K") = v41::kTopkMaxK;
   // the architectures cuda/build.py compiled for, e.g. "sm_90a" or "sm_90a,sm_100a"
   m.attr("ARCHS") = py::tuple(py::str(V41_STR(V41_ARCHS)).attr("split")(","));
 }

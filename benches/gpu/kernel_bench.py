@@ -1,12 +1,12 @@
 """The CUDA kernels of ``cuda/`` against the Triton kernels and the bytes floor, at V4.1-Flash / V4-Flash decode
 shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel table).
 
-    python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24] [--ops linears,experts,attention]
+    python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24] [--ops linears,experts,attention,topk]
 
 Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
 rotate over enough copies of the weight that none is still in L2 (≥ 256 MB in all), and each MoE launch routes
 afresh (uniform top-6). Floor = the bytes read (weights and scales; the experts a routing touches) over the copy
-bandwidth measured in the same call (sparse-MQA cells: attention_bench.py). Each cell also checks the CUDA output against the Triton one. Prints one
+bandwidth measured in the same call (sparse-MQA cells: attention_bench.py; indexer top-k: topk_bench.py). Each cell also checks the CUDA output against the Triton one. Prints one
 table last.
 """
 
@@ -18,6 +18,7 @@ import statistics
 import torch
 
 from attention_bench import attention_cells
+from topk_bench import topk_cells
 from event_timing import graph_us, median_ms, rel
 from v41.kernels import dispatch, linear, moe, moe_align, wstream
 from v41.kernels.packed import PackedWeight
@@ -114,7 +115,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--reps", type=int, default=24)
-    ap.add_argument("--ops", default="linears,experts,attention")
+    ap.add_argument("--ops", default="linears,experts,attention,topk")
     ap.add_argument("--mqa-min-tiles", default="", help="MIN_TILES_PER_SPLIT values to also time sparse MQA at")
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
     args = ap.parse_args()
@@ -128,7 +129,8 @@ def main() -> None:
             + (expert_cells(batches, args.reps, bw) if "experts" in ops else [])
             + (attention_cells(batches, args.reps, bw,
                                     min_tiles=[int(v) for v in args.mqa_min_tiles.split(",") if v])
-               if "attention" in ops else []))
+               if "attention" in ops else [])
+            + (topk_cells(args.reps, bw) if "topk" in ops else []))
     print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; µs per launch (graph replay, weights and key rows not in L2)")
     extra = list(dict.fromkeys(k for row in rows for k in row[2] if k not in ("cuda", "triton")))
     print("| op | rows | CUDA µs | Triton µs | floor µs | CUDA / floor | CUDA GB/s | Triton / CUDA | rel. diff | "

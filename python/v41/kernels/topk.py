@@ -5,6 +5,12 @@ Each float32 score and its index are packed into one int64 key that orders like 
 ascending); keys are unique, so ``torch.topk`` over them has one answer. ``-0.0`` counts as ``+0.0`` (they
 compare equal as floats). No host synchronisation; capturable in a CUDA graph. The keys are one Triton launch on
 the GPU (the PyTorch reference is nine elementwise kernels).
+
+:func:`select_topk` is the indexer's selection (docs/model.md §3.7 step 7): the top-k ids of each row sorted
+ascending, picks whose score is −inf → −1. With ``v41._cuda`` on the GPU it is a radix select over the float32
+scores (``cuda/indexer/select_topk.cu``, docs/kernels.md "Indexer top-k"): one launch for rows up to 16,384
+entries, three passes over 4,096-entry chunks for longer rows, no int64 keys and no full sort, the same ids as the
+reference.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dispatch import triton, use_triton
+from .dispatch import cuda_ext, triton, use_cuda, use_triton
 
 _LOW32 = 0xFFFFFFFF
 
@@ -46,6 +52,32 @@ def stable_topk(scores: Tensor, k: int) -> Tensor:
     keys = order_keys(scores)
     top = torch.topk(keys, k, dim=-1, sorted=True).values
     return _LOW32 - (top & _LOW32)
+
+
+def select_topk(scores: Tensor, k: int, n_valid: Tensor | None = None) -> Tensor:
+    """:func:`select_topk_ref` by the CUDA kernel where :func:`.dispatch.use_cuda` says so and it takes the
+    operands (float32 rows of fewer than 2**28 entries, unit inner stride, 1 ≤ k ≤ min(N, 2048), int64
+    ``n_valid``)."""
+    t, n = scores.shape
+    if (scores.dtype == torch.float32 and scores.stride(-1) == 1 and 1 <= k <= n and n < 1 << 28
+            and (n_valid is None or n_valid.dtype == torch.int64) and use_cuda(scores, family="attention")
+            and k <= cuda_ext().TOPK_MAX_K):
+        out = torch.empty((t, k), dtype=torch.int64, device=scores.device)
+        cuda_ext().select_topk(scores, None if n_valid is None else n_valid.contiguous(), k, out)
+        return out
+    return select_topk_ref(scores, k, n_valid)
+
+
+def select_topk_ref(scores: Tensor, k: int, n_valid: Tensor | None = None) -> Tensor:
+    """scores [T, N] float32 (−inf = not eligible), k ≤ N, n_valid [T] (entries j ≥ n_valid[t] count as −inf;
+    None = all N) → int64 [T, k]: the ids of :func:`stable_topk` sorted ascending, those whose score is −inf
+    replaced by −1 (so the −1 sit where the lowest-index −inf entries would). docs/model.md §3.7 step 7."""
+    if n_valid is not None:
+        ent = torch.arange(scores.shape[-1], device=scores.device)
+        scores = scores.masked_fill(ent[None, :] >= n_valid[:, None], float("-inf"))
+    ids = torch.sort(stable_topk(scores, k), dim=-1).values
+    picked = scores.gather(1, ids)
+    return torch.where(torch.isneginf(picked), torch.full_like(ids, -1), ids)
 
 
 if triton is not None:

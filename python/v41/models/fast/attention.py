@@ -159,9 +159,3 @@ def index_row_chunks(t: int, n: int, scratch_bytes: int) -> list[slice]:
     rows = max(1, scratch_bytes // max(1, n * INDEX_BYTES_PER_ENTRY))
     return [slice(a, min(t, a + rows)) for a in range(0, t, rows)] or [slice(0, 0)]
 
-
-def selected_or_none(scores: Tensor, topk: Tensor) -> Tensor:
-    """Top-k ids [T, k] sorted ascending, picks whose score is −inf (not visible / filtered) → −1 (§3.7 step 7)."""
-    ids = torch.sort(topk, dim=-1).values
-    picked = scores.gather(1, ids)
-    return torch.where(torch.isneginf(picked), torch.full_like(ids, -1), ids)

@@ -17,9 +17,9 @@ from ...distributed.group import TPGroup
 from ...kernels.indexer import index_scores
 from ...kernels.paged import gather_slots, table_slots
 from ...kernels.rope import rope
-from ...kernels.topk import stable_topk
+from ...kernels.topk import select_topk
 from ...kernels.window_pool import NEG, combine_triples
-from .attention import FastAttention, StepContext, index_row_chunks, selected_or_none
+from .attention import FastAttention, StepContext, index_row_chunks
 from .compress import finish, pool_step
 from .layers import PackedLinear, RMSNorm
 
@@ -127,5 +127,5 @@ class V4Attention(FastAttention):
             scores = index_scores(q[rows], w[rows], ctx.cache.tensors[kind][lid], b.block_tables[kind],
                                   b.req_index[rows], ctx.n_visible[r][rows], ctx.cache.rows_per_block(kind), n,
                                   record=ctx.cache.records[kind])
-            picks.append(selected_or_none(scores, stable_topk(scores, min(self.cfg.index_topk, n))))
+            picks.append(select_topk(scores, min(self.cfg.index_topk, n), ctx.n_visible[r][rows]))
         return torch.cat(picks) if len(picks) > 1 else picks[0]

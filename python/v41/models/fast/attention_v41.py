@@ -13,8 +13,8 @@ from ...config import LayerPlan, ModelConfig
 from ...distributed.group import TPGroup
 from ...kernels.indexer import index_scores
 from ...kernels.record_store import mxfp4_qdq_rows
-from ...kernels.topk import stable_topk
-from .attention import FastAttention, StepContext, index_row_chunks, selected_or_none
+from ...kernels.topk import select_topk
+from .attention import FastAttention, StepContext, index_row_chunks
 from .compress import finish, pool_step
 from ...kernels.rope import rope
 from .layers import PackedLinear, RMSNorm
@@ -110,7 +110,7 @@ class CSA2Attention(FastAttention):
             elif plan.uses_candidate_filter:
                 keep = ctx.cand[rows].repeat_interleave(block, dim=1)[:, :n]
                 scores = scores.masked_fill(~keep, float("-inf"))
-            picks.append(selected_or_none(scores, stable_topk(scores, min(cfg.index_topk, n))))
+            picks.append(select_topk(scores, min(cfg.index_topk, n), ctx.n_visible[r][rows]))
         if plan.is_candidate_source:
             ctx.cand = torch.cat(cand) if len(cand) > 1 else cand[0]
         return torch.cat(picks) if len(picks) > 1 else picks[0]
@@ -132,6 +132,7 @@ def candidate_blocks(scores: Tensor, n_visible: Tensor, block: int, topk_blocks:
     newest = ((n_visible - 1) // block).clamp(min=0)
     pin = torch.where(n_visible > 0, torch.full_like(bscore[:, 0], float("inf")), bscore.gather(1, newest[:, None])[:, 0])
     bscore = bscore.scatter(1, newest[:, None], pin[:, None])
-    keep = stable_topk(bscore, min(topk_blocks, n_blocks))
-    keep_ok = ~torch.isneginf(bscore.gather(1, keep))
-    return torch.zeros(t, n_blocks, dtype=torch.bool, device=scores.device).scatter(1, keep, keep_ok)
+    keep = select_topk(bscore, min(topk_blocks, n_blocks))  # −1 where the block's score is −inf
+    keep = torch.where(keep >= 0, keep, n_blocks)
+    mask = torch.zeros(t, n_blocks + 1, dtype=torch.bool, device=scores.device).scatter(1, keep, True)
+    return mask[:, :n_blocks]
