@@ -18,7 +18,7 @@ import statistics
 import torch
 
 from attention_bench import attention_cells
-from topk_bench import topk_cells
+from topk_bench import score_cells, topk_cells
 from event_timing import graph_us, median_ms, rel
 from v41.kernels import dispatch, linear, moe, moe_align, wstream
 from v41.kernels.packed import PackedWeight
@@ -130,7 +130,7 @@ def main() -> None:
             + (attention_cells(batches, args.reps, bw,
                                     min_tiles=[int(v) for v in args.mqa_min_tiles.split(",") if v])
                if "attention" in ops else [])
-            + (topk_cells(args.reps, bw) if "topk" in ops else []))
+            + (topk_cells(args.reps, bw) + score_cells(args.reps, bw) if "topk" in ops else []))
     print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; µs per launch (graph replay, weights and key rows not in L2)")
     extra = list(dict.fromkeys(k for row in rows for k in row[2] if k not in ("cuda", "triton")))
     print("| op | rows | CUDA µs | Triton µs | floor µs | CUDA / floor | CUDA GB/s | Triton / CUDA | rel. diff | "
