@@ -1,9 +1,11 @@
 // Python bindings of v41._cuda (built by cuda/build.py). Each function checks what the kernel assumes and launches
 // on the current CUDA stream, so it can be captured in a CUDA graph; the Python wrappers in python/v41/kernels/ pick
-// the launch shapes. Errors are RuntimeError (TORCH_CHECK).
+// the launch shapes. Errors are RuntimeError (TORCH_CHECK with literal messages).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
+
+#include <cstdio>
 
 #include "attention/sparse_mqa.h"
 #include "indexer/select_topk.h"
@@ -17,6 +19,14 @@
 
 namespace {
 
+// Messages are literals (or one const char*): on the device machine (torch 2.11) a TORCH_CHECK whose message is
+// built from values, or any exception thrown from this library, crashed the process instead of raising. A failed
+// launch prints its CUDA error on stderr first.
+bool launch_ok(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) std::fprintf(stderr, "v41._cuda: %s: %s\n", what, cudaGetErrorString(err));
+  return err == cudaSuccess;
+}
+
 template <typename T>
 const T* opt_ptr(const c10::optional<at::Tensor>& t) {
   return t.has_value() ? t->data_ptr<T>() : nullptr;
@@ -24,10 +34,10 @@ const T* opt_ptr(const c10::optional<at::Tensor>& t) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-void check_index(const c10::optional<at::Tensor>& t, const at::Tensor& like, const char* name) {
+// `what`: the whole message, e.g. "rows must be a contiguous int64 tensor on x's device"
+void check_index(const c10::optional<at::Tensor>& t, const at::Tensor& like, const char* what) {
   if (!t.has_value()) return;
-  TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->device() == like.device(), name,
-              " must be a contiguous int64 tensor on ", like.device());
+  TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->device() == like.device(), what);
 }
 
 // y[p] = x[rows[p]] · W[e]ᵀ for the rows p of expert e (module docstring of python/v41/kernels/wstream.py).
@@ -49,9 +59,9 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
               "s needs unit inner stride; 3-D w a 16-byte multiple expert stride");
   TORCH_CHECK(b0 >= 1 && (fmt == 0 ? sk == 32 && b0 == 1 : sk >= 16 && sk % 16 == 0),
               "scale blocks: mxfp4 (1, 32); fp8 inputs per scale a multiple of 16");
-  check_index(rows, x, "rows");
-  check_index(offsets, x, "offsets");
-  check_index(active, x, "active");
+  check_index(rows, x, "rows must be a contiguous int64 tensor on x's device");
+  check_index(offsets, x, "offsets must be a contiguous int64 tensor on x's device");
+  check_index(active, x, "active must be a contiguous int64 tensor on x's device");
   const int64_t n = w.size(-2), k = w.size(-1) * (fmt == 0 ? 2 : 1), p = y.size(0);
   TORCH_CHECK(s.size(-2) >= (n + b0 - 1) / b0 && s.size(-1) >= (k + sk - 1) / sk &&
                   (w.dim() == 2 || s.size(0) == w.size(0)),
@@ -60,7 +70,7 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   TORCH_CHECK(!active.has_value() || active->numel() >= slots, "active needs an entry per slot");
   const int64_t ck = fmt == 0 ? 128 : 64;
   TORCH_CHECK(y.size(1) == n && k % ck == 0 && n_groups > 0 && n_groups % 16 == 0 && n % n_groups == 0,
-              "shapes: y [P, N], K a multiple of ", ck, ", groups of whole 16-row tiles");
+              "shapes: y [P, N], K a multiple of 128 (mxfp4) or 64 (fp8), groups of whole 16-row tiles");
   TORCH_CHECK(x.size(1) >= (n / n_groups) * k, "x has fewer columns than the groups read");
   TORCH_CHECK(aligned16(x.data_ptr()) && x.stride(0) % 8 == 0 && aligned16(w.data_ptr()) && w.stride(-2) % 16 == 0,
               "x and w must be 16-byte aligned with 16-byte aligned rows");
@@ -106,7 +116,7 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   const dim3 grid{static_cast<unsigned>(slots), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split)};
   const cudaError_t err = v41::wstream_launch(prm, fmt == 0 ? v41::WFmt::kMxfp4 : v41::WFmt::kFp8, int(token_groups),
                                               grid, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "wstream launch failed: ", cudaGetErrorString(err));
+  TORCH_CHECK(launch_ok(err, "wstream launch failed"), "wstream launch failed (the CUDA error is on stderr)");
 }
 
 // Bytes per record of `fmt` for rows of `d` dims (python/v41/cache/records.py RecordFormat.nbytes), 0 for plain.
@@ -181,7 +191,8 @@ void sparse_mqa(const at::Tensor& q, at::Tensor& out, const at::Tensor& sink, co
   const int64_t tiles = (p.src[0].n + v41::kMqaKeysPerTile - 1) / v41::kMqaKeysPerTile +
                         (p.n_src > 1 ? (p.src[1].n + v41::kMqaKeysPerTile - 1) / v41::kMqaKeysPerTile : 0);
   TORCH_CHECK(splits * tiles_per_split >= tiles, "splits x tiles_per_split must cover the key tiles");
-  TORCH_CHECK(tiles_per_split <= v41::kMqaMaxTilesPerCta, "at most ", v41::kMqaMaxTilesPerCta, " tiles per split");
+  static_assert(v41::kMqaMaxTilesPerCta == 80, "the message below");
+  TORCH_CHECK(tiles_per_split <= v41::kMqaMaxTilesPerCta, "at most 80 tiles per split");
   if (splits > 1) {
     TORCH_CHECK(part_acc.has_value() && part_acc->scalar_type() == at::kFloat && part_acc->is_contiguous() &&
                     part_acc->numel() >= splits * t * h * d && part_acc->device() == q.device(),
@@ -212,8 +223,9 @@ void sparse_mqa(const at::Tensor& q, at::Tensor& out, const at::Tensor& sink, co
   p.tiles_per_split = int(tiles_per_split);
   p.raw_stride = int(raw);
   const cudaError_t err = v41::sparse_mqa_launch(p, int(d), at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "sparse_mqa launch failed: ", cudaGetErrorString(err),
-              err == cudaErrorInvalidConfiguration ? " (the tiles do not fit this GPU's shared memory)" : "");
+  TORCH_CHECK(launch_ok(err, "sparse_mqa launch failed"),
+              "sparse_mqa launch failed (the CUDA error is on stderr; invalid configuration: the tiles do not fit "
+              "this GPU's shared memory)");
 }
 
 // out[t] = the k best eligible entries of scores[t], ascending, -1 for ineligible picks (python/v41/kernels/topk.py).
@@ -222,11 +234,12 @@ void select_topk(const at::Tensor& scores, const c10::optional<at::Tensor>& n_va
               "scores must be a float32 CUDA tensor [T, N] with unit inner stride");
   const int64_t t = scores.size(0), n = scores.size(1);
   TORCH_CHECK(n < (int64_t(1) << 28) && t < (int64_t(1) << 31), "at most 2^28 - 1 entries per row");
-  TORCH_CHECK(k >= 1 && k <= n && k <= v41::kTopkMaxK, "k must be in [1, min(N, ", v41::kTopkMaxK, ")]");
+  static_assert(v41::kTopkMaxK == 2048, "the message below");
+  TORCH_CHECK(k >= 1 && k <= n && k <= v41::kTopkMaxK, "k must be in [1, min(N, 2048)]");
   TORCH_CHECK(out.scalar_type() == at::kLong && out.is_contiguous() && out.dim() == 2 && out.size(0) == t &&
                   out.size(1) == k && out.device() == scores.device(),
               "out must be a contiguous int64 [T, k] tensor on scores' device");
-  check_index(n_valid, scores, "n_valid");
+  check_index(n_valid, scores, "n_valid must be a contiguous int64 tensor on scores's device");
   TORCH_CHECK(!n_valid.has_value() || n_valid->numel() == t, "n_valid needs one entry per row");
   if (t == 0) return;
   const at::cuda::CUDAGuard guard(scores.device());
@@ -247,7 +260,7 @@ void select_topk(const at::Tensor& scores, const c10::optional<at::Tensor>& n_va
     p.cand = reinterpret_cast<unsigned long long*>(cand.data_ptr<int64_t>());
   }
   const cudaError_t err = v41::select_topk_launch(p, sms, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "select_topk launch failed: ", cudaGetErrorString(err));
+  TORCH_CHECK(launch_ok(err, "select_topk launch failed"), "select_topk launch failed (the CUDA error is on stderr)");
 }
 
 }  // namespace

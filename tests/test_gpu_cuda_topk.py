@@ -108,5 +108,8 @@ def test_dispatch_declines_what_the_kernel_does_not_take():
     assert torch.equal(topk.select_topk(s, 3000).cpu(), topk.select_topk_ref(s.cpu(), 3000))
     with pytest.raises(RuntimeError, match="k must be"):
         dispatch.cuda_ext().select_topk(s, None, 0, torch.empty(2, 0, dtype=torch.int64, device="cuda"))
+    with pytest.raises(RuntimeError, match="n_valid must be"):
+        dispatch.cuda_ext().select_topk(s, torch.ones(2, dtype=torch.int32, device="cuda"), 8,
+                                        torch.empty(2, 8, dtype=torch.int64, device="cuda"))
     with pytest.raises(RuntimeError, match="out must be"):
         dispatch.cuda_ext().select_topk(s, None, 8, torch.empty(2, 8, dtype=torch.int32, device="cuda"))
