@@ -233,7 +233,7 @@ void select_topk(const at::Tensor& scores, const c10::optional<at::Tensor>& n_va
   TORCH_CHECK(scores.is_cuda() && scores.scalar_type() == at::kFloat && scores.dim() == 2 && scores.stride(1) == 1,
               "scores must be a float32 CUDA tensor [T, N] with unit inner stride");
   const int64_t t = scores.size(0), n = scores.size(1);
-  TORCH_CHECK(n < (int64_t(1) << 28) && t < (int64_t(1) << 31), "at most 2^28 - 1 entries per row");
+  TORCH_CHECK(n <= v41::kTopkMaxN && t < (int64_t(1) << 31), "at most 65535 x 4096 entries per row");
   static_assert(v41::kTopkMaxK == 2048, "the message below");
   TORCH_CHECK(k >= 1 && k <= n && k <= v41::kTopkMaxK, "k must be in [1, min(N, 2048)]");
   TORCH_CHECK(out.scalar_type() == at::kLong && out.is_contiguous() && out.dim() == 2 && out.size(0) == t &&
@@ -279,6 +279,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("select_topk", &select_topk, "exact top-k ids of float32 score rows (python/v41/kernels/topk.py)",
         py::arg("scores"), py::arg("n_valid"), py::arg("k"), py::arg("out"));
   m.attr("TOPK_MAX_K") = v41::kTopkMaxK;
+  m.attr("TOPK_MAX_N") = v41::kTopkMaxN;
   // the architectures cuda/build.py compiled for, e.g. "sm_90a" or "sm_90a,sm_100a"
   m.attr("ARCHS") = py::tuple(py::str(V41_STR(V41_ARCHS)).attr("split")(","));
 }

@@ -22,8 +22,8 @@ constexpr int kBins1 = 4096;
 constexpr int kBins2 = 1024;
 // per-row work area (ints): the two histograms, then counters and the picks of each pass
 constexpr int kH1 = 0, kH2 = kBins1, kDone1 = kH2 + kBins2, kDone2 = kDone1 + 1, kDone3 = kDone1 + 2,
-              kElig = kDone1 + 3, kB1 = kDone1 + 4, kGt1 = kDone1 + 5, kB2 = kDone1 + 6, kGt2 = kDone1 + 7,
-              kC2 = kDone1 + 8, kNOut = kDone1 + 9, kNCand = kDone1 + 10;
+              kB1 = kDone1 + 3, kGt1 = kDone1 + 4, kB2 = kDone1 + 5, kC2 = kDone1 + 6, kNOut = kDone1 + 7,
+              kNCand = kDone1 + 8;
 static_assert(kNCand < kTopkWorkInts, "work area too small");
 
 using Scan = cub::BlockScan<int, kThreads>;
@@ -58,7 +58,6 @@ struct RowSmem {
 struct RowSel {
   int all;          // at most k eligible entries: every one is selected
   uint32_t b1, b2;  // key bits 31..20 and 19..10 of the threshold band
-  int gt;           // entries above the band (selected outright)
   int c2;           // entries in the band
 };
 
@@ -184,7 +183,7 @@ __device__ int ordered_take(int j0, int j1, int m, int tag, Flag flag, int* dst,
 
 // Block-wide, one CTA per row: s.ids holds s.n_sel selected ids (the entries above the band, or every eligible
 // one); s.a.cand the band's c2 entries when c2 <= kTopkCap. Completes the k picks and writes out[0, k).
-__device__ void finish_row(const float* row, int n, int N, int k, const RowSel& sel, RowSmem& s, int64_t* out) {
+__device__ void finish_row(const float* row, int n, int k, const RowSel& sel, RowSmem& s, int64_t* out) {
   int n_sel = s.n_sel;
   if (!sel.all) {
     const int need = k - n_sel;
@@ -230,7 +229,6 @@ __device__ void finish_row(const float* row, int n, int N, int k, const RowSel& 
     const int v = s.ids[i];
     out[i] = (v & 1) ? -1 : int64_t(v >> 1);
   }
-  (void)N;
 }
 
 // One CTA per row: both histograms, the collect and the finish in shared memory.
@@ -255,13 +253,12 @@ __global__ void __launch_bounds__(kThreads) topk_row_kernel(const __grid_constan
     __syncthreads();
     pick_bin(s.hist2, kBins2, p.k - gt1, s.scan, s.pick);
     sel.b2 = uint32_t(s.pick.bin);
-    sel.gt = gt1 + s.pick.above;
     sel.c2 = s.pick.count;
   }
   __syncthreads();  // hist1 is dead: its space holds the band
   collect_range(row, 0, n, sel, s.ids, &s.n_sel, sel.c2 <= kTopkCap ? s.a.cand : nullptr, &s.n_cand);
   __syncthreads();
-  finish_row(row, n, p.N, p.k, sel, s, p.out + int64_t(t) * p.k);
+  finish_row(row, n, p.k, sel, s, p.out + int64_t(t) * p.k);
 }
 
 __device__ __forceinline__ bool chunk_active(int c, int n) { return c == 0 || c * kTopkChunk < n; }
@@ -301,7 +298,6 @@ __global__ void __launch_bounds__(kThreads) topk_pass1(const __grid_constant__ T
   if (!flush_hist(s, kBins1, w + kH1, w + kDone1, n)) return;
   pick_bin(s.hist, kBins1, p.k, s.scan, s.pick);
   if (threadIdx.x == 0) {
-    w[kElig] = s.pick.total;
     w[kB1] = s.pick.total <= p.k ? -1 : s.pick.bin;
     w[kGt1] = s.pick.above;
   }
@@ -322,7 +318,6 @@ __global__ void __launch_bounds__(kThreads) topk_pass2(const __grid_constant__ T
   pick_bin(s.hist, kBins2, p.k - gt1, s.scan, s.pick);
   if (threadIdx.x == 0) {
     w[kB2] = s.pick.bin;
-    w[kGt2] = gt1 + s.pick.above;
     w[kC2] = s.pick.count;
   }
 }
@@ -340,7 +335,6 @@ __global__ void __launch_bounds__(kThreads) topk_pass3(const __grid_constant__ T
   if (!sel.all) {
     sel.b1 = uint32_t(w[kB1]);
     sel.b2 = uint32_t(w[kB2]);
-    sel.gt = w[kGt2];
     sel.c2 = w[kC2];
   }
   collect_range(row, c * kTopkChunk, min(n, (c + 1) * kTopkChunk), sel, out, w + kNOut,
@@ -352,7 +346,7 @@ __global__ void __launch_bounds__(kThreads) topk_pass3(const __grid_constant__ T
     for (int i = threadIdx.x; i < sel.c2; i += kThreads) s.a.cand[i] = __ldcg(cand + i);
   if (threadIdx.x == 0) s.n_sel = n_out;
   __syncthreads();
-  finish_row(row, n, p.N, p.k, sel, s, out);
+  finish_row(row, n, p.k, sel, s, out);
 }
 
 }  // namespace

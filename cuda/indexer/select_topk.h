@@ -12,7 +12,7 @@ constexpr int kTopkCap = 2048;       // entries of the last 22-bit key band sort
                                      // fallback passes over the row by one CTA
 constexpr int kTopkChunk = 4096;     // entries per CTA of the multi-CTA passes
 constexpr int kTopkSingleMaxN = 16384;  // rows up to this length: one CTA per row, one launch
-constexpr int kTopkMaxN = 1 << 30;   // ids are staged as 2·id + flag in int32
+constexpr int64_t kTopkMaxN = int64_t(65535) * kTopkChunk;  // grid.y of the passes; ids staged as 2·id + flag
 constexpr int kTopkWorkInts = 5136;  // per-row work area of the multi-CTA passes (zeroed by the caller)
 
 struct TopkParams {

@@ -8,9 +8,9 @@ the GPU (the PyTorch reference is nine elementwise kernels).
 
 :func:`select_topk` is the indexer's selection (docs/model.md §3.7 step 7): the top-k ids of each row sorted
 ascending, picks whose score is −inf → −1. With ``v41._cuda`` on the GPU it is a radix select over the float32
-scores (``cuda/indexer/select_topk.cu``, docs/kernels.md "Indexer top-k"): one launch for rows up to 16,384
-entries, three passes over 4,096-entry chunks for longer rows, no int64 keys and no full sort, the same ids as the
-reference.
+scores (``cuda/indexer/select_topk.cu``, docs/kernels.md "Indexer top-k"): one launch (one CTA per row) for rows
+up to 16,384 entries or at least one row per SM, else a zero fill and three passes over 4,096-entry chunks; no
+int64 keys and no full sort, the same ids as the reference.
 """
 
 from __future__ import annotations
@@ -56,12 +56,14 @@ def stable_topk(scores: Tensor, k: int) -> Tensor:
 
 def select_topk(scores: Tensor, k: int, n_valid: Tensor | None = None) -> Tensor:
     """:func:`select_topk_ref` by the CUDA kernel where :func:`.dispatch.use_cuda` says so and it takes the
-    operands (float32 rows of fewer than 2**28 entries, unit inner stride, 1 ≤ k ≤ min(N, 2048), int64
-    ``n_valid``)."""
+    operands (float32 rows of at most ``TOPK_MAX_N`` = 65,535 × 4,096 entries, unit inner stride,
+    1 ≤ k ≤ min(N, 2048), ``n_valid`` int64 with one entry per row)."""
     t, n = scores.shape
-    if (scores.dtype == torch.float32 and scores.stride(-1) == 1 and 1 <= k <= n and n < 1 << 28
-            and (n_valid is None or n_valid.dtype == torch.int64) and use_cuda(scores, family="attention")
-            and k <= cuda_ext().TOPK_MAX_K):
+    extra = () if n_valid is None else (n_valid,)
+    if (scores.dtype == torch.float32 and scores.stride(-1) == 1 and 1 <= k <= n
+            and (n_valid is None or (n_valid.dtype == torch.int64 and n_valid.numel() == t))
+            and use_cuda(scores, *extra, family="attention")
+            and k <= getattr(cuda_ext(), "TOPK_MAX_K", 0) and n <= getattr(cuda_ext(), "TOPK_MAX_N", 0)):
         out = torch.empty((t, k), dtype=torch.int64, device=scores.device)
         cuda_ext().select_topk(scores, None if n_valid is None else n_valid.contiguous(), k, out)
         return out
