@@ -286,43 +286,34 @@ __device__ bool flush_hist(PassSmem& s, int nbins, int* ghist, int* done, int n)
   return true;
 }
 
-__global__ void __launch_bounds__(kThreads) topk_pass1(const __grid_constant__ TopkParams p) {
-  __shared__ PassSmem s;
-  const int t = blockIdx.x, c = blockIdx.y, n = row_len(p, t);
-  if (!chunk_active(c, n)) return;
-  const float* row = p.scores + int64_t(t) * p.stride;
-  int* w = p.work + int64_t(t) * kTopkWorkInts;
-  for (int b = threadIdx.x; b < kBins1; b += kThreads) s.hist[b] = 0;
-  __syncthreads();
-  hist_range<1>(row, c * kTopkChunk, min(n, (c + 1) * kTopkChunk), 0, s.hist);
-  if (!flush_hist(s, kBins1, w + kH1, w + kDone1, n)) return;
-  pick_bin(s.hist, kBins1, p.k, s.scan, s.pick);
-  if (threadIdx.x == 0) {
-    w[kB1] = s.pick.total <= p.k ? -1 : s.pick.bin;
-    w[kGt1] = s.pick.above;
-  }
-}
-
-__global__ void __launch_bounds__(kThreads) topk_pass2(const __grid_constant__ TopkParams p) {
+// Histogram pass kPass (1: key bits 31..20 of every eligible entry; 2: bits 19..10 within the pass-1 bin); the
+// row's last CTA picks the bin holding the k-th key and records it in the row's work area.
+template <int kPass>
+__global__ void __launch_bounds__(kThreads) topk_hist_pass(const __grid_constant__ TopkParams p) {
+  constexpr int kBins = kPass == 1 ? kBins1 : kBins2;
   __shared__ PassSmem s;
   const int t = blockIdx.x, c = blockIdx.y, n = row_len(p, t);
   int* w = p.work + int64_t(t) * kTopkWorkInts;
-  const int b1 = w[kB1];
+  const int b1 = kPass == 1 ? 0 : w[kB1];
   if (!chunk_active(c, n) || b1 < 0) return;
   const float* row = p.scores + int64_t(t) * p.stride;
-  for (int b = threadIdx.x; b < kBins2; b += kThreads) s.hist[b] = 0;
+  for (int b = threadIdx.x; b < kBins; b += kThreads) s.hist[b] = 0;
   __syncthreads();
-  hist_range<2>(row, c * kTopkChunk, min(n, (c + 1) * kTopkChunk), uint32_t(b1), s.hist);
-  if (!flush_hist(s, kBins2, w + kH2, w + kDone2, n)) return;
-  const int gt1 = w[kGt1];
-  pick_bin(s.hist, kBins2, p.k - gt1, s.scan, s.pick);
-  if (threadIdx.x == 0) {
+  hist_range<kPass>(row, c * kTopkChunk, min(n, (c + 1) * kTopkChunk), uint32_t(b1), s.hist);
+  if (!flush_hist(s, kBins, w + (kPass == 1 ? kH1 : kH2), w + (kPass == 1 ? kDone1 : kDone2), n)) return;
+  const int gt1 = kPass == 1 ? 0 : w[kGt1];
+  pick_bin(s.hist, kBins, p.k - gt1, s.scan, s.pick);
+  if (threadIdx.x != 0) return;
+  if (kPass == 1) {
+    w[kB1] = s.pick.total <= p.k ? -1 : s.pick.bin;
+    w[kGt1] = s.pick.above;
+  } else {
     w[kB2] = s.pick.bin;
     w[kC2] = s.pick.count;
   }
 }
 
-__global__ void __launch_bounds__(kThreads) topk_pass3(const __grid_constant__ TopkParams p) {
+__global__ void __launch_bounds__(kThreads) topk_collect_pass(const __grid_constant__ TopkParams p) {
   __shared__ RowSmem s;
   const int t = blockIdx.x, c = blockIdx.y, n = row_len(p, t);
   if (!chunk_active(c, n)) return;
@@ -358,9 +349,9 @@ cudaError_t select_topk_launch(const TopkParams& p, int sms, cudaStream_t stream
     return cudaGetLastError();
   }
   const dim3 grid(p.T, (p.N + kTopkChunk - 1) / kTopkChunk);
-  topk_pass1<<<grid, kThreads, 0, stream>>>(p);
-  topk_pass2<<<grid, kThreads, 0, stream>>>(p);
-  topk_pass3<<<grid, kThreads, 0, stream>>>(p);
+  topk_hist_pass<1><<<grid, kThreads, 0, stream>>>(p);
+  topk_hist_pass<2><<<grid, kThreads, 0, stream>>>(p);
+  topk_collect_pass<<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
