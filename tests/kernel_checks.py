@@ -169,6 +169,8 @@ def check_attention(device: str, dtype: torch.dtype, g: torch.Generator):
 
 
 def check_index_scores(device: str, dtype: torch.dtype, g: torch.Generator):
+    """The scorer's tilings: one query per program, and query blocks that share a request (2 queries), straddle
+    requests (4) or run past the step (8 of 6 queries); entry blocks shorter than the entries (16 of 20)."""
     out = []
     for hi, di in ((4, 32), (64, 128)):
         t, r, b, rpb = 6, 3, 5, 4
@@ -180,16 +182,18 @@ def check_index_scores(device: str, dtype: torch.dtype, g: torch.Generator):
         bt[1, 3:] = -1
         req = torch.tensor([0, 0, 1, 1, 2, 2], device=device)
         nvis = torch.tensor([3, 4, 10, 12, 0, 19], device=device)
-        poison(device)
-        y = indexer.index_scores(q, w, keys, bt, req, nvis, rpb, 20)
-        ref = indexer.index_scores_ref(q.double(), w.double(), keys.double(), bt, req, nvis, rpb, 20)
-        out.append((f"index_scores/h{hi}/d{di}", rel(y, ref), tol(dtype)))
         fmt = RecordFormat("idx_mxfp4", di)  # --kv-cache-dtype fp8: MXFP4 key records
         recs = fmt.encode(keys)
-        poison(device)
-        y = indexer.index_scores(q, w, recs, bt, req, nvis, rpb, 20, record=fmt)
-        ref = indexer.index_scores_ref(q.double(), w.double(), recs, bt, req, nvis, rpb, 20, record=fmt)
-        out.append((f"index_scores/h{hi}/d{di}/records", rel(y, ref), tol(dtype)))
+        ref = indexer.index_scores_ref(q.double(), w.double(), keys.double(), bt, req, nvis, rpb, 20)
+        ref_rec = indexer.index_scores_ref(q.double(), w.double(), recs, bt, req, nvis, rpb, 20, record=fmt)
+        for tiles in (None, (2, 16, 4), (4, 32, 4), (8, 16, 4)):
+            name = f"index_scores/h{hi}/d{di}/{tiles or 'default'}"
+            poison(device)
+            y = indexer.index_scores(q, w, keys, bt, req, nvis, rpb, 20, tiles=tiles)
+            out.append((name, rel(y, ref), tol(dtype)))
+            poison(device)
+            y = indexer.index_scores(q, w, recs, bt, req, nvis, rpb, 20, record=fmt, tiles=tiles)
+            out.append((name + "/records", rel(y, ref_rec), tol(dtype)))
     return out
 
 

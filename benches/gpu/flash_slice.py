@@ -106,10 +106,16 @@ def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10
         # max_tokens None: no request may finish inside the timed window
         sp = SamplingParams(temperature=1.0, seed=i, ignore_eos=True, max_tokens=None)
         core.add_request(f"d{batch}-{context}-{i}", [rng.randrange(3, vocab) for _ in range(context)], sp)
-    t0 = time.perf_counter()
+    t0 = tick = time.perf_counter()
+    n_steps = 0
     with prefill_ctx():
         while any(len(s.output_token_ids) == 0 for s in core.seqs.values()):
             core.step()
+            n_steps += 1
+            if time.perf_counter() - tick > 30:  # long prefills: progress, so a run cut short still says its rate
+                tick = time.perf_counter()
+                done = min(batch * context, n_steps * core.args.max_num_batched_tokens)
+                print(f"  prefill: about {done:,} of {batch * context:,} tokens in {tick - t0:.0f} s", flush=True)
     print(f"v41 decode B={batch} C={context}: prefilled in {time.perf_counter() - t0:.0f} s", flush=True)
     times = []
     for k in range(warmup + steps):

@@ -1,6 +1,7 @@
 """Where a flash-slice step's time goes (torch.profiler on the GPU machine; nsys cannot make reports there).
 
     python3 benches/gpu/profile_step.py --slice v4 --batch 1 --context 2048 [--prefill 2048] [--top 25]
+        [--kv-cache-dtype fp8]
 
 Builds the engine as ``flash_slice.py`` does, prefills ``batch`` requests to ``context``, then profiles 5 decode
 steps (and one prefill of ``--prefill`` tokens) and prints the kernels by CUDA time, the launches per step and the
@@ -39,13 +40,14 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
     a = ap.parse_args()
     from v41.engine.params import SamplingParams
 
     path = write_config(Path(tempfile.mkdtemp()), a.slice)
     budget = max(a.prefill, 256)
     max_len = max(a.context + decode_headroom(a.batch, a.context, budget, steps=40), a.prefill + 80)
-    core = v41_engine(path, a.batch, budget, max_len, "auto")
+    core = v41_engine(path, a.batch, budget, max_len, "auto", kv_cache_dtype=a.kv_cache_dtype)
     if a.eager:
         core.executor.runner.graphs = None
     rng = random.Random(0)

@@ -5,21 +5,30 @@ contexts (128k, 1M entries) and a prefill chunk. Scores are random normal float3
 once over the copy bandwidth. The check column is the fraction of ids that differ (0: identical).
 
 Beside them, the Triton index scorer that feeds the top-k (``indexer.index_scores``) at V4.1-Flash's index shape
-(64 heads × 128, MXFP4 key records of 68 bytes read through a block table of 64-entry blocks): its floor is the
-key records plus the written scores; there is no CUDA scorer yet, so its CUDA column repeats the Triton time."""
+(32 heads × 128, MXFP4 key records of 68 bytes read through a block table of 64-entry blocks, queries of one
+request): its floor is the key records plus the written scores, or the q·k FLOPs at the bf16 dense rate where
+that is larger (prefill; an 8192³ bf16 GEMM measured in the same call); there is no CUDA scorer yet, so its CUDA and Triton columns are both the Triton kernel
+with the tiles ``indexer.score_tiles`` picks, and "1×64 tiles" is the kernel before query blocks (one query and 64
+entries per program).
+
+    python3 benches/gpu/topk_bench.py --sweep     # the scorer at every tiling of SWEEP_TILES, one table"""
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 
-from event_timing import graph_us
+from event_timing import graph_us, rel
 from v41.cache.records import IDX_MXFP4
 from v41.kernels import indexer, topk
 
 K = 512
-HEADS, DIM, BLOCK = 64, 128, 64
-SCORE_CELLS = ((1, 2048), (64, 2048), (1, 131072), (1, 1 << 20))
+HEADS, DIM, BLOCK = 32, 128, 64
+SCORE_CELLS = ((1, 2048), (64, 2048), (1, 131072), (1, 1 << 20), (64, 1 << 20), (256, 131072), (2048, 8192))
 CELLS = ((1, 2048), (8, 2048), (64, 2048), (1, 131072), (8, 131072), (1, 1 << 20), (32, 1 << 20), (2048, 8192))
+SWEEP_TILES = [(1, 128, 4), (1, 256, 4), (1, 256, 8), (1, 512, 8), (4, 128, 4), (8, 64, 4), (8, 128, 8),
+               (16, 128, 8)]
 
 
 def topk_cells(reps: int, bw: float):
@@ -39,21 +48,64 @@ def topk_cells(reps: int, bw: float):
     return rows
 
 
-def score_cells(reps: int, bw: float):
-    """Rows for the Triton index scorer (module docstring), keys in a shuffled block table over a cache of
-    exactly the entries listed."""
-    rows = []
+def bf16_rate() -> float:
+    """bf16 matmul FLOP/s of this GPU (an 8192³ GEMM, by events): the scorer's compute ceiling."""
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    us = graph_us([lambda: x @ x] * 4)
+    return 2 * 8192 ** 3 / (us * 1e-6)
+
+
+def score_inputs(t: int, n: int, flops: float):
+    """(call(tiles), floor µs at bandwidth bw → function) for T queries of one request over n MXFP4 key records
+    in a shuffled block table over a cache of exactly the entries listed."""
+    keys = IDX_MXFP4.encode(torch.randn(n, DIM, device="cuda"))
+    table = torch.randperm(n // BLOCK, device="cuda")[None, :]
+    q = (torch.randn(t, HEADS, DIM, device="cuda") * 0.1).to(torch.bfloat16)
+    w = torch.randn(t, HEADS, device="cuda")
+    req = torch.zeros(t, dtype=torch.int64, device="cuda")
+    n_vis = torch.full((t,), n, dtype=torch.int64, device="cuda")
+    call = lambda tiles=None: indexer.index_scores(q, w, keys, table, req, n_vis, BLOCK, n, record=IDX_MXFP4,
+                                                   tiles=tiles)
+    floor = lambda bw: max((n * IDX_MXFP4.nbytes + 4 * t * n) / bw, 2 * t * n * HEADS * DIM / flops) * 1e6
+    return call, floor
+
+
+def score_cells(reps: int, bw: float, tilings: list | None = None):
+    """Rows for the Triton index scorer (module docstring): the picked tiles, the old ones and ``tilings``."""
+    rows, flops = [], bf16_rate()
     for t, n in SCORE_CELLS:
-        keys = IDX_MXFP4.encode(torch.randn(n, DIM, device="cuda"))
-        table = torch.randperm(n // BLOCK, device="cuda")[None, :]
-        q = (torch.randn(t, HEADS, DIM, device="cuda") * 0.1).to(torch.bfloat16)
-        w = torch.randn(t, HEADS, device="cuda")
-        req = torch.zeros(t, dtype=torch.int64, device="cuda")
-        n_vis = torch.full((t,), n, dtype=torch.int64, device="cuda")
-        call = lambda: indexer.index_scores(q, w, keys, table, req, n_vis, BLOCK, n, record=IDX_MXFP4)
-        us = graph_us([call] * max(2, min(reps, (256 << 20) // (t * n * 4 + n * IDX_MXFP4.nbytes))))
-        floor = (n * IDX_MXFP4.nbytes + 4 * t * n) / bw * 1e6
-        rows.append(("indexer scores (Triton)", f"T={t} N={n:,}", {"cuda": us, "triton": us}, floor, 0.0))
-        del keys
+        call, floor = score_inputs(t, n, flops)
+        calls = max(2, min(reps, (256 << 20) // (t * n * 4 + n * IDX_MXFP4.nbytes)))
+        ref = call()
+        us, worst = {}, 0.0
+        for name, tiles in [("cuda", None), ("1×64 tiles", (1, 64, 4))] + [(str(c), c) for c in tilings or []]:
+            worst = max(worst, rel(call(tiles), ref))
+            us[name] = graph_us([lambda c=tiles: call(c)] * calls)
+        us["triton"] = us["cuda"]
+        print(f"T={t} N={n}: " + ", ".join(f"{k} {v:.1f}" for k, v in us.items()), flush=True)
+        rows.append(("indexer scores (Triton)", f"T={t} N={n:,} {indexer.score_tiles(t, n, 1)}", us, floor(bw), worst))
+        del call, ref
         torch.cuda.empty_cache()
     return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sweep", action="store_true", help="time the scorer at every tiling of SWEEP_TILES")
+    ap.add_argument("--reps", type=int, default=8)
+    a = ap.parse_args()
+    from kernel_bench import copy_bandwidth
+
+    bw = copy_bandwidth()
+    rows = score_cells(a.reps, bw, SWEEP_TILES if a.sweep else None)
+    names = list(rows[0][2])
+    print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; index scorer µs per launch (graph replay); tiles = "
+          "(queries, entries, warps) per program")
+    print("| cell | floor µs | " + " | ".join(names) + " | max rel. diff |")
+    print("|---" * (len(names) + 3) + "|")
+    for _, cell, us, floor, err in rows:
+        print(f"| {cell} | {floor:.1f} | " + " | ".join(f"{us[k]:.1f}" for k in names) + f" | {err:.1e} |")
+
+
+if __name__ == "__main__":
+    main()

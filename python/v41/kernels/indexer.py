@@ -2,8 +2,9 @@
 ``score[t, j] = Σ_h w[t, h] · ReLU(q[t, h] · k_j)`` for the entries ``j < n_visible[t]`` of token t's request,
 ``−inf`` for the others, every request of the step at once, keys read through the paged block table.
 
-The Triton kernel (one program per token and block of entries) gathers the key rows, keeps the head sum in
-registers and writes only the ``[T, N]`` scores; the reference bounds its ``[c, heads, N]`` scratch by scoring
+The Triton kernel (one program per block of queries and block of entries) gathers and decodes a key tile once
+for all the block's queries when they share a request (prefill chunks), keeps the head sum in registers and
+writes only the ``[T, N]`` scores; the reference bounds its ``[c, heads, N]`` scratch by scoring
 tokens in chunks of at most ``scratch_bytes``. The keys may be MXFP4 records (``--kv-cache-dtype fp8``,
 :mod:`v41.cache.records`), decoded where they are read.
 """
@@ -43,13 +44,25 @@ def index_scores_ref(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, re
 
 def index_scores(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_index: Tensor, n_visible: Tensor,
                  rows_per_block: int, n_max: int, scratch_bytes: int = 64 << 20,
-                 record: RecordFormat | None = None) -> Tensor:
-    """:func:`index_scores_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
+                 record: RecordFormat | None = None, tiles: tuple[int, int, int] | None = None) -> Tensor:
+    """:func:`index_scores_ref` as one Triton launch where :func:`.dispatch.use_triton` says so; ``tiles``
+    overrides :func:`score_tiles` (tests, sweeps)."""
     want = q.dtype if record is None else torch.uint8
     if q.dtype in TRITON_DTYPES and keys.dtype == want and use_triton(q, keys, family="attention"):
-        return _scores_triton(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, record)
+        return _scores_triton(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, record, tiles)
     return index_scores_ref(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, scratch_bytes,
                             record)
+
+
+def score_tiles(t: int, n_max: int, requests: int) -> tuple[int, int, int]:
+    """(queries per program, entries per program, warps) of the Triton scorer for ``t`` queries of ``requests``
+    requests over ``n_max`` entries. Steps of at least 4 queries per request (prefill chunks, speculative verify)
+    take 8 queries per program, so a decoded key tile serves them all: 1.9–2.0× faster than one query per program
+    at 64–2,048 queries (benches/RESULTS.md "2026-12-03 (evening)", ``benches/gpu/topk_bench.py --sweep``). Decode
+    takes one query per program, with 128-entry blocks on long rows (166 against 180 µs at 1M entries)."""
+    if t >= 16 and t >= 4 * requests:
+        return 8, 64, 4
+    return 1, 128 if n_max >= 131072 else 64, 4
 
 
 if triton is not None:
@@ -58,50 +71,73 @@ if triton is not None:
     from .records import load_rows
 
     @triton.jit
-    def _scores_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, req_ptr, nvis_ptr, out_ptr, HI, N, RPB, NB,
+    def _key_tile(k_ptr, bt_ptr, req, rj, n_vis, RPB, NB, stride_k, stride_bt, DI: tl.constexpr,
+                  FMT: tl.constexpr, DOT: tl.constexpr):
+        """Key rows ``rj`` [BN] of request ``req`` through its block table → [BN, DI] in ``DOT`` (zeros at and past
+        ``n_vis`` and in unmapped blocks)."""
+        blk = rj // RPB
+        phys = tl.load(bt_ptr + req * stride_bt + blk, mask=(rj < n_vis) & (blk < NB), other=-1)
+        valid = (rj < n_vis) & (phys >= 0)
+        slot = tl.maximum(phys, 0).to(tl.int64) * RPB + rj % RPB
+        return load_rows(k_ptr, slot * stride_k, valid, DI, FMT, 0).to(DOT)
+
+    @triton.jit
+    def _scores_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, req_ptr, nvis_ptr, out_ptr, T, HI, N, RPB, NB,
                        stride_qt, stride_qh, stride_wt, stride_k, stride_bt, stride_ot,
-                       BH: tl.constexpr, DI: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr,
+                       BH: tl.constexpr, DI: tl.constexpr, BN: tl.constexpr, QB: tl.constexpr, DOT: tl.constexpr,
                        IEEE: tl.constexpr, FMT: tl.constexpr):
-        t, jb = tl.program_id(0), tl.program_id(1)
+        """Program (tb, jb): queries tb·QB … +QB−1 against entries jb·BN … +BN−1. When the block's queries share a
+        request (a prefill chunk) the key tile is gathered and decoded once for all of them."""
+        tb, jb = tl.program_id(0), tl.program_id(1)
         rj = jb * BN + tl.arange(0, BN)
-        n_vis = tl.load(nvis_ptr + t)
         jmask = rj < N
-        if jb * BN < n_vis:
-            rh = tl.arange(0, BH)
-            hmask = rh < HI
-            rd = tl.arange(0, DI)
-            q = tl.load(q_ptr + t * stride_qt + rh[:, None] * stride_qh + rd[None, :], mask=hmask[:, None],
-                        other=0.0).to(DOT)
-            wt = tl.load(w_ptr + t * stride_wt + rh, mask=hmask, other=0.0).to(tl.float32)
-            req = tl.load(req_ptr + t)
-            blk = rj // RPB
-            phys = tl.load(bt_ptr + req * stride_bt + blk, mask=jmask & (blk < NB), other=-1)
-            valid = (rj < n_vis) & (phys >= 0)
-            slot = tl.maximum(phys, 0).to(tl.int64) * RPB + rj % RPB
-            kt = load_rows(k_ptr, slot * stride_k, valid, DI, FMT, 0).to(DOT)
-            if IEEE:
-                s = tl.dot(q, tl.trans(kt), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(kt))
-            score = tl.sum(tl.maximum(s, 0.0) * wt[:, None], axis=0)
-            score = tl.where(rj < n_vis, score, float("-inf"))
+        rt = tb * QB + tl.arange(0, QB)
+        tmask = rt < T
+        req0 = tl.load(req_ptr + tb * QB)
+        rq = tl.where(tmask, tl.load(req_ptr + rt, mask=tmask, other=0), req0)
+        n_hi = tl.max(tl.load(nvis_ptr + rt, mask=tmask, other=0))
+        shared = tl.min(rq) == tl.max(rq)
+        rh = tl.arange(0, BH)
+        hmask = rh < HI
+        rd = tl.arange(0, DI)
+        if jb * BN < n_hi:
+            kt = _key_tile(k_ptr, bt_ptr, req0, rj, n_hi, RPB, NB, stride_k, stride_bt, DI, FMT, DOT)
+            for i in range(QB):
+                t = tb * QB + i
+                if t < T:
+                    n_vis = tl.load(nvis_ptr + t)
+                    if not shared:  # a block straddling requests (mixed steps): each query gathers its own keys
+                        kt = _key_tile(k_ptr, bt_ptr, tl.load(req_ptr + t), rj, n_vis, RPB, NB, stride_k,
+                                       stride_bt, DI, FMT, DOT)
+                    q = tl.load(q_ptr + t * stride_qt + rh[:, None] * stride_qh + rd[None, :], mask=hmask[:, None],
+                                other=0.0).to(DOT)
+                    wt = tl.load(w_ptr + t * stride_wt + rh, mask=hmask, other=0.0).to(tl.float32)
+                    if IEEE:
+                        s = tl.dot(q, tl.trans(kt), input_precision="ieee")
+                    else:
+                        s = tl.dot(q, tl.trans(kt))
+                    score = tl.sum(tl.maximum(s, 0.0) * wt[:, None], axis=0)
+                    score = tl.where(rj < n_vis, score, float("-inf"))
+                    tl.store(out_ptr + t * stride_ot + rj, score, mask=jmask)
         else:
-            score = tl.full([BN], float("-inf"), dtype=tl.float32)
-        tl.store(out_ptr + t * stride_ot + rj, score, mask=jmask)
+            none = tl.full([QB, BN], float("-inf"), dtype=tl.float32)
+            tl.store(out_ptr + rt[:, None] * stride_ot + rj[None, :], none, mask=tmask[:, None] & jmask[None, :])
 
 
 def _scores_triton(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_index: Tensor, n_visible: Tensor,
-                   rows_per_block: int, n_max: int, record: RecordFormat | None) -> Tensor:
+                   rows_per_block: int, n_max: int, record: RecordFormat | None,
+                   tiles: tuple[int, int, int] | None = None) -> Tensor:
     t, hi, di = q.shape
     out = torch.empty(t, n_max, dtype=torch.float32, device=q.device)
     if t == 0 or n_max == 0:
         return out
+    qb, bn, warps = tiles or score_tiles(t, n_max, block_table.shape[0])
     bh = max(16, triton.next_power_of_2(hi))
-    bn = 64
     bt = block_table.contiguous()
     w = w.contiguous()
-    _scores_kernel[(t, triton.cdiv(n_max, bn))](
-        q, w, keys, bt, req_index.contiguous(), n_visible.contiguous(), out, hi, n_max, rows_per_block, bt.shape[1],
-        q.stride(0), q.stride(1), w.stride(0), keys.stride(0), bt.stride(0), out.stride(0),
-        BH=bh, DI=di, BN=bn, DOT=dot_dtype(q.dtype), IEEE=q.dtype == torch.float32, FMT=format_id(record))
+    _scores_kernel[(triton.cdiv(t, qb), triton.cdiv(n_max, bn))](
+        q, w, keys, bt, req_index.contiguous(), n_visible.contiguous(), out, t, hi, n_max, rows_per_block,
+        bt.shape[1], q.stride(0), q.stride(1), w.stride(0), keys.stride(0), bt.stride(0), out.stride(0),
+        BH=bh, DI=di, BN=bn, QB=qb, DOT=dot_dtype(q.dtype), IEEE=q.dtype == torch.float32, FMT=format_id(record),
+        num_warps=warps)
     return out
