@@ -3,8 +3,9 @@ the GPU, v41's engine (checkpoint formats: FP8 dense + MXFP4 experts, CUDA graph
 (bf16, eager, the same dequantized weights) side by side in one call.
 
     python3 benches/gpu/flash_slice.py --slice v4 [--transformers] [--cells 1x2048,8x2048] [--prefill 2048,8192]
-    python3 benches/gpu/flash_slice.py --slice v41 --kv-cache-dtype fp8 --cells 1x1048576 --prefill , \
-        --budget 8192 --recent-index-prefill          # decode at a 1M-token context (long_context.py)
+    python3 benches/gpu/flash_slice.py --slice v41 --kv-cache-dtype fp8 --cells 1x1048320 --prefill , \
+        --budget 8192 [--recent-index-prefill]        # a real 1M-token prefill (~4 min), then decode there;
+                                                      # the flag prefills by recency in ~1 min (long_context.py)
 
 Figures as docs/benchmarking.md "How a figure is taken": decode = median of 50 engine steps (scheduler + forward +
 sampling) after 10 warm-ups with all B requests running (checked), every request prefilled to context C first,

@@ -1,10 +1,10 @@
 """Bench-only prefill shortcut for flash_slice.py's decode cells at very long contexts (``--recent-index-prefill``).
 
-The indexer scores every query of a prefill chunk against every visible compressed entry and ranks them: at a
-1M-token context that is T × 1M float32 scores and int64 order keys per chunk and index layer, which the row
-chunks of ``models/fast/attention.py`` keep within 1 GiB but which still take minutes per chunk to write and
-rank (issue 17's one-pass score + top-k kernel is what removes that). To reach a 1M-token context inside one
-device call, the prefill runs with each index source selecting its ``index_topk`` most recent visible entries
+The indexer scores every query of a prefill chunk against every visible compressed entry and ranks them: over a
+1M-token prefill that is about 1.6·10¹² (query, entry) pairs across V4.1-Flash's index layers. With the
+query-blocked scorer and the CUDA top-k the real prefill takes 225 s on an H200 (benches/RESULTS.md
+"2026-12-03 (evening)"); this shortcut takes about 60 s, for runs that only need the decode step at that
+context: the prefill runs with each index source selecting its ``index_topk`` most recent visible entries
 instead; the KV, compressed and index caches are written exactly as in a real prefill (only the prefill's
 attention reads differ), and the timed decode steps run the real indexer over every entry.
 """
