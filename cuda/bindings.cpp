@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "attention/sparse_mqa.h"
+#include "indexer/index_scores.h"
 #include "indexer/select_topk.h"
 #include "linear/wstream.h"
 
@@ -263,6 +264,78 @@ void select_topk(const at::Tensor& scores, const c10::optional<at::Tensor>& n_va
   TORCH_CHECK(launch_ok(err, "select_topk launch failed"), "select_topk launch failed (the CUDA error is on stderr)");
 }
 
+// out[t, j] = sum_h w[t, h] relu(q[t, h] . k_j) over the paged index keys, -inf past n_visible[t]
+// (python/v41/kernels/indexer.py).
+void index_scores(const at::Tensor& q, const at::Tensor& w, const at::Tensor& keys, const at::Tensor& block_table,
+                  const at::Tensor& req_index, const at::Tensor& n_visible, at::Tensor& out, int64_t rows_per_block,
+                  int64_t fmt, int64_t queries_per_cta, int64_t entries_per_cta) {
+  TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.size(2) == v41::kIdxDim &&
+                  q.stride(2) == 1,
+              "q must be a bfloat16 CUDA tensor [T, H, 128] with unit inner stride");
+  const int64_t t = q.size(0), h = q.size(1);
+  static_assert(v41::kIdxMaxHeads == 64, "the message below");
+  TORCH_CHECK(h >= 16 && h <= v41::kIdxMaxHeads && h % 16 == 0, "q needs 16, 32, 48 or 64 heads");
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 2 && w.size(0) == t && w.size(1) == h && w.stride(1) == 1 &&
+                  w.device() == q.device(),
+              "w must be a float32 [T, H] tensor with unit inner stride on q's device");
+  TORCH_CHECK(fmt == 0 || fmt == 1, "fmt must be 0 (bf16 rows) or 1 (idx_mxfp4 records)");
+  TORCH_CHECK(keys.device() == q.device() && keys.dim() == 2 && keys.stride(1) == 1, "keys must be a 2-D tensor with unit inner stride on q's device");
+  int64_t k_stride = 0;
+  if (fmt == 0) {
+    TORCH_CHECK(keys.scalar_type() == at::kBFloat16 && keys.size(1) == v41::kIdxDim && keys.stride(0) % 8 == 0 &&
+                    aligned16(keys.data_ptr()),
+                "bf16 keys must be [S, 128] rows at 16-byte aligned addresses");
+    k_stride = keys.stride(0) * 2;
+  } else {
+    TORCH_CHECK(keys.scalar_type() == at::kByte && keys.size(1) >= v41::kIdxDim / 2 + v41::kIdxDim / 32 &&
+                    keys.stride(0) % 4 == 0 && (reinterpret_cast<uintptr_t>(keys.data_ptr()) & 3) == 0,
+                "record keys must be uint8 [S, 68] rows at 4-byte aligned addresses");
+    k_stride = keys.stride(0);
+  }
+  TORCH_CHECK(block_table.scalar_type() == at::kLong && block_table.dim() == 2 && block_table.stride(1) == 1 &&
+                  block_table.device() == q.device(),
+              "block_table must be an int64 [R, NB] tensor with unit inner stride on q's device");
+  check_index(req_index, q, "req_index must be a contiguous int64 tensor on q's device");
+  check_index(n_visible, q, "n_visible must be a contiguous int64 tensor on q's device");
+  TORCH_CHECK(req_index.numel() == t && n_visible.numel() == t, "req_index and n_visible need one entry per query");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.dim() == 2 && out.size(0) == t && out.stride(1) == 1 &&
+                  out.size(1) < (int64_t(1) << 31) && out.device() == q.device(),
+              "out must be a float32 [T, N] tensor with unit inner stride on q's device");
+  TORCH_CHECK(rows_per_block >= 1 && queries_per_cta >= 1 && queries_per_cta <= v41::kIdxMaxQueries &&
+                  entries_per_cta >= 1 && entries_per_cta % (v41::kIdxWarps * v41::kIdxEntriesPerWarp) == 0,
+              "rows_per_block >= 1, queries_per_cta in [1, 16], entries_per_cta a positive multiple of 128");
+  TORCH_CHECK(t < (int64_t(1) << 31) / v41::kIdxMaxQueries && (t + queries_per_cta - 1) / queries_per_cta <= 65535,
+              "too many queries for one launch (grid.y)");
+  if (t == 0 || out.size(1) == 0) return;
+  const at::cuda::CUDAGuard guard(q.device());
+  v41::IdxScoreParams p{};
+  p.q = reinterpret_cast<const __nv_bfloat16*>(q.data_ptr());
+  p.q_stride_t = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.w = w.data_ptr<float>();
+  p.w_stride_t = w.stride(0);
+  p.keys = reinterpret_cast<const uint8_t*>(keys.data_ptr());
+  p.k_stride = k_stride;
+  p.block_table = block_table.data_ptr<int64_t>();
+  p.bt_stride = block_table.stride(0);
+  p.req_index = req_index.data_ptr<int64_t>();
+  p.n_visible = n_visible.data_ptr<int64_t>();
+  p.out = out.data_ptr<float>();
+  p.out_stride = out.stride(0);
+  p.T = int(t);
+  p.H = int(h);
+  p.N = int(out.size(1));
+  p.NB = int(block_table.size(1));
+  p.rows_per_block = int(rows_per_block);
+  p.fmt = int(fmt);
+  p.queries_per_cta = int(queries_per_cta);
+  p.entries_per_cta = int(entries_per_cta);
+  const cudaError_t err = v41::index_scores_launch(p, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(launch_ok(err, "index_scores launch failed"),
+              "index_scores launch failed (the CUDA error is on stderr; invalid argument: the queries per CTA do "
+              "not fit this GPU's shared memory)");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -278,6 +351,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("splits"), py::arg("tiles_per_split"), py::arg("part_acc"), py::arg("part_ml"));
   m.def("select_topk", &select_topk, "exact top-k ids of float32 score rows (python/v41/kernels/topk.py)",
         py::arg("scores"), py::arg("n_valid"), py::arg("k"), py::arg("out"));
+  m.def("index_scores", &index_scores, "indexer scores over the paged index keys (python/v41/kernels/indexer.py)",
+        py::arg("q"), py::arg("w"), py::arg("keys"), py::arg("block_table"), py::arg("req_index"),
+        py::arg("n_visible"), py::arg("out"), py::arg("rows_per_block"), py::arg("fmt"), py::arg("queries_per_cta"),
+        py::arg("entries_per_cta"));
   m.attr("TOPK_MAX_K") = v41::kTopkMaxK;
   m.attr("TOPK_MAX_N") = v41::kTopkMaxN;
   // the architectures cuda/build.py compiled for, e.g. "sm_90a" or "sm_90a,sm_100a"

@@ -21,7 +21,7 @@ if ! python3 -c 'import torch, v41._cuda' 2>"$OUT/cuda_import.txt"; then
 fi
 python3 -m v41.cli --version | tee -a "$OUT/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  timeout 300 python3 -m pytest -q --timeout 280 -p no:cacheprovider tests/test_gpu_cuda.py tests/test_gpu_cuda_attention.py tests/test_gpu_cuda_topk.py \
+  timeout 300 python3 -m pytest -q --timeout 280 -p no:cacheprovider tests/test_gpu_cuda.py tests/test_gpu_cuda_attention.py tests/test_gpu_cuda_topk.py tests/test_gpu_cuda_indexer.py \
     ${TRITON_CHECKS-tests/test_gpu_fast.py::test_triton_kernel_equals_its_reference_on_the_gpu} 2>&1 | tee "$OUT/gpu_tests.txt" | tail -25
 fi
 if [ -n "${FLASH:-}" ]; then

@@ -71,19 +71,19 @@ def score_inputs(t: int, n: int, flops: float):
 
 
 def score_cells(reps: int, bw: float, tilings: list | None = None):
-    """Rows for the Triton index scorer (module docstring): the picked tiles, the old ones and ``tilings``."""
+    """Rows for the index scorer (module docstring): CUDA, Triton at its picked tiles, the old tiles and ``tilings``."""
     rows, flops = [], bf16_rate()
     for t, n in SCORE_CELLS:
         call, floor = score_inputs(t, n, flops)
         calls = max(2, min(reps, (256 << 20) // (t * n * 4 + n * IDX_MXFP4.nbytes)))
         ref = call()
         us, worst = {}, 0.0
-        for name, tiles in [("cuda", None), ("1×64 tiles", (1, 64, 4))] + [(str(c), c) for c in tilings or []]:
+        paths = [("cuda", None), ("triton", indexer.score_tiles(t, n, 1)), ("1×64 tiles", (1, 64, 4))]
+        for name, tiles in paths + [(str(c), c) for c in tilings or []]:
             worst = max(worst, rel(call(tiles), ref))
             us[name] = graph_us([lambda c=tiles: call(c)] * calls)
-        us["triton"] = us["cuda"]
         print(f"T={t} N={n}: " + ", ".join(f"{k} {v:.1f}" for k, v in us.items()), flush=True)
-        rows.append(("indexer scores (Triton)", f"T={t} N={n:,} {indexer.score_tiles(t, n, 1)}", us, floor(bw), worst))
+        rows.append(("indexer scores", f"T={t} N={n:,} {indexer.score_tiles(t, n, 1)}", us, floor(bw), worst))
         del call, ref
         torch.cuda.empty_cache()
     return rows

@@ -2,7 +2,9 @@
 ``score[t, j] = Σ_h w[t, h] · ReLU(q[t, h] · k_j)`` for the entries ``j < n_visible[t]`` of token t's request,
 ``−inf`` for the others, every request of the step at once, keys read through the paged block table.
 
-The Triton kernel (one program per block of queries and block of entries) gathers and decodes a key tile once
+The CUDA kernel (``cuda/indexer/index_scores.cu``, bf16 queries of 16–64 heads × 128 on a GPU ``v41._cuda`` is
+built for) decodes each key tile into tensor-core fragments once for all the CTA's queries of its request. The
+Triton kernel (one program per block of queries and block of entries) gathers and decodes a key tile once
 for all the block's queries when they share a request (prefill chunks), keeps the head sum in registers and
 writes only the ``[T, N]`` scores; the reference bounds its ``[c, heads, N]`` scratch by scoring
 tokens in chunks of at most ``scratch_bytes``. The keys may be MXFP4 records (``--kv-cache-dtype fp8``,
@@ -15,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..cache.records import RecordFormat
-from .dispatch import TRITON_DTYPES, dot_dtype, triton, use_triton
+from .dispatch import TRITON_DTYPES, cuda_ext, dot_dtype, sm_count, triton, use_cuda, use_triton
 from .paged import block_slots
 from .records import format_id
 from .sparse_attention import gather_keys
@@ -45,13 +47,52 @@ def index_scores_ref(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, re
 def index_scores(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_index: Tensor, n_visible: Tensor,
                  rows_per_block: int, n_max: int, scratch_bytes: int = 64 << 20,
                  record: RecordFormat | None = None, tiles: tuple[int, int, int] | None = None) -> Tensor:
-    """:func:`index_scores_ref` as one Triton launch where :func:`.dispatch.use_triton` says so; ``tiles``
-    overrides :func:`score_tiles` (tests, sweeps)."""
+    """:func:`index_scores_ref` as one CUDA launch where :func:`.dispatch.use_cuda` says so and the kernel takes
+    the operands (:func:`_scores_cuda`), else one Triton launch where :func:`.dispatch.use_triton` says so;
+    ``tiles`` (Triton tilings: tests, sweeps) skips the CUDA kernel."""
     want = q.dtype if record is None else torch.uint8
+    if tiles is None and use_cuda(q, keys, block_table, req_index, n_visible, family="attention"):
+        out = _scores_cuda(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, record)
+        if out is not None:
+            return out
     if q.dtype in TRITON_DTYPES and keys.dtype == want and use_triton(q, keys, family="attention"):
         return _scores_triton(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, record, tiles)
     return index_scores_ref(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, scratch_bytes,
                             record)
+
+
+def cuda_tiles(t: int, n_max: int, requests: int, heads: int, sms: int) -> tuple[int, int]:
+    """(queries per CTA, entries per CTA) of the CUDA scorer: 8 queries (4 at 64 heads: 64 KB of staged
+    fragments) where a step has at least 4 queries per request, as :func:`score_tiles`; entries in multiples of 128
+    so that about 4 CTAs per SM fill the grid, at most 4,096 per CTA."""
+    qb = (8 if heads <= 32 else 4) if t >= 16 and t >= 4 * requests else 1
+    rows = -(-t // qb)
+    per = -(-(-(-n_max // 128)) * rows // (4 * sms))
+    return qb, 128 * max(1, min(32, per))
+
+
+def _scores_cuda(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_index: Tensor, n_visible: Tensor,
+                 rows_per_block: int, n_max: int, record: RecordFormat | None) -> Tensor | None:
+    """The scores by ``cuda/indexer/index_scores.cu`` (docs/kernels.md "Indexer"), or None where it does not take
+    the operands: bf16 queries of 16–64 heads (a multiple of 16) × 128, bf16 key rows or ``idx_mxfp4`` records of
+    128 dims, int64 block table / request rows / visible counts."""
+    ext = cuda_ext()
+    t, hi, di = q.shape
+    fmt = 0 if record is None else 1
+    if (getattr(ext, "index_scores", None) is None or q.dtype != torch.bfloat16 or di != 128 or hi % 16
+            or not 16 <= hi <= 64 or q.stride(2) != 1 or n_max >= 2 ** 31
+            or (record is not None and (record.kind != "idx_mxfp4" or record.dims != 128))
+            or keys.dtype != (torch.bfloat16 if record is None else torch.uint8) or keys.dim() != 2
+            or keys.stride(1) != 1 or keys.data_ptr() % (16 if record is None else 4)
+            or keys.stride(0) % (8 if record is None else 4) or block_table.dtype != torch.int64 or req_index.dtype != torch.int64
+            or n_visible.dtype != torch.int64 or req_index.numel() != t or n_visible.numel() != t):
+        return None
+    qb, entries = cuda_tiles(t, n_max, block_table.shape[0], hi, sm_count(q.device))
+    out = torch.empty(t, n_max, dtype=torch.float32, device=q.device)
+    if t and n_max:
+        ext.index_scores(q, w.float().contiguous(), keys, block_table.contiguous(), req_index.contiguous(),
+                         n_visible.contiguous(), out, rows_per_block, fmt, qb, entries)
+    return out
 
 
 def score_tiles(t: int, n_max: int, requests: int) -> tuple[int, int, int]:
