@@ -46,7 +46,7 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
              const c10::optional<at::Tensor>& offsets, const c10::optional<at::Tensor>& active, at::Tensor& y,
              const c10::optional<at::Tensor>& partial, const c10::optional<at::Tensor>& counters, int64_t fmt,
              int64_t n_groups, int64_t b0, int64_t sk, int64_t token_groups, int64_t slots, int64_t split,
-             int64_t chunks_per_split, bool x_prefetch) {
+             int64_t chunks_per_split, bool x_prefetch, int64_t pipeline) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "x must be a 2-D bfloat16 CUDA tensor with unit inner stride");
   TORCH_CHECK(y.scalar_type() == at::kBFloat16 && y.dim() == 2 && y.stride(1) == 1 && y.device() == x.device(),
@@ -114,6 +114,8 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   prm.SK = int(sk);
   prm.chunks_per_split = int(chunks_per_split);
   prm.x_prefetch = x_prefetch && token_groups == 1;
+  TORCH_CHECK(pipeline == 0 || pipeline == 4 || pipeline == 8, "pipeline must be 0, 4 or 8");
+  prm.pipeline = int(pipeline);
   const dim3 grid{static_cast<unsigned>(slots), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split)};
   const cudaError_t err = v41::wstream_launch(prm, fmt == 0 ? v41::WFmt::kMxfp4 : v41::WFmt::kFp8, int(token_groups),
                                               grid, at::cuda::getCurrentCUDAStream());
@@ -299,8 +301,8 @@ void index_scores(const at::Tensor& q, const at::Tensor& w, const at::Tensor& ke
   check_index(n_visible, q, "n_visible must be a contiguous int64 tensor on q's device");
   TORCH_CHECK(req_index.numel() == t && n_visible.numel() == t, "req_index and n_visible need one entry per query");
   TORCH_CHECK(out.scalar_type() == at::kFloat && out.dim() == 2 && out.size(0) == t && out.stride(1) == 1 &&
-                  out.size(1) < (int64_t(1) << 31) && out.device() == q.device(),
-              "out must be a float32 [T, N] tensor with unit inner stride on q's device");
+                  out.size(1) <= (int64_t(1) << 31) - 8192 && out.device() == q.device(),
+              "out must be a float32 [T, N] tensor (N <= 2^31 - 8192) with unit inner stride on q's device");
   TORCH_CHECK(rows_per_block >= 1 && queries_per_cta >= 1 && queries_per_cta <= v41::kIdxMaxQueries &&
                   entries_per_cta >= 1 && entries_per_cta % (v41::kIdxWarps * v41::kIdxEntriesPerWarp) == 0,
               "rows_per_block >= 1, queries_per_cta in [1, 16], entries_per_cta a positive multiple of 128");
@@ -344,7 +346,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("rows"), py::arg("w"), py::arg("s"), py::arg("offsets"), py::arg("active"),
         py::arg("y"), py::arg("partial"), py::arg("counters"), py::arg("fmt"), py::arg("n_groups"), py::arg("b0"),
         py::arg("sk"), py::arg("token_groups"), py::arg("slots"), py::arg("split"), py::arg("chunks_per_split"),
-        py::arg("x_prefetch"));
+        py::arg("x_prefetch"), py::arg("pipeline") = 0);
   m.def("sparse_mqa", &sparse_mqa, "sparse MQA with sink over bf16 rows or records (python/v41/kernels/sparse_mqa.py)",
         py::arg("q"), py::arg("out"), py::arg("sink"), py::arg("cache0"), py::arg("slots0"), py::arg("fmt0"),
         py::arg("rope0"), py::arg("cache1"), py::arg("slots1"), py::arg("fmt1"), py::arg("rope1"), py::arg("scale"),

@@ -18,6 +18,13 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not dispatch.cu
 DEV = "cuda"
 
 
+@pytest.fixture(autouse=True, params=[0, 4, 8], ids=["batches", "ring4", "ring8"])
+def pipeline(request, monkeypatch):
+    """Every weight-streaming test runs with register batches and with each cp.async ring depth."""
+    monkeypatch.setattr(wstream, "PIPELINE", request.param)
+    return request.param
+
+
 def _gen():
     return torch.Generator().manual_seed(torch.seed() % (1 << 31))
 

@@ -188,7 +188,7 @@ cudaError_t launch_fmt(const IdxScoreParams& p, cudaStream_t stream) {
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (err != cudaSuccess) return err;
-    if (smem > size_t(optin)) return cudaErrorInvalidValue;
+    if (smem + 2 * kIdxMaxQueries * sizeof(int64_t) > size_t(optin)) return cudaErrorInvalidValue;  // + static
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;
   }

@@ -3,7 +3,7 @@
 ``−inf`` for the others, every request of the step at once, keys read through the paged block table.
 
 The CUDA kernel (``cuda/indexer/index_scores.cu``, bf16 queries of 16–64 heads × 128 on a GPU ``v41._cuda`` is
-built for) decodes each key tile into tensor-core fragments once for all the CTA's queries of its request. The
+built for; off until measured, :data:`CUDA_SCORER`) decodes each key tile into tensor-core fragments once for all the CTA's queries of its request. The
 Triton kernel (one program per block of queries and block of entries) gathers and decodes a key tile once
 for all the block's queries when they share a request (prefill chunks), keeps the head sum in registers and
 writes only the ``[T, N]`` scores; the reference bounds its ``[c, heads, N]`` scratch by scoring
@@ -47,11 +47,11 @@ def index_scores_ref(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, re
 def index_scores(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_index: Tensor, n_visible: Tensor,
                  rows_per_block: int, n_max: int, scratch_bytes: int = 64 << 20,
                  record: RecordFormat | None = None, tiles: tuple[int, int, int] | None = None) -> Tensor:
-    """:func:`index_scores_ref` as one CUDA launch where :func:`.dispatch.use_cuda` says so and the kernel takes
-    the operands (:func:`_scores_cuda`), else one Triton launch where :func:`.dispatch.use_triton` says so;
+    """:func:`index_scores_ref` as one CUDA launch where :data:`CUDA_SCORER` is on, :func:`.dispatch.use_cuda`
+    says so and the kernel takes the operands (:func:`_scores_cuda`), else one Triton launch where :func:`.dispatch.use_triton` says so;
     ``tiles`` (Triton tilings: tests, sweeps) skips the CUDA kernel."""
     want = q.dtype if record is None else torch.uint8
-    if tiles is None and use_cuda(q, keys, block_table, req_index, n_visible, family="attention"):
+    if CUDA_SCORER and tiles is None and use_cuda(q, keys, block_table, req_index, n_visible, family="attention"):
         out = _scores_cuda(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, record)
         if out is not None:
             return out
@@ -61,10 +61,16 @@ def index_scores(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_in
                             record)
 
 
+# The CUDA scorer runs only where this is True: it is written and compile-checked but not yet run on a GPU
+# (tests/test_gpu_cuda_indexer.py sets it); the default turns on once those tests pass on the H200.
+CUDA_SCORER = False
+N_MAX_CUDA = 2 ** 31 - 8192  # entries per row the CUDA scorer takes (its entry arithmetic is 32-bit)
+
+
 def cuda_tiles(t: int, n_max: int, requests: int, heads: int, sms: int) -> tuple[int, int]:
     """(queries per CTA, entries per CTA) of the CUDA scorer: 8 queries (4 at 64 heads: 64 KB of staged
     fragments) where a step has at least 4 queries per request, as :func:`score_tiles`; entries in multiples of 128
-    so that about 4 CTAs per SM fill the grid, at most 4,096 per CTA."""
+    so that the grid holds about 4 CTAs per SM (at most 4,096 entries per CTA)."""
     qb = (8 if heads <= 32 else 4) if t >= 16 and t >= 4 * requests else 1
     rows = -(-t // qb)
     per = -(-(-(-n_max // 128)) * rows // (4 * sms))
@@ -80,7 +86,7 @@ def _scores_cuda(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_in
     t, hi, di = q.shape
     fmt = 0 if record is None else 1
     if (getattr(ext, "index_scores", None) is None or q.dtype != torch.bfloat16 or di != 128 or hi % 16
-            or not 16 <= hi <= 64 or q.stride(2) != 1 or n_max >= 2 ** 31
+            or not 16 <= hi <= 64 or q.stride(2) != 1 or n_max > N_MAX_CUDA or t >= 2 ** 27
             or (record is not None and (record.kind != "idx_mxfp4" or record.dims != 128))
             or keys.dtype != (torch.bfloat16 if record is None else torch.uint8) or keys.dim() != 2
             or keys.stride(1) != 1 or keys.data_ptr() % (16 if record is None else 4)
@@ -88,6 +94,8 @@ def _scores_cuda(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_in
             or n_visible.dtype != torch.int64 or req_index.numel() != t or n_visible.numel() != t):
         return None
     qb, entries = cuda_tiles(t, n_max, block_table.shape[0], hi, sm_count(q.device))
+    if -(-t // qb) > 65535:  # grid.y
+        return None
     out = torch.empty(t, n_max, dtype=torch.float32, device=q.device)
     if t and n_max:
         ext.index_scores(q, w.float().contiguous(), keys, block_table.contiguous(), req_index.contiguous(),
