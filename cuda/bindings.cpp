@@ -47,6 +47,7 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
              const c10::optional<at::Tensor>& partial, const c10::optional<at::Tensor>& counters, int64_t fmt,
              int64_t n_groups, int64_t b0, int64_t sk, int64_t token_groups, int64_t slots, int64_t split,
              int64_t chunks_per_split, bool x_prefetch, int64_t pipeline) {
+  TORCH_CHECK(pipeline == 0 || pipeline == 4 || pipeline == 8, "pipeline must be 0, 4 or 8");
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "x must be a 2-D bfloat16 CUDA tensor with unit inner stride");
   TORCH_CHECK(y.scalar_type() == at::kBFloat16 && y.dim() == 2 && y.stride(1) == 1 && y.device() == x.device(),
@@ -114,7 +115,6 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   prm.SK = int(sk);
   prm.chunks_per_split = int(chunks_per_split);
   prm.x_prefetch = x_prefetch && token_groups == 1;
-  TORCH_CHECK(pipeline == 0 || pipeline == 4 || pipeline == 8, "pipeline must be 0, 4 or 8");
   prm.pipeline = int(pipeline);
   const dim3 grid{static_cast<unsigned>(slots), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split)};
   const cudaError_t err = v41::wstream_launch(prm, fmt == 0 ? v41::WFmt::kMxfp4 : v41::WFmt::kFp8, int(token_groups),

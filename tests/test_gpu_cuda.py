@@ -88,6 +88,27 @@ def test_linear_equals_its_reference(case, m):
     assert torch.equal(linear.linear(x, w, torch.bfloat16, groups), y)  # the dispatch takes the CUDA path
 
 
+@pytest.mark.parametrize("m", [1, 8, 24, 64])
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
+def test_long_rows_in_one_slice_and_several_row_groups(fmt, m, monkeypatch):
+    """One K slice of 64 chunks per CTA (no split-K), so a ring refills each stage several times; 24 and 64 rows
+    take 4 and 8 row groups per pass over the weight; the scale bytes are a view at an odd offset."""
+    monkeypatch.setattr(wstream, "CTAS_PER_SM", 0)  # split = 1
+    monkeypatch.setattr(wstream, "MAX_ROWS", 64)
+    g = _gen()
+    n, k = 80, 4096 if fmt == "fp8" else 8192
+    w = packed(torch.randn(n, k, generator=g) / k ** 0.5, fmt).to(DEV)
+    wide = torch.zeros(w.scale.shape[0], w.scale.shape[1] + 1, dtype=torch.uint8, device=DEV)
+    wide[:, 1:] = w.scale
+    w = PackedWeight(w.data, wide[:, 1:], fmt, w.block)  # scale rows start at an odd byte
+    assert wstream._launch_shape(1, n, k, fmt, torch.device(DEV))[0] == 1
+    x = torch.randn(m, k, generator=g).to(DEV, torch.bfloat16)
+    poison(DEV)
+    y = wstream.linear(x, w, torch.bfloat16)
+    assert y is not None
+    assert rel(y, linear.linear_ref(x.double(), w, torch.float64)) < 4e-3
+
+
 def test_linear_declines_what_it_does_not_take():
     g = _gen()
     w = packed(torch.randn(64, 256, generator=g), "fp8").to(DEV)

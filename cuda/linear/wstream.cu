@@ -307,10 +307,13 @@ cudaError_t launch_depth(const WStreamParams& p, int token_groups, dim3 grid, cu
   const dim3 block(32 * kWStreamWarps);
   switch (token_groups) {
     case 1:
-      if (p.x_prefetch && DEPTH == 0)
-        wstream_kernel<F, 1, true, DEPTH><<<grid, block, 0, stream>>>(p);
-      else
-        wstream_kernel<F, 1, false, DEPTH><<<grid, block, 0, stream>>>(p);
+      if constexpr (DEPTH == 0) {  // the ring streams activations after the weights: no prefetch variant
+        if (p.x_prefetch) {
+          wstream_kernel<F, 1, true, 0><<<grid, block, 0, stream>>>(p);
+          break;
+        }
+      }
+      wstream_kernel<F, 1, false, DEPTH><<<grid, block, 0, stream>>>(p);
       break;
     case 2: wstream_kernel<F, 2, false, DEPTH><<<grid, block, 0, stream>>>(p); break;
     case 4: wstream_kernel<F, 4, false, DEPTH><<<grid, block, 0, stream>>>(p); break;
