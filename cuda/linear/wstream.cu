@@ -179,7 +179,7 @@ __device__ __forceinline__ uint32_t byte_of(uint32_t word, const uint8_t* at) {
 }
 
 // One pass over chunks [c_lo, c_hi) with DEPTH − 1 chunks in flight per lane through cp.async, so the registers
-// hold one chunk, not a batch: each lane copies exactly the bytes it later reads, so no barrier is needed between
+// hold one chunk, not a batch (with one activation group, also the next chunk's activation pieces): each lane copies exactly the bytes it later reads, so no barrier is needed between
 // lanes, only the lane's own wait. `base` is any valid weight address (the source of zero-filled copies).
 template <WFmt F, int TG, int DEPTH>
 __device__ __forceinline__ void pipelined_pass(PipeRing<DEPTH>& ring, const uint8_t* base, const uint8_t* w0,
@@ -200,6 +200,16 @@ __device__ __forceinline__ void pipelined_pass(PipeRing<DEPTH>& ring, const uint
     }
     cp_async_commit();
   };
+  // One activation group: the lane's activation pieces of the next chunk are loaded while this one computes.
+  constexpr int XV = KP / 8;  // uint4 of bf16 activations per lane and chunk
+  uint4 x_next[XV];
+  const auto load_x = [&](int c) {
+#pragma unroll
+    for (int i = 0; i < XV; ++i)
+      x_next[i] = TG == 1 && xr[0] && c < c_hi ? *reinterpret_cast<const uint4*>(xr[0] + int64_t(c) * CK + 8 * i)
+                                               : make_uint4(0, 0, 0, 0);
+  };
+  if constexpr (TG == 1) load_x(c_lo);
   for (int d = 0; d < DEPTH - 1; ++d) issue(c_lo + d);
   for (int c = c_lo; c < c_hi; ++c) {
     compiler_fence();  // the previous chunk's reads of the stage refilled here stay before the copy
@@ -210,7 +220,15 @@ __device__ __forceinline__ void pipelined_pass(PipeRing<DEPTH>& ring, const uint
     const uint4 raw0 = ring.w[d][0][lane], raw1 = ring.w[d][1][lane];
     const uint32_t sb0 = v0 ? byte_of(ring.s[d][0][lane], s0 + col) : 127u;
     const uint32_t sb1 = v1 ? byte_of(ring.s[d][1][lane], s1 + col) : 127u;
-    chunk_mma<F, TG>(raw0, raw1, sb0, sb1, c, m0, end, xr, nullptr, acc);
+    if constexpr (TG == 1) {
+      uint4 x_cur[XV];
+#pragma unroll
+      for (int i = 0; i < XV; ++i) x_cur[i] = x_next[i];
+      load_x(c + 1);
+      chunk_mma<F, TG>(raw0, raw1, sb0, sb1, c, m0, end, xr, x_cur, acc);
+    } else {
+      chunk_mma<F, TG>(raw0, raw1, sb0, sb1, c, m0, end, xr, nullptr, acc);
+    }
   }
   cp_async_wait<0>();
   compiler_fence();
