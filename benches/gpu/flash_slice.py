@@ -6,6 +6,7 @@ the GPU, v41's engine (checkpoint formats: FP8 dense + MXFP4 experts, CUDA graph
     python3 benches/gpu/flash_slice.py --slice v41 --kv-cache-dtype fp8 --cells 1x1048320 --prefill , \
         --budget 8192 [--recent-index-prefill]        # a real 1M-token prefill (~4 min), then decode there;
                                                       # the flag prefills by recency in ~1 min (long_context.py)
+    python3 benches/gpu/flash_slice.py --slice v41 --set v41.kernels.wstream.PIPELINE=8 ...   # an opt-in kernel
 
 Figures as docs/benchmarking.md "How a figure is taken": decode = median of 50 engine steps (scheduler + forward +
 sampling) after 10 warm-ups with all B requests running (checked), every request prefilled to context C first,
@@ -288,6 +289,27 @@ def hf_prefill(hf, vocab: int, length: int, reps: int = 3) -> float:
     return length / statistics.median(times)
 
 
+def apply_overrides(items: list[str]) -> dict[str, object]:
+    """``MODULE.ATTR=VALUE`` settings applied with setattr, VALUE cast to the attribute's current type (bool from
+    0/1); returns them. Raises SystemExit for an unknown module or attribute."""
+    import importlib
+
+    done = {}
+    for item in items:
+        name, _, raw = item.partition("=")
+        mod_name, _, attr = name.rpartition(".")
+        try:
+            mod = importlib.import_module(mod_name)
+            old = getattr(mod, attr)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise SystemExit(f"--set {item}: {e}") from None
+        value = bool(int(raw)) if isinstance(old, bool) else type(old)(raw)
+        setattr(mod, attr, value)
+        done[name] = value
+        print(f"--set {name} = {value!r} (was {old!r})", flush=True)
+    return done
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--slice", choices=("v4", "v41"), default="v4")
@@ -301,8 +323,12 @@ def main() -> None:
                     "at least 256)")
     ap.add_argument("--recent-index-prefill", action="store_true", help="decode cells prefill with recency "
                     "selection in the index sources (long_context.py; the timed decode steps index for real)")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.ATTR=VALUE",
+                    help="override a kernel switch before the engine starts, e.g. v41.kernels.wstream.PIPELINE=8 or "
+                    "v41.kernels.indexer.CUDA_SCORER=1 (repeatable; same-call A/B of opt-in kernels)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
+    overrides = apply_overrides(a.set)
     cells = [tuple(int(x) for x in c.split("x")) for c in a.cells.split(",") if c]
     prefills = [int(x) for x in a.prefill.split(",") if x]
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version(),
@@ -321,6 +347,7 @@ def main() -> None:
     print(f"v41 engine ready in {time.perf_counter() - t:.0f} s; KV cache {a.kv_cache_dtype}: "
           f"{core.layout.describe(2)}", flush=True)
     env["kv_cache_dtype"] = a.kv_cache_dtype
+    env["overrides"] = overrides
     wb = weight_bytes(core)
     rows = []
     for length in prefills:
