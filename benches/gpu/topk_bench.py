@@ -21,7 +21,7 @@ import torch
 
 from event_timing import graph_us, rel
 from v41.cache.records import IDX_MXFP4
-from v41.kernels import indexer, topk
+from v41.kernels import dispatch, indexer, topk
 
 K = 512
 HEADS, DIM, BLOCK = 32, 128, 64
@@ -64,8 +64,14 @@ def score_inputs(t: int, n: int, flops: float):
     w = torch.randn(t, HEADS, device="cuda")
     req = torch.zeros(t, dtype=torch.int64, device="cuda")
     n_vis = torch.full((t,), n, dtype=torch.int64, device="cuda")
-    call = lambda tiles=None: indexer.index_scores(q, w, keys, table, req, n_vis, BLOCK, n, record=IDX_MXFP4,
-                                                   tiles=tiles)
+    def call(tiles=None):  # tiles None: the CUDA scorer (whatever indexer.CUDA_SCORER says), else Triton at tiles
+        if tiles is None and dispatch.cuda_runs_on(q.device):
+            out = indexer._scores_cuda(q, w, keys, table, req, n_vis, BLOCK, n, IDX_MXFP4)
+            if out is not None:
+                return out
+        return indexer.index_scores(q, w, keys, table, req, n_vis, BLOCK, n, record=IDX_MXFP4,
+                                    tiles=tiles or indexer.score_tiles(t, n, 1))
+
     floor = lambda bw: max((n * IDX_MXFP4.nbytes + 4 * t * n) / bw, 2 * t * n * HEADS * DIM / flops) * 1e6
     return call, floor
 
