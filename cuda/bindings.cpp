@@ -281,7 +281,8 @@ void index_scores(const at::Tensor& q, const at::Tensor& w, const at::Tensor& ke
                   w.device() == q.device(),
               "w must be a float32 [T, H] tensor with unit inner stride on q's device");
   TORCH_CHECK(fmt == 0 || fmt == 1, "fmt must be 0 (bf16 rows) or 1 (idx_mxfp4 records)");
-  TORCH_CHECK(keys.device() == q.device() && keys.dim() == 2 && keys.stride(1) == 1, "keys must be a 2-D tensor with unit inner stride on q's device");
+  TORCH_CHECK(keys.device() == q.device() && keys.dim() == 2 && keys.stride(1) == 1,
+              "keys must be a 2-D tensor with unit inner stride on q's device");
   int64_t k_stride = 0;
   if (fmt == 0) {
     TORCH_CHECK(keys.scalar_type() == at::kBFloat16 && keys.size(1) == v41::kIdxDim && keys.stride(0) % 8 == 0 &&

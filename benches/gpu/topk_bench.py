@@ -4,12 +4,12 @@ GPU) at the indexer's shapes: k = 512 of N entries per query, decode (T = batch)
 contexts (128k, 1M entries) and a prefill chunk. Scores are random normal float32; floor = the scores' bytes read
 once over the copy bandwidth. The check column is the fraction of ids that differ (0: identical).
 
-Beside them, the Triton index scorer that feeds the top-k (``indexer.index_scores``) at V4.1-Flash's index shape
-(32 heads × 128, MXFP4 key records of 68 bytes read through a block table of 64-entry blocks, queries of one
-request): its floor is the key records plus the written scores, or the q·k FLOPs at the bf16 dense rate where
-that is larger (prefill; an 8192³ bf16 GEMM measured in the same call); there is no CUDA scorer yet, so its CUDA and Triton columns are both the Triton kernel
-with the tiles ``indexer.score_tiles`` picks, and "1×64 tiles" is the kernel before query blocks (one query and 64
-entries per program).
+Beside them, the index scorer that feeds the top-k (``indexer.index_scores``) at V4.1-Flash's index shape (32
+heads × 128, MXFP4 key records of 68 bytes read through a block table of 64-entry blocks, queries of one request):
+its floor is the key records plus the written scores, or the q·k FLOPs at the bf16 dense rate where that is larger
+(prefill; an 8192³ bf16 GEMM measured in the same call). Columns: CUDA (``cuda/indexer/index_scores.cu`` called
+directly, where ``v41._cuda`` runs; else the Triton kernel), Triton at the tiles ``indexer.score_tiles`` picks,
+and "1×64 tiles", the Triton kernel before query blocks (one query and 64 entries per program).
 
     python3 benches/gpu/topk_bench.py --sweep     # the scorer at every tiling of SWEEP_TILES, one table"""
 

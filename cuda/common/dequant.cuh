@@ -70,4 +70,17 @@ __device__ __forceinline__ uint32_t fp8_pair(uint32_t q) {
 constexpr int kFp4Bias = 126;
 constexpr int kFp8Bias = 120;
 
+// 16 bytes of MXFP4 codes (one E8M0 block of 32 inputs, as 4 little-endian words) with their scale byte → 16
+// bf16x2 words, exactly: word 4i + j pairs codes 8i + j and 8i + j + 4 (fp4_pair<j> of word i).
+__device__ __forceinline__ void mxfp4_words(const uint32_t (&q)[4], uint32_t byte, uint32_t (&w)[16]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[4 * i + 0] = fp4_pair<0>(q[i]);
+    w[4 * i + 1] = fp4_pair<1>(q[i]);
+    w[4 * i + 2] = fp4_pair<2>(q[i]);
+    w[4 * i + 3] = fp4_pair<3>(q[i]);
+  }
+  ScaleFactor<kFp4Bias>(byte).apply(w);
+}
+
 }  // namespace v41

@@ -50,14 +50,7 @@ __device__ __forceinline__ void load_key(const uint8_t* rec, bool valid, int t, 
       for (int i = 0; i < 4; ++i) q[i] = load_nc_u32(rec + 16 * t + 4 * i);  // records are 4-byte aligned
       byte = rec[kIdxDim / 2 + t];
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      w[4 * i + 0] = fp4_pair<0>(q[i]);
-      w[4 * i + 1] = fp4_pair<1>(q[i]);
-      w[4 * i + 2] = fp4_pair<2>(q[i]);
-      w[4 * i + 3] = fp4_pair<3>(q[i]);
-    }
-    ScaleFactor<kFp4Bias>(byte).apply(w);
+    mxfp4_words(q, byte, w);
   } else {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -99,7 +92,8 @@ __global__ void __launch_bounds__(32 * kIdxWarps) index_scores_kernel(const IdxS
   }
   if (threadIdx.x < nq) {
     s_req[threadIdx.x] = p.req_index[q0 + threadIdx.x];
-    s_nvis[threadIdx.x] = int(p.n_visible[q0 + threadIdx.x] < 0 ? 0 : p.n_visible[q0 + threadIdx.x] > p.N ? p.N : p.n_visible[q0 + threadIdx.x]);
+    const int64_t nv = p.n_visible[q0 + threadIdx.x];
+    s_nvis[threadIdx.x] = int(nv < 0 ? 0 : nv > p.N ? p.N : nv);
   }
   __syncthreads();
 
@@ -128,7 +122,8 @@ __global__ void __launch_bounds__(32 * kIdxWarps) index_scores_kernel(const IdxS
         const int j = e0 + 8 * nt + g;
         const int blk = j / p.rows_per_block;
         const int64_t phys = j < n_hi && blk < p.NB ? bt_row[blk] : -1;
-        const uint8_t* rec = phys >= 0 ? p.keys + (phys * p.rows_per_block + j % p.rows_per_block) * p.k_stride : p.keys;
+        const int64_t slot = phys * p.rows_per_block + j % p.rows_per_block;
+        const uint8_t* rec = phys >= 0 ? p.keys + slot * p.k_stride : p.keys;
         load_key<FMT>(rec, phys >= 0, t, kw[nt]);
       }
       for (int qi = 0; qi < nq; ++qi) {
@@ -141,7 +136,8 @@ __global__ void __launch_bounds__(32 * kIdxWarps) index_scores_kernel(const IdxS
           for (int s = 0; s < 8; ++s) {
             const uint4 a = a_frag[((qi * MT + mt) * 8 + s) * 32 + lane];
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt) mma_bf16_16816(acc[nt], a.x, a.y, a.z, a.w, kw[nt][2 * s], kw[nt][2 * s + 1]);
+            for (int nt = 0; nt < 4; ++nt)
+              mma_bf16_16816(acc[nt], a.x, a.y, a.z, a.w, kw[nt][2 * s], kw[nt][2 * s + 1]);
           }
           const float w0 = w_head[qi * H + 16 * mt + g], w1 = w_head[qi * H + 16 * mt + g + 8];
 #pragma unroll

@@ -41,14 +41,7 @@ struct Fmt<WFmt::kMxfp4> {
   static constexpr int kSteps = 8;           // MMA k16 steps per chunk
   __device__ __forceinline__ static void dequant(const uint4& raw, uint32_t byte, uint32_t (&w)[kWords]) {
     const uint32_t q[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      w[4 * i + 0] = fp4_pair<0>(q[i]);
-      w[4 * i + 1] = fp4_pair<1>(q[i]);
-      w[4 * i + 2] = fp4_pair<2>(q[i]);
-      w[4 * i + 3] = fp4_pair<3>(q[i]);
-    }
-    ScaleFactor<kFp4Bias>(byte).apply(w);
+    mxfp4_words(q, byte, w);
   }
   // Step s: word i = s / 2 of the raw data, pairs (jb, jb + 4) and (jb + 1, jb + 5) of its 8 inputs, jb = 2 (s % 2).
   __device__ __forceinline__ static void a_words(const uint32_t (&w)[kWords], int s, uint32_t& lo, uint32_t& hi) {
@@ -179,8 +172,9 @@ __device__ __forceinline__ uint32_t byte_of(uint32_t word, const uint8_t* at) {
 }
 
 // One pass over chunks [c_lo, c_hi) with DEPTH − 1 chunks in flight per lane through cp.async, so the registers
-// hold one chunk, not a batch (with one activation group, also the next chunk's activation pieces): each lane copies exactly the bytes it later reads, so no barrier is needed between
-// lanes, only the lane's own wait. `base` is any valid weight address (the source of zero-filled copies).
+// hold one chunk, not a batch (with one activation group, also the next chunk's activation pieces): each lane
+// copies exactly the bytes it later reads, so no barrier is needed between lanes, only the lane's own wait. `base`
+// is any valid weight address (the source of zero-filled copies).
 template <WFmt F, int TG, int DEPTH>
 __device__ __forceinline__ void pipelined_pass(PipeRing<DEPTH>& ring, const uint8_t* base, const uint8_t* w0,
                                                const uint8_t* w1, const uint8_t* s0, const uint8_t* s1, bool v0,
@@ -194,7 +188,9 @@ __device__ __forceinline__ void pipelined_pass(PipeRing<DEPTH>& ring, const uint
       const int d = (c - c_lo) & (DEPTH - 1), col = (c * CK + t * KP) / sk;
       cp_async<16>(&ring.w[d][0][lane], v0 ? w0 + 64 * int64_t(c) : base, v0);
       cp_async<16>(&ring.w[d][1][lane], v1 ? w1 + 64 * int64_t(c) : base, v1);
-      const auto word = [](const uint8_t* at) { return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(at) & ~uintptr_t(3)); };
+      const auto word = [](const uint8_t* at) {  // the 4-byte-aligned word holding byte `at`
+        return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(at) & ~uintptr_t(3));
+      };
       cp_async<4>(&ring.s[d][0][lane], v0 ? word(s0 + col) : base, v0);
       cp_async<4>(&ring.s[d][1][lane], v1 ? word(s1 + col) : base, v1);
     }

@@ -3,11 +3,11 @@
 ``−inf`` for the others, every request of the step at once, keys read through the paged block table.
 
 The CUDA kernel (``cuda/indexer/index_scores.cu``, bf16 queries of 16–64 heads × 128 on a GPU ``v41._cuda`` is
-built for; off until measured, :data:`CUDA_SCORER`) decodes each key tile into tensor-core fragments once for all the CTA's queries of its request. The
-Triton kernel (one program per block of queries and block of entries) gathers and decodes a key tile once
-for all the block's queries when they share a request (prefill chunks), keeps the head sum in registers and
-writes only the ``[T, N]`` scores; the reference bounds its ``[c, heads, N]`` scratch by scoring
-tokens in chunks of at most ``scratch_bytes``. The keys may be MXFP4 records (``--kv-cache-dtype fp8``,
+built for; off until measured, :data:`CUDA_SCORER`) decodes each key tile into tensor-core fragments once for all
+the CTA's queries of its request. The Triton kernel (one program per block of queries and block of entries)
+gathers and decodes a key tile once for all the block's queries when they share a request (prefill chunks), keeps
+the head sum in registers and writes only the ``[T, N]`` scores; the reference bounds its ``[c, heads, N]``
+scratch by scoring tokens in chunks of at most ``scratch_bytes``. The keys may be MXFP4 records (``--kv-cache-dtype fp8``,
 :mod:`v41.cache.records`), decoded where they are read.
 """
 
@@ -48,8 +48,8 @@ def index_scores(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_in
                  rows_per_block: int, n_max: int, scratch_bytes: int = 64 << 20,
                  record: RecordFormat | None = None, tiles: tuple[int, int, int] | None = None) -> Tensor:
     """:func:`index_scores_ref` as one CUDA launch where :data:`CUDA_SCORER` is on, :func:`.dispatch.use_cuda`
-    says so and the kernel takes the operands (:func:`_scores_cuda`), else one Triton launch where :func:`.dispatch.use_triton` says so;
-    ``tiles`` (Triton tilings: tests, sweeps) skips the CUDA kernel."""
+    says so and the kernel takes the operands (:func:`_scores_cuda`), else one Triton launch where
+    :func:`.dispatch.use_triton` says so; ``tiles`` (Triton tilings: tests, sweeps) skips the CUDA kernel."""
     want = q.dtype if record is None else torch.uint8
     if CUDA_SCORER and tiles is None and use_cuda(q, keys, block_table, req_index, n_visible, family="attention"):
         out = _scores_cuda(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, record)
@@ -67,11 +67,18 @@ CUDA_SCORER = False
 N_MAX_CUDA = 2 ** 31 - 8192  # entries per row the CUDA scorer takes (its entry arithmetic is 32-bit)
 
 
+def query_blocked(t: int, requests: int) -> bool:
+    """Whether a step of ``t`` queries over ``requests`` requests (the block table's rows) is prefill-like: at
+    least 16 queries and 4 per request, so blocks of consecutive queries mostly share a request and one decoded
+    key tile serves them all (both scorers)."""
+    return t >= 16 and t >= 4 * requests
+
+
 def cuda_tiles(t: int, n_max: int, requests: int, heads: int, sms: int) -> tuple[int, int]:
     """(queries per CTA, entries per CTA) of the CUDA scorer: 8 queries (4 at 64 heads: 64 KB of staged
-    fragments) where a step has at least 4 queries per request, as :func:`score_tiles`; entries in multiples of 128
-    so that the grid holds about 4 CTAs per SM (at most 4,096 entries per CTA)."""
-    qb = (8 if heads <= 32 else 4) if t >= 16 and t >= 4 * requests else 1
+    fragments) where :func:`query_blocked`, else 1; entries in multiples of 128 so that the grid holds about 4 CTAs
+    per SM (at most 4,096 entries per CTA)."""
+    qb = (8 if heads <= 32 else 4) if query_blocked(t, requests) else 1
     rows = -(-t // qb)
     per = -(-(-(-n_max // 128)) * rows // (4 * sms))
     return qb, 128 * max(1, min(32, per))
@@ -90,8 +97,9 @@ def _scores_cuda(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_in
             or (record is not None and (record.kind != "idx_mxfp4" or record.dims != 128))
             or keys.dtype != (torch.bfloat16 if record is None else torch.uint8) or keys.dim() != 2
             or keys.stride(1) != 1 or keys.data_ptr() % (16 if record is None else 4)
-            or keys.stride(0) % (8 if record is None else 4) or block_table.dtype != torch.int64 or req_index.dtype != torch.int64
-            or n_visible.dtype != torch.int64 or req_index.numel() != t or n_visible.numel() != t):
+            or keys.stride(0) % (8 if record is None else 4) or block_table.dtype != torch.int64
+            or req_index.dtype != torch.int64 or n_visible.dtype != torch.int64 or req_index.numel() != t
+            or n_visible.numel() != t):
         return None
     qb, entries = cuda_tiles(t, n_max, block_table.shape[0], hi, sm_count(q.device))
     if -(-t // qb) > 65535:  # grid.y
@@ -105,11 +113,11 @@ def _scores_cuda(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_in
 
 def score_tiles(t: int, n_max: int, requests: int) -> tuple[int, int, int]:
     """(queries per program, entries per program, warps) of the Triton scorer for ``t`` queries of ``requests``
-    requests over ``n_max`` entries. Steps of at least 4 queries per request (prefill chunks, speculative verify)
+    requests over ``n_max`` entries. :func:`query_blocked` steps (prefill chunks, long speculative verify steps)
     take 8 queries per program, so a decoded key tile serves them all: 1.9–2.0× faster than one query per program
     at 64–2,048 queries (benches/RESULTS.md "2026-12-03 (evening)", ``benches/gpu/topk_bench.py --sweep``). Decode
     takes one query per program, with 128-entry blocks on long rows (166 against 180 µs at 1M entries)."""
-    if t >= 16 and t >= 4 * requests:
+    if query_blocked(t, requests):
         return 8, 64, 4
     return 1, 128 if n_max >= 131072 else 64, 4
 
