@@ -88,15 +88,22 @@ def some_groupings(ids: list[int], seed: int, count: int = 12):
 
 
 def stream(groups, prompt_ids=(), **kw) -> tuple[list[str], str, str | None, IncrementalDetokenizer]:
-    """Push ``groups``; stop pushing after a stop hit (as the engine does); return (deltas, flushed, stop, d)."""
+    """Push ``groups``; stop pushing after a stop hit (as the engine does); return (deltas, flushed, stop, d).
+    Checks on the way that ``text_since`` of the previous length is each delta (what the engine's outputs send)."""
     d = IncrementalDetokenizer(TOK, list(prompt_ids), **kw)
     deltas, stop = [], None
     for g in groups:
+        before = d.emitted_chars
         delta, stop = d.push(g)
+        assert d.text_since(before) == delta and d.emitted_chars == before + len(delta)
         deltas.append(delta)
         if stop is not None:
             break
-    return deltas, d.flush(), stop, d
+    before = d.emitted_chars
+    tail = d.flush()
+    assert d.text_since(before) == tail and d.text_since(0) == d.text == "".join(deltas) + tail
+    assert all(d.text_since(k) == d.text[k:] for k in range(len(d.text) + 1))
+    return deltas, tail, stop, d
 
 
 # --------------------------------------------------------------------------- multi-byte characters

@@ -20,11 +20,13 @@ Stop strings are matched on the complete decoded text, across token boundaries (
 Invariant: the concatenation of every delta returned by ``push`` and ``flush`` equals
 :attr:`IncrementalDetokenizer.text`, and it is the same whatever the grouping of the ids into pushes.
 Limitation: a genuine U+FFFD at the very end of the output is indistinguishable from a split character
-and is dropped at ``flush``. Cost per token: two decodes of a short window, plus O(sum len(stop)^2).
+and is dropped at ``flush``. Cost per token: two decodes of a short window, plus O(sum len(stop)^2); the text
+already released is kept as a list of parts, so a token never copies the whole output (:meth:`text_since`).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 
 from tokenizers import Tokenizer
@@ -62,9 +64,15 @@ class IncrementalDetokenizer:
         self._window: list[int] = context
         self._read = len(context)
         self._prefix_text = self._decode(context)
-        self._window_released = 0  # chars past _prefix_text already moved into _text
-        self._text = ""  # complete decoded output text (may run past a stop until truncated)
-        self._emitted = 0  # chars of _text handed out so far
+        self._window_released = 0  # chars past _prefix_text already returned as text
+        # The decoded output text is "".join(_parts) + _pending: _parts the deltas handed out (_ends[i]: the text's
+        # length after part i), _pending the text past them (held back; may run past a stop until truncated). No
+        # stop string starts inside released text (_safe_len holds back every suffix that could start one), so
+        # stops are matched in _pending alone.
+        self._parts: list[str] = []
+        self._ends: list[int] = []
+        self._pending = ""
+        self._emitted = 0  # chars handed out so far
         self._stop_hit: str | None = None
         self._flushed = False
         self.token_ids: list[int] = []  # ids pushed, up to and including the one completing a stop
@@ -73,8 +81,22 @@ class IncrementalDetokenizer:
 
     @property
     def text(self) -> str:
-        """Text emitted so far (the final output text once finished)."""
-        return self._text[: self._emitted]
+        """Text emitted so far (the final output text once finished). O(its length): per step, use
+        :meth:`text_since`."""
+        return "".join(self._parts)
+
+    @property
+    def emitted_chars(self) -> int:
+        """Length of :attr:`text`."""
+        return self._emitted
+
+    def text_since(self, pos: int) -> str:
+        """``text[pos:]``, in O(the result's length) when ``pos`` is an earlier :attr:`emitted_chars`."""
+        i = bisect_left(self._ends, pos + 1)  # the first part ending past pos
+        if i == len(self._parts):
+            return ""
+        start = self._ends[i] - len(self._parts[i])
+        return self._parts[i][pos - start:] + "".join(self._parts[i + 1:])
 
     @property
     def stop_hit(self) -> str | None:
@@ -97,21 +119,24 @@ class IncrementalDetokenizer:
             raise RuntimeError("push() after flush()")
         if self._stop_hit is not None:
             return "", self._stop_hit
+        released = []
         for t in token_ids:
             self.token_ids.append(int(t))
             new = self._decode_next(int(t))
             if not new:
                 continue
-            start = len(self._text)
-            self._text += new
+            start = len(self._pending)
+            self._pending += new
             hit = self._find_stop(start)
             if hit is not None:
                 stop, pos = hit
                 end = pos + len(stop) if self._include_stop else pos
-                self._text = self._text[:end]
+                self._pending = self._pending[:end]
                 self._stop_hit = stop
-                return self._release(end), stop
-        return self._release(self._safe_len()), None
+                released.append(self._release(end))
+                return "".join(released), stop
+            released.append(self._release(self._safe_len()))  # the pending text stays shorter than a stop
+        return "".join(released), None
 
     def flush(self) -> str:
         """End of generation: release held-back text that is not a stop (never a partial character)."""
@@ -119,7 +144,7 @@ class IncrementalDetokenizer:
             self._flushed = True
             return ""
         self._flushed = True
-        return self._release(len(self._text))
+        return self._release(len(self._pending))
 
     # ----------------------------------------------------------------- decoding
 
@@ -150,26 +175,31 @@ class IncrementalDetokenizer:
     # ----------------------------------------------------------------- stop strings
 
     def _find_stop(self, start: int) -> tuple[str, int] | None:
-        """The stop occurrence ending first among those ending past ``start``: (stop, start index)."""
+        """The stop occurrence ending first among those ending past ``start`` of the pending text: (stop, its
+        start index in the pending text)."""
         best: tuple[int, int, str] | None = None
         for s in self._stops:
-            i = self._text.find(s, max(0, start - len(s) + 1))
+            i = self._pending.find(s, max(0, start - len(s) + 1))
             if i >= 0 and (best is None or (i + len(s), i) < best[:2]):
                 best = (i + len(s), i, s)
         return None if best is None else (best[2], best[1])
 
     def _safe_len(self) -> int:
-        """Length of the text that can no longer be part of a stop string (the rest is held back)."""
-        n = len(self._text)
+        """Length of the pending text that can no longer be part of a stop string (the rest is held back)."""
+        n = len(self._pending)
         safe = n
         for s in self._stops:
             for k in range(min(len(s) - 1, n), 0, -1):
-                if self._text.endswith(s[:k]):
+                if self._pending.endswith(s[:k]):
                     safe = min(safe, n - k)
                     break
-        return max(safe, self._emitted)
+        return safe
 
     def _release(self, end: int) -> str:
-        delta = self._text[self._emitted : end]
-        self._emitted = max(self._emitted, end)
+        """Hands out the first ``end`` chars of the pending text."""
+        delta, self._pending = self._pending[:end], self._pending[end:]
+        if delta:
+            self._emitted += len(delta)
+            self._parts.append(delta)
+            self._ends.append(self._emitted)
         return delta

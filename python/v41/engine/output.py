@@ -23,15 +23,14 @@ def delta_output(seqs: list[Sequence]) -> RequestOutput:
     first = seqs[0]
     outputs = []
     for s in seqs:
-        text = s.detok.text
         n_tok = len(s.output_token_ids)
         outputs.append(CompletionOutput(
-            index=s.index, text=text[s.sent_chars:], token_ids=s.output_token_ids[s.sent_tokens:],
+            index=s.index, text=s.detok.text_since(s.sent_chars), token_ids=s.output_token_ids[s.sent_tokens:],
             cumulative_logprob=s.cumulative_logprob,
             logprobs=None if s.logprobs is None else s.logprobs[s.sent_tokens:],
             finish_reason=s.finish_reason, stop_reason=s.stop_reason,
             spec_decode=None if s.spec_decode is None else s.spec_decode.copy()))
-        s.sent_chars, s.sent_tokens = len(text), n_tok
+        s.sent_chars, s.sent_tokens = s.detok.emitted_chars, n_tok
     plp = None
     if first.prompt_logprobs is not None:
         plp = first.prompt_logprobs[first.sent_prompt_logprobs:]
