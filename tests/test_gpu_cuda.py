@@ -18,13 +18,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not dispatch.cu
 DEV = "cuda"
 
 
-@pytest.fixture(autouse=True, params=[0, 4, 8], ids=["batches", "ring4", "ring8"])
-def pipeline(request, monkeypatch):
-    """Every weight-streaming test runs with register batches and with each cp.async ring depth."""
-    monkeypatch.setattr(wstream, "PIPELINE", request.param)
-    return request.param
-
-
 def _gen():
     return torch.Generator().manual_seed(torch.seed() % (1 << 31))
 
@@ -91,8 +84,8 @@ def test_linear_equals_its_reference(case, m):
 @pytest.mark.parametrize("m", [1, 8, 24, 64])
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 def test_long_rows_in_one_slice_and_several_row_groups(fmt, m, monkeypatch):
-    """One K slice of 64 chunks per CTA (no split-K), so a ring refills each stage several times; 24 and 64 rows
-    take 4 and 8 row groups per pass over the weight; the scale bytes are a view at an odd offset."""
+    """One K slice of 64 chunks per CTA (no split-K), so each warp runs 16 register batches; 24 and 64 rows take
+    4 and 8 row groups per pass over the weight; the scale bytes are a view at an odd offset."""
     monkeypatch.setattr(wstream, "CTAS_PER_SM", 0)  # split = 1
     monkeypatch.setattr(wstream, "MAX_ROWS", 64)
     g = _gen()

@@ -6,7 +6,7 @@ the GPU, v41's engine (checkpoint formats: FP8 dense + MXFP4 experts, CUDA graph
     python3 benches/gpu/flash_slice.py --slice v41 --kv-cache-dtype fp8 --cells 1x1048320 --prefill , \
         --budget 8192 [--recent-index-prefill]        # a real 1M-token prefill (~4 min), then decode there;
                                                       # the flag prefills by recency in ~1 min (long_context.py)
-    python3 benches/gpu/flash_slice.py --slice v41 --set v41.kernels.wstream.PIPELINE=8 ...   # an opt-in kernel
+    python3 benches/gpu/flash_slice.py --slice v41 --set v41.kernels.indexer.CUDA_MIN_ENTRIES=0 ...  # a kernel switch
 
 Figures as docs/benchmarking.md "How a figure is taken": decode = median of 50 engine steps (scheduler + forward +
 sampling) after 10 warm-ups with all B requests running (checked), every request prefilled to context C first,
@@ -324,8 +324,8 @@ def main() -> None:
     ap.add_argument("--recent-index-prefill", action="store_true", help="decode cells prefill with recency "
                     "selection in the index sources (long_context.py; the timed decode steps index for real)")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.ATTR=VALUE",
-                    help="override a kernel switch before the engine starts, e.g. v41.kernels.wstream.PIPELINE=8 or "
-                    "v41.kernels.indexer.CUDA_SCORER=1 (repeatable; same-call A/B of opt-in kernels)")
+                    help="override a kernel switch before the engine starts, e.g. v41.kernels.indexer.CUDA_SCORER=0 "
+                    "(repeatable; same-call A/B of kernel choices)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     a = ap.parse_args()
     overrides = apply_overrides(a.set)

@@ -2,7 +2,7 @@
 shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel table).
 
     python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24] [--ops linears,experts,attention,topk]
-        [--sweep 2,3,8] [--pipeline 4,8]
+        [--sweep 2,3,8]
 
 Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
 rotate over enough copies of the weight that none is still in L2 (≥ 256 MB in all), and each MoE launch routes
@@ -49,21 +49,15 @@ def fp8_weight(n: int, k: int, block: int) -> PackedWeight:
 
 
 SWEEP: list[str] = []
-PIPELINES: list[str] = []
 
 
 def sweep(timed) -> dict[str, float]:
-    """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target) and each ``--pipeline``
-    depth of ``wstream.PIPELINE`` (columns ``pipe<depth>``)."""
-    out, default, depth = {}, wstream.CTAS_PER_SM, wstream.PIPELINE
+    """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target)."""
+    out, default = {}, wstream.CTAS_PER_SM
     for c in SWEEP:
         wstream.CTAS_PER_SM = int(c)
         out[c] = timed()
     wstream.CTAS_PER_SM = default
-    for d in PIPELINES:
-        wstream.PIPELINE = int(d)
-        out[f"pipe{d}"] = timed()
-    wstream.PIPELINE = depth
     return out
 
 
@@ -125,10 +119,8 @@ def main() -> None:
     ap.add_argument("--ops", default="linears,experts,attention,topk")
     ap.add_argument("--mqa-min-tiles", default="", help="MIN_TILES_PER_SPLIT values to also time sparse MQA at")
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
-    ap.add_argument("--pipeline", default="", help="wstream.PIPELINE depths to also time, e.g. 4,8")
     args = ap.parse_args()
     SWEEP.extend(c for c in args.sweep.split(",") if c)
-    PIPELINES.extend(c for c in args.pipeline.split(",") if c)
     batches = [int(b) for b in args.batches.split(",")]
     wstream.MAX_ROWS = max(batches)  # time the kernel past the dispatch's row limit too (where Triton wins)
     print(f"{torch.cuda.get_device_name()}; CUDA kernels {dispatch.cuda_status()}", flush=True)

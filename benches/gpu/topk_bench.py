@@ -25,8 +25,11 @@ from v41.kernels import dispatch, indexer, topk
 
 K = 512
 HEADS, DIM, BLOCK = 32, 128, 64
-SCORE_CELLS = ((1, 2048), (64, 2048), (1, 131072), (1, 1 << 20), (64, 1 << 20), (256, 131072), (2048, 8192))
+SCORE_CELLS = ((1, 2048), (64, 2048), (1, 8192), (8, 8192), (64, 8192), (1, 32768), (8, 32768), (1, 131072),
+               (8, 131072), (1, 1 << 20), (64, 1 << 20), (256, 131072), (2048, 8192))
 CELLS = ((1, 2048), (8, 2048), (64, 2048), (1, 131072), (8, 131072), (1, 1 << 20), (32, 1 << 20), (2048, 8192))
+CUDA_SWEEP = [(1, 128), (1, 256), (1, 512), (1, 1024), (2, 256), (4, 128), (4, 256), (4, 512), (8, 128), (8, 256),
+              (8, 512), (8, 1024), (16, 256), (16, 512)]
 SWEEP_TILES = [(1, 128, 4), (1, 256, 4), (1, 256, 8), (1, 512, 8), (4, 128, 4), (8, 64, 4), (8, 128, 8),
                (16, 128, 8)]
 
@@ -64,7 +67,11 @@ def score_inputs(t: int, n: int, flops: float):
     w = torch.randn(t, HEADS, device="cuda")
     req = torch.zeros(t, dtype=torch.int64, device="cuda")
     n_vis = torch.full((t,), n, dtype=torch.int64, device="cuda")
-    def call(tiles=None):  # tiles None: the CUDA scorer (whatever indexer.CUDA_SCORER says), else Triton at tiles
+    def call(tiles=None):  # None: the CUDA scorer at cuda_tiles; ("cuda", qb, entries): at those; else Triton
+        if tiles is not None and tiles[0] == "cuda":
+            out = torch.empty(t, n, dtype=torch.float32, device="cuda")
+            dispatch.cuda_ext().index_scores(q, w, keys, table, req, n_vis, out, BLOCK, 1, tiles[1], tiles[2])
+            return out
         if tiles is None and dispatch.cuda_runs_on(q.device):
             out = indexer._scores_cuda(q, w, keys, table, req, n_vis, BLOCK, n, IDX_MXFP4)
             if out is not None:
@@ -89,7 +96,9 @@ def score_cells(reps: int, bw: float, tilings: list | None = None):
             worst = max(worst, rel(call(tiles), ref))
             us[name] = graph_us([lambda c=tiles: call(c)] * calls)
         print(f"T={t} N={n}: " + ", ".join(f"{k} {v:.1f}" for k, v in us.items()), flush=True)
-        rows.append(("indexer scores", f"T={t} N={n:,} {indexer.score_tiles(t, n, 1)}", us, floor(bw), worst))
+        cuda = indexer.cuda_tiles(t, n, 1, HEADS, dispatch.sm_count(torch.device("cuda")))
+        rows.append(("indexer scores", f"T={t} N={n:,} {indexer.score_tiles(t, n, 1)} cuda {cuda}", us, floor(bw),
+                     worst))
         del call, ref
         torch.cuda.empty_cache()
     return rows
@@ -98,12 +107,15 @@ def score_cells(reps: int, bw: float, tilings: list | None = None):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sweep", action="store_true", help="time the scorer at every tiling of SWEEP_TILES")
+    ap.add_argument("--cuda-sweep", action="store_true", help="time the CUDA scorer at every (queries, entries) "
+                    "per CTA of CUDA_SWEEP")
     ap.add_argument("--reps", type=int, default=8)
     a = ap.parse_args()
     from kernel_bench import copy_bandwidth
 
     bw = copy_bandwidth()
-    rows = score_cells(a.reps, bw, SWEEP_TILES if a.sweep else None)
+    tilings = (SWEEP_TILES if a.sweep else []) + ([("cuda", *c) for c in CUDA_SWEEP] if a.cuda_sweep else [])
+    rows = score_cells(a.reps, bw, tilings)
     names = list(rows[0][2])
     print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; index scorer µs per launch (graph replay); tiles = "
           "(queries, entries, warps) per program")

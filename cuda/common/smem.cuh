@@ -9,24 +9,17 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Copies BYTES (4, 8 or 16; `src` aligned to it) from global `src` to shared `dst`; `valid == false` fills the
-// destination with zeros (and reads nothing).
+// Copies BYTES (8 or 16) from global `src` to shared `dst`; `valid == false` fills the destination with zeros.
 template <int BYTES>
 __device__ __forceinline__ void cp_async(void* dst, const void* src, bool valid) {
-  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+  static_assert(BYTES == 8 || BYTES == 16, "cp.async copies 8 or 16 bytes here");
   const int n = valid ? BYTES : 0;
   if constexpr (BYTES == 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
-  } else if constexpr (BYTES == 8) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
   } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n));
   }
 }
-
-// A compiler barrier for shared memory a thread both copies into (cp.async) and reads itself: without one the
-// compiler may move a plain shared-memory read across the asm statements of the copy and the wait.
-__device__ __forceinline__ void compiler_fence() { asm volatile("" ::: "memory"); }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 

@@ -15,7 +15,6 @@
 // tile, reset by it) sums them in slice order, so results do not depend on timing.
 #include "../common/dequant.cuh"
 #include "../common/mma.cuh"
-#include "../common/smem.cuh"
 #include "wstream.h"
 
 namespace v41 {
@@ -112,125 +111,43 @@ struct Batch {
   }
 };
 
-// Converts one chunk of rows g and g + 8 (raw bytes and scale bytes) and accumulates its MMAs over the activation
-// groups of this pass; `xpre` (one group per pass): the lane's activation pieces of the chunk, already loaded.
-template <WFmt F, int TG>
-__device__ __forceinline__ void chunk_mma(const uint4& raw0, const uint4& raw1, uint32_t sb0, uint32_t sb1, int c,
-                                          int64_t m0, int64_t end, const __nv_bfloat16* const (&xr)[TG],
-                                          const uint4* xpre, float (&acc)[TG][4]) {
-  using Traits = Fmt<F>;
-  constexpr int CK = 4 * Traits::kInputsPerLane;
-  constexpr int XW = Traits::kInputsPerLane / 2;
-  uint32_t a0w[Traits::kWords], a1w[Traits::kWords];
-  Traits::dequant(raw0, sb0, a0w);
-  Traits::dequant(raw1, sb1, a1w);
-#pragma unroll
-  for (int tg = 0; tg < TG; ++tg) {
-    if (m0 + tg * 8 >= end) break;  // warp-uniform
-    uint32_t xw[16];
-#pragma unroll
-    for (int i = 0; i < XW / 4; ++i) {
-      const uint4 v = xpre ? xpre[i]
-                           : xr[tg] ? *reinterpret_cast<const uint4*>(xr[tg] + int64_t(c) * CK + 8 * i)
-                                    : make_uint4(0, 0, 0, 0);
-      xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
-    }
-#pragma unroll
-    for (int s = 0; s < Traits::kSteps; ++s) {
-      uint32_t a0, a2, a1, a3, b0, b1;
-      Traits::a_words(a0w, s, a0, a2);
-      Traits::a_words(a1w, s, a1, a3);
-      Traits::b_words(xw, s, b0, b1);
-      mma_bf16_16816(acc[tg], a0, a1, a2, a3, b0, b1);
-    }
-  }
-}
-
 // Converts a batch and accumulates its MMAs over the activation groups of this pass.
 template <WFmt F, int TG, int U, int XW, bool XPRE>
 __device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, int c_hi, int64_t m0, int64_t end,
                                         const __nv_bfloat16* const (&xr)[TG], float (&acc)[TG][4]) {
+  using Traits = Fmt<F>;
+  constexpr int CK = 4 * Traits::kInputsPerLane;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    if (c0 + u >= c_hi) break;
-    chunk_mma<F, TG>(bt.r0[u], bt.r1[u], bt.s0[u], bt.s1[u], c0 + u, m0, end, xr, XPRE ? bt.x[XPRE ? u : 0] : nullptr,
-                     acc);
-  }
-}
-
-// One warp's ring of DEPTH chunks for the cp.async stream: stage d holds each lane's 16 bytes of rows g and g + 8
-// (rows in separate planes, so a quarter-warp's 16-byte reads hit distinct banks) and the 4-byte-aligned words
-// holding their scale bytes.
-template <int DEPTH>
-struct PipeRing {
-  uint4 w[DEPTH][2][32];
-  uint32_t s[DEPTH][2][32];
-};
-
-__device__ __forceinline__ uint32_t byte_of(uint32_t word, const uint8_t* at) {
-  return (word >> (8 * (reinterpret_cast<uintptr_t>(at) & 3))) & 0xFFu;
-}
-
-// One pass over chunks [c_lo, c_hi) with DEPTH − 1 chunks in flight per lane through cp.async, so the registers
-// hold one chunk, not a batch (with one activation group, also the next chunk's activation pieces): each lane
-// copies exactly the bytes it later reads, so no barrier is needed between lanes, only the lane's own wait. `base`
-// is any valid weight address (the source of zero-filled copies).
-template <WFmt F, int TG, int DEPTH>
-__device__ __forceinline__ void pipelined_pass(PipeRing<DEPTH>& ring, const uint8_t* base, const uint8_t* w0,
-                                               const uint8_t* w1, const uint8_t* s0, const uint8_t* s1, bool v0,
-                                               bool v1, int c_lo, int c_hi, int t, int sk, int lane, int64_t m0,
-                                               int64_t end, const __nv_bfloat16* const (&xr)[TG],
-                                               float (&acc)[TG][4]) {
-  static_assert(DEPTH >= 2 && (DEPTH & (DEPTH - 1)) == 0, "DEPTH: a power of two");
-  constexpr int KP = Fmt<F>::kInputsPerLane, CK = 4 * KP;
-  auto issue = [&](int c) {
-    if (c < c_hi) {
-      const int d = (c - c_lo) & (DEPTH - 1), col = (c * CK + t * KP) / sk;
-      cp_async<16>(&ring.w[d][0][lane], v0 ? w0 + 64 * int64_t(c) : base, v0);
-      cp_async<16>(&ring.w[d][1][lane], v1 ? w1 + 64 * int64_t(c) : base, v1);
-      const auto word = [](const uint8_t* at) {  // the 4-byte-aligned word holding byte `at`
-        return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(at) & ~uintptr_t(3));
-      };
-      cp_async<4>(&ring.s[d][0][lane], v0 ? word(s0 + col) : base, v0);
-      cp_async<4>(&ring.s[d][1][lane], v1 ? word(s1 + col) : base, v1);
-    }
-    cp_async_commit();
-  };
-  // One activation group: the lane's activation pieces of the next chunk are loaded while this one computes.
-  constexpr int XV = KP / 8;  // uint4 of bf16 activations per lane and chunk
-  uint4 x_next[XV];
-  const auto load_x = [&](int c) {
+    const int c = c0 + u;
+    if (c >= c_hi) break;
+    uint32_t a0w[Traits::kWords], a1w[Traits::kWords];
+    Traits::dequant(bt.r0[u], bt.s0[u], a0w);
+    Traits::dequant(bt.r1[u], bt.s1[u], a1w);
 #pragma unroll
-    for (int i = 0; i < XV; ++i)
-      x_next[i] = TG == 1 && xr[0] && c < c_hi ? *reinterpret_cast<const uint4*>(xr[0] + int64_t(c) * CK + 8 * i)
-                                               : make_uint4(0, 0, 0, 0);
-  };
-  if constexpr (TG == 1) load_x(c_lo);
-  for (int d = 0; d < DEPTH - 1; ++d) issue(c_lo + d);
-  for (int c = c_lo; c < c_hi; ++c) {
-    compiler_fence();  // the previous chunk's reads of the stage refilled here stay before the copy
-    issue(c + DEPTH - 1);
-    cp_async_wait<DEPTH - 1>();
-    compiler_fence();
-    const int d = (c - c_lo) & (DEPTH - 1), col = (c * CK + t * KP) / sk;
-    const uint4 raw0 = ring.w[d][0][lane], raw1 = ring.w[d][1][lane];
-    const uint32_t sb0 = v0 ? byte_of(ring.s[d][0][lane], s0 + col) : 127u;
-    const uint32_t sb1 = v1 ? byte_of(ring.s[d][1][lane], s1 + col) : 127u;
-    if constexpr (TG == 1) {
-      uint4 x_cur[XV];
+    for (int tg = 0; tg < TG; ++tg) {
+      if (m0 + tg * 8 >= end) break;  // warp-uniform
+      uint32_t xw[16];
 #pragma unroll
-      for (int i = 0; i < XV; ++i) x_cur[i] = x_next[i];
-      load_x(c + 1);
-      chunk_mma<F, TG>(raw0, raw1, sb0, sb1, c, m0, end, xr, x_cur, acc);
-    } else {
-      chunk_mma<F, TG>(raw0, raw1, sb0, sb1, c, m0, end, xr, nullptr, acc);
+      for (int i = 0; i < XW / 4; ++i) {
+        const uint4 v = XPRE ? bt.x[XPRE ? u : 0][XPRE ? i : 0]
+                             : xr[tg] ? *reinterpret_cast<const uint4*>(xr[tg] + int64_t(c) * CK + 8 * i)
+                                      : make_uint4(0, 0, 0, 0);
+        xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
+      }
+#pragma unroll
+      for (int s = 0; s < Traits::kSteps; ++s) {
+        uint32_t a0, a2, a1, a3, b0, b1;
+        Traits::a_words(a0w, s, a0, a2);
+        Traits::a_words(a1w, s, a1, a3);
+        Traits::b_words(xw, s, b0, b1);
+        mma_bf16_16816(acc[tg], a0, a1, a2, a3, b0, b1);
+      }
     }
   }
-  cp_async_wait<0>();
-  compiler_fence();
 }
 
-template <WFmt F, int TG, bool XPRE, int DEPTH>
+template <WFmt F, int TG, bool XPRE>
 __global__ void __launch_bounds__(32 * kWStreamWarps) wstream_kernel(const WStreamParams p) {
   using Traits = Fmt<F>;
   constexpr int KP = Traits::kInputsPerLane;
@@ -264,19 +181,13 @@ __global__ void __launch_bounds__(32 * kWStreamWarps) wstream_kernel(const WStre
       // warps past the last row tile read no activations (their group column would be past x's end)
       xr[tg] = pp < end && n_base < p.N ? p.x + (p.rows ? p.rows[pp] : pp) * p.x_stride + x_col : nullptr;
     }
-    if constexpr (DEPTH > 0) {
-      __shared__ PipeRing<DEPTH> rings[kWStreamWarps];
-      pipelined_pass<F, TG, DEPTH>(rings[warp], p.w, w0, w1, s0, s1, v0, v1, c_lo, c_hi, t, p.SK, lane, m0, end,
-                                   xr, acc);
-    } else {
-      // A batch of kUnroll chunks: its loads are all issued before the first is used. (Two register batches in
-      // flight, one loading while the other computes, measured slower on the H200: the registers cost CTAs per SM.)
-      for (int c0 = c_lo; c0 < c_hi; c0 += kUnroll) {
-        Batch<kUnroll, KP / 2, XPRE> bt;
-        bt.load(w0, w1, s0, s1, v0, v1, c0, c_hi, t, CK, KP, p.SK);
-        if (XPRE) bt.load_x(xr[0], c0, c_hi, CK);
-        compute<F, TG>(bt, c0, c_hi, m0, end, xr, acc);
-      }
+    // A batch of kUnroll chunks: its loads are all issued before the first is used. (Two batches in flight,
+    // one loading while the other computes, measured slower on the H200: the registers cost CTAs per SM.)
+    for (int c0 = c_lo; c0 < c_hi; c0 += kUnroll) {
+      Batch<kUnroll, KP / 2, XPRE> bt;
+      bt.load(w0, w1, s0, s1, v0, v1, c0, c_hi, t, CK, KP, p.SK);
+      if (XPRE) bt.load_x(xr[0], c0, c_hi, CK);
+      compute<F, TG>(bt, c0, c_hi, m0, end, xr, acc);
     }
 #pragma unroll
     for (int tg = 0; tg < TG; ++tg) {
@@ -316,35 +227,22 @@ __global__ void __launch_bounds__(32 * kWStreamWarps) wstream_kernel(const WStre
   if (threadIdx.x == 0) p.counters[tile] = 0;
 }
 
-template <WFmt F, int DEPTH>
-cudaError_t launch_depth(const WStreamParams& p, int token_groups, dim3 grid, cudaStream_t stream) {
+template <WFmt F>
+cudaError_t launch_fmt(const WStreamParams& p, int token_groups, dim3 grid, cudaStream_t stream) {
   const dim3 block(32 * kWStreamWarps);
   switch (token_groups) {
     case 1:
-      if constexpr (DEPTH == 0) {  // the ring streams activations after the weights: no prefetch variant
-        if (p.x_prefetch) {
-          wstream_kernel<F, 1, true, 0><<<grid, block, 0, stream>>>(p);
-          break;
-        }
-      }
-      wstream_kernel<F, 1, false, DEPTH><<<grid, block, 0, stream>>>(p);
+      if (p.x_prefetch)
+        wstream_kernel<F, 1, true><<<grid, block, 0, stream>>>(p);
+      else
+        wstream_kernel<F, 1, false><<<grid, block, 0, stream>>>(p);
       break;
-    case 2: wstream_kernel<F, 2, false, DEPTH><<<grid, block, 0, stream>>>(p); break;
-    case 4: wstream_kernel<F, 4, false, DEPTH><<<grid, block, 0, stream>>>(p); break;
-    case 8: wstream_kernel<F, 8, false, DEPTH><<<grid, block, 0, stream>>>(p); break;
+    case 2: wstream_kernel<F, 2, false><<<grid, block, 0, stream>>>(p); break;
+    case 4: wstream_kernel<F, 4, false><<<grid, block, 0, stream>>>(p); break;
+    case 8: wstream_kernel<F, 8, false><<<grid, block, 0, stream>>>(p); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
-}
-
-template <WFmt F>
-cudaError_t launch_fmt(const WStreamParams& p, int token_groups, dim3 grid, cudaStream_t stream) {
-  switch (p.pipeline) {
-    case 0: return launch_depth<F, 0>(p, token_groups, grid, stream);
-    case 4: return launch_depth<F, 4>(p, token_groups, grid, stream);
-    case 8: return launch_depth<F, 8>(p, token_groups, grid, stream);
-    default: return cudaErrorInvalidValue;
-  }
 }
 
 }  // namespace

@@ -26,17 +26,14 @@ struct WStreamParams {
   int P, N, K, NG;         // NG: output rows per input group (grouped wo_a), N when ungrouped
   int B0, SK;              // scale block: rows, inputs (mxfp4: 1, 32)
   int chunks_per_split;    // K chunks (128 inputs mxfp4, 64 fp8) per grid.z slice
-  int x_prefetch;          // one activation group per pass: load its pieces with the weights' (more registers;
-                           // register batches only)
-  int pipeline;            // 0: register batches of 4 chunks; 4 or 8: a cp.async ring of that many chunks per warp
+  int x_prefetch;          // one activation group per pass: load its pieces with the weights' (more registers)
 };
 
 constexpr int kWStreamWarps = 4;
 constexpr int kWStreamRowsPerCta = 16 * kWStreamWarps;
 
 // Launches the kernel for `token_groups` x 8 rows per weight pass (1, 2, 4 or 8) on `stream`; grid
-// (experts or active slots, ceil(N / 64), split). Returns the launch error (cudaErrorInvalidValue for a
-// token_groups or pipeline value it has no kernel for).
+// (experts or active slots, ceil(N / 64), split). Returns the launch error.
 cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, int token_groups, dim3 grid, cudaStream_t stream);
 
 }  // namespace v41

@@ -30,10 +30,6 @@ MAX_ROWS = 8              # dense linears: above this the Triton / BLAS paths wi
 MAX_ROWS_PER_EXPERT = 2   # grouped: pairs per expert slot on average (measured at 1: decode up to B = 64)
 ROWS_PER_CTA = 64
 CTAS_PER_SM = 3  # split K until this many CTAs per SM (benches/RESULTS.md: 16 and 64 measured slower)
-# 0: each warp loads register batches of 4 chunks (measured); 4 or 8: a per-warp cp.async ring of that many chunks,
-# so loads run ahead of the conversion without holding registers (not yet measured: benches/gpu/kernel_bench.py
-# --pipeline 4,8 times both)
-PIPELINE = 0
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
@@ -96,7 +92,7 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        counters, FMT_CODES[w.fmt], n_group, w.block[0],
                        32 if w.fmt == "mxfp4" else w.block[1], _token_groups(per_weight), slots, split, per,
-                       x_prefetch, PIPELINE)
+                       x_prefetch)
     return y
 
 
