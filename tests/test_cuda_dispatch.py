@@ -77,7 +77,8 @@ def test_the_start_up_log_names_each_op_familys_path(monkeypatch):
     for var in ("V41_KERNELS", "V41_MOE_KERNELS", "V41_ATTENTION_KERNELS"):
         monkeypatch.delenv(var, raising=False)
     line = dispatch.describe_paths("cuda")
-    assert "sparse attention: CUDA for bf16, else Triton" in line and "indexer scores: Triton" in line, line
+    assert "sparse attention: CUDA for bf16, else Triton" in line, line
+    assert "indexer scores: CUDA over long contexts, else Triton" in line and "other ops: Triton" in line, line
     assert "MoE experts: CUDA at decode sizes, else Triton" in line, line
     monkeypatch.setenv("V41_ATTENTION_KERNELS", "triton")
     assert "sparse attention: Triton;" in dispatch.describe_paths("cuda")

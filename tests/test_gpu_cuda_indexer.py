@@ -21,9 +21,31 @@ RPB = 16  # entries per block of the index cache (the tests' default)
 IDX = RecordFormat("idx_mxfp4", 128)
 
 
+MIN_ENTRIES = indexer.CUDA_MIN_ENTRIES  # the dispatch's threshold as shipped
+
+
 @pytest.fixture(autouse=True)
 def cuda_scorer(monkeypatch):
+    """The dispatch takes the CUDA scorer at every row length."""
     monkeypatch.setattr(indexer, "CUDA_SCORER", True)
+    monkeypatch.setattr(indexer, "CUDA_MIN_ENTRIES", 0)
+
+
+@pytest.mark.parametrize("longer", [False, True])
+def test_the_dispatch_scores_short_rows_in_triton_and_long_rows_in_cuda(longer, monkeypatch):
+    monkeypatch.setattr(indexer, "CUDA_MIN_ENTRIES", MIN_ENTRIES)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    n = MIN_ENTRIES if longer else MIN_ENTRIES - 1
+    q, w, keys, table, req, n_vis = _case(g, 4, 32, n, torch.zeros(4, dtype=torch.int64), True)
+    calls = []
+    real = indexer._scores_cuda
+    monkeypatch.setattr(indexer, "_scores_cuda", lambda *a: calls.append(1) or real(*a))
+    out = indexer.index_scores(q, w, keys, table, req, n_vis, RPB, n, record=IDX).double()
+    assert len(calls) == int(longer)
+    want = indexer.index_scores_ref(q.double(), w.double(), keys, table, req, n_vis, RPB, n, record=IDX)
+    fin = torch.isfinite(want)
+    assert torch.equal(fin, torch.isfinite(out))
+    assert ((out[fin] - want[fin]).norm() / want[fin].norm()).item() < 1e-3
 
 
 def _case(g, t, heads, n, req, records, q_pad=0, rpb=RPB, narrow=False):

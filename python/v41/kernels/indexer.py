@@ -2,9 +2,10 @@
 ``score[t, j] = Σ_h w[t, h] · ReLU(q[t, h] · k_j)`` for the entries ``j < n_visible[t]`` of token t's request,
 ``−inf`` for the others, every request of the step at once, keys read through the paged block table.
 
-The CUDA kernel (``cuda/indexer/index_scores.cu``, bf16 queries of 16–64 heads × 128 on a GPU ``v41._cuda`` is
-built for; off until measured, :data:`CUDA_SCORER`) decodes each key tile into tensor-core fragments once for all
-the CTA's queries of its request. The Triton kernel (one program per block of queries and block of entries)
+The CUDA kernel (``cuda/indexer/index_scores.cu``: bf16 queries of 16–64 heads × 128 on a GPU ``v41._cuda`` is
+built for, over at least :data:`CUDA_MIN_ENTRIES` entries) decodes each key tile into tensor-core fragments once
+for all the CTA's queries of its request: 2.4× the Triton kernel on a 1M-entry decode row, 3× in prefill
+(benches/RESULTS.md "2026-12-03 (ring and CUDA scorer)"). The Triton kernel (one program per block of queries and block of entries)
 gathers and decodes a key tile once for all the block's queries when they share a request (prefill chunks), keeps
 the head sum in registers and writes only the ``[T, N]`` scores; the reference bounds its ``[c, heads, N]``
 scratch by scoring tokens in chunks of at most ``scratch_bytes``. The keys may be MXFP4 records (``--kv-cache-dtype fp8``,
@@ -47,11 +48,13 @@ def index_scores_ref(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, re
 def index_scores(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_index: Tensor, n_visible: Tensor,
                  rows_per_block: int, n_max: int, scratch_bytes: int = 64 << 20,
                  record: RecordFormat | None = None, tiles: tuple[int, int, int] | None = None) -> Tensor:
-    """:func:`index_scores_ref` as one CUDA launch where :data:`CUDA_SCORER` is on, :func:`.dispatch.use_cuda`
-    says so and the kernel takes the operands (:func:`_scores_cuda`), else one Triton launch where
-    :func:`.dispatch.use_triton` says so; ``tiles`` (Triton tilings: tests, sweeps) skips the CUDA kernel."""
+    """:func:`index_scores_ref` as one CUDA launch where :data:`CUDA_SCORER` is on, ``n_max`` is at least
+    :data:`CUDA_MIN_ENTRIES`, :func:`.dispatch.use_cuda` says so and the kernel takes the operands
+    (:func:`_scores_cuda`), else one Triton launch where :func:`.dispatch.use_triton` says so; ``tiles`` (Triton
+    tilings: tests, sweeps) skips the CUDA kernel."""
     want = q.dtype if record is None else torch.uint8
-    if CUDA_SCORER and tiles is None and use_cuda(q, keys, block_table, req_index, n_visible, family="attention"):
+    if (CUDA_SCORER and tiles is None and n_max >= CUDA_MIN_ENTRIES
+            and use_cuda(q, keys, block_table, req_index, n_visible, family="attention")):
         out = _scores_cuda(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, record)
         if out is not None:
             return out
@@ -61,9 +64,10 @@ def index_scores(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_in
                             record)
 
 
-# The CUDA scorer runs only where this is True: it is written and compile-checked but not yet run on a GPU
-# (tests/test_gpu_cuda_indexer.py sets it); the default turns on once those tests pass on the H200.
-CUDA_SCORER = False
+CUDA_SCORER = True  # False: the Triton kernel everywhere (an A/B switch: flash_slice.py --set)
+# Rows shorter than this go to the Triton kernel, which wins there (launch shape; benches/RESULTS.md
+# "2026-12-03 (ring and CUDA scorer)").
+CUDA_MIN_ENTRIES = 8192
 N_MAX_CUDA = 2 ** 31 - 8192  # entries per row the CUDA scorer takes (its entry arithmetic is 32-bit)
 
 
