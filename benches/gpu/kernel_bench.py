@@ -2,7 +2,7 @@
 shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel table).
 
     python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24] [--ops linears,experts,attention,topk]
-        [--sweep 2,3,8]
+        [--sweep 2,3,8] [--linear-tiles 64:128:4:4,64:256:8:3]
 
 Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
 rotate over enough copies of the weight that none is still in L2 (≥ 256 MB in all), and each MoE launch routes
@@ -49,6 +49,7 @@ def fp8_weight(n: int, k: int, block: int) -> PackedWeight:
 
 
 SWEEP: list[str] = []
+LINEAR_TILES: list[tuple[int, int, int, int]] = []
 
 
 def sweep(timed) -> dict[str, float]:
@@ -75,6 +76,11 @@ def linear_cells(batches, reps, bw):
                   for p, f in paths.items()}
             us.update(sweep(lambda: graph_us([lambda i=i: paths["cuda"](xs[i % 4], copies[i % len(copies)])
                                                for i in range(reps)])))
+            for t in LINEAR_TILES:  # the Triton kernel at other (BM, BN, warps, stages)
+                if (n // groups) % t[1] == 0:
+                    us["t" + ":".join(map(str, t))] = graph_us(
+                        [lambda i=i, t=t: linear._linear_triton(xs[i % 4], copies[i % len(copies)], torch.bfloat16,
+                                                                groups, t) for i in range(reps)])
             floor = w0.nbytes / bw * 1e6
             rows.append((name, f"M={m}", us, floor, err))
         del copies
@@ -119,8 +125,11 @@ def main() -> None:
     ap.add_argument("--ops", default="linears,experts,attention,topk")
     ap.add_argument("--mqa-min-tiles", default="", help="MIN_TILES_PER_SPLIT values to also time sparse MQA at")
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
+    ap.add_argument("--linear-tiles", default="", help="BM:BN:warps:stages tilings to also time the Triton linear "
+                    "at (columns t<tiling>; cells whose output features BN does not divide are left out)")
     args = ap.parse_args()
     SWEEP.extend(c for c in args.sweep.split(",") if c)
+    LINEAR_TILES.extend(tuple(int(v) for v in c.split(":")) for c in args.linear_tiles.split(",") if c)
     batches = [int(b) for b in args.batches.split(",")]
     wstream.MAX_ROWS = max(batches)  # time the kernel past the dispatch's row limit too (where Triton wins)
     print(f"{torch.cuda.get_device_name()}; CUDA kernels {dispatch.cuda_status()}", flush=True)

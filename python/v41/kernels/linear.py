@@ -4,8 +4,10 @@ block-scaled weights, plain for dense ones; docs/model.md §2, docs/kernels.md �
 ``groups`` > 1 is the block-diagonal grouped projection of attention's ``wo_a`` (§3.5 step 7): W ``[G·N_g, K_g]``,
 x ``[M, G·K_g]``, output group g reads only input columns ``[g·K_g, (g+1)·K_g)``.
 
-The Triton kernel streams weight tiles (each program: a ``BM × BN`` output tile over a slice of K; split-K with a
-deterministic float32 sum of the partial tiles when too few output tiles exist to fill the GPU). It serves small
+The Triton kernel streams weight tiles (each program: a ``BM × BN`` output tile over a slice of K). When too few
+output tiles exist to fill the GPU it splits K: each program writes its float32 partial tile, and the last program
+of a tile to arrive (an arrival counter it resets, :func:`.wstream.split_counters`) sums the partials in slice
+order and writes the output, so one launch does it all and the result never depends on timing. It serves small
 M (decode, the LM head's sampled rows); larger M dequantizes the weight once per call and uses the BLAS GEMM.
 """
 
@@ -62,9 +64,10 @@ if triton is not None:
     from .wtile import FMT_CODES, TILE_K, scale_k, tile_dot
 
     @triton.jit
-    def _linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, NG, K_SPLIT, stride_xm, stride_wn, stride_sn,
-                       stride_ys, stride_ym, B0: tl.constexpr, SK: tl.constexpr, FMT: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr):
+    def _linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, count_ptr, M, N, K, NG, K_SPLIT, stride_xm, stride_wn,
+                       stride_sn, stride_ym, B0: tl.constexpr, SK: tl.constexpr, FMT: tl.constexpr,
+                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+                       SPLIT_K: tl.constexpr):
         pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
@@ -78,8 +81,25 @@ if triton is not None:
             a = tl.load(x_ptr + rm[:, None] * stride_xm + col0 + rk[None, :],
                         mask=(rm < M)[:, None] & (rk < k_hi)[None, :], other=0.0).to(DOT)
             acc += tile_dot(a, w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT, IEEE)
-        ptrs = y_ptr + pid_k * stride_ys + rm[:, None] * stride_ym + rn[None, :]
-        tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm < M)[:, None] & nmask[None, :])
+        omask = (rm < M)[:, None] & nmask[None, :]
+        if not SPLIT_K:
+            tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=omask)
+        else:
+            # Split K: write this slice's partial [M, N] plane, then the tile's last program to arrive sums the
+            # planes in slice order (.cg loads: past L1, which does not see other SMs' writes) and resets the
+            # tile's counter for the next launch (or graph replay).
+            n_split = tl.num_programs(2)
+            plane = N.to(tl.int64) * M  # (M may be a constexpr 1)
+            tl.store(part_ptr + pid_k * plane + rm[:, None] * N + rn[None, :], acc, mask=omask)
+            tl.debug_barrier()
+            tile = pid_m * tl.num_programs(1) + pid_n
+            if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") == n_split - 1:
+                total = tl.zeros([BM, BN], dtype=tl.float32)
+                for z in range(0, n_split):
+                    total += tl.load(part_ptr + z * plane + rm[:, None] * N + rn[None, :], mask=omask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], total.to(y_ptr.dtype.element_ty), mask=omask)
+                tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 def _pow2_divisor(n: int, cap: int) -> int:
@@ -89,7 +109,16 @@ def _pow2_divisor(n: int, cap: int) -> int:
     return b
 
 
-def _linear_triton(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int) -> Tensor:
+def linear_tiles(m: int, ng: int) -> tuple[int, int, int, int]:
+    """(BM, BN, warps, stages) of the Triton kernel for ``m`` rows and ``ng`` output features per group."""
+    bm = 16 if m <= 16 else 32 if m <= 32 else 64
+    return bm, _pow2_divisor(ng, 128 if m <= 16 else 64), 4, 4
+
+
+def _linear_triton(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int,
+                   tiles: tuple[int, int, int, int] | None = None) -> Tensor:
+    """The Triton kernel (module docstring) at ``tiles`` (BM, BN, warps, stages; default :func:`linear_tiles`;
+    BN must divide the group's output features)."""
     m = x.shape[0]
     n, k_g = w.out_features, w.in_features
     ng = n // groups
@@ -97,17 +126,21 @@ def _linear_triton(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: i
     if x.shape[1] != groups * k_g or ng * groups != n or ng % 16:
         return linear_ref(x, w, out_dtype, groups)
     x = x.contiguous()
-    bm = 16 if m <= 16 else 32 if m <= 32 else 64
-    bn = _pow2_divisor(ng, 128 if m <= 16 else 64)
+    bm, bn, warps, stages = tiles or linear_tiles(m, ng)
     grid_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     n_kb = triton.cdiv(k_g, bk)
     split = max(1, min(n_kb, TARGET_PROGRAMS // grid_mn))
+    counters = wstream.split_counters(x.device) if split > 1 and grid_mn <= wstream.COUNTER_SLOTS else None
+    if counters is None:
+        split = 1
     k_split = triton.cdiv(n_kb, split) * bk
     split = triton.cdiv(k_g, k_split)
-    y = torch.empty((split, m, n), dtype=out_dtype if split == 1 else torch.float32, device=x.device)
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
     scale = w.scale if w.scale is not None else w.data  # unused for dense
     _linear_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
-        x, w.data, scale, y, m, n, k_g, ng, k_split, x.stride(0), w.data.stride(0), scale.stride(0),
-        y.stride(0), y.stride(1), B0=w.block[0], SK=scale_k(w.fmt, w.block), FMT=FMT_CODES[w.fmt], BM=bm, BN=bn, BK=bk,
-        DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32, num_stages=4)
-    return y[0] if split == 1 else y.sum(0).to(out_dtype)
+        x, w.data, scale, y, part, counters if counters is not None else y, m, n, k_g, ng, k_split, x.stride(0),
+        w.data.stride(0), scale.stride(0), y.stride(0), B0=w.block[0], SK=scale_k(w.fmt, w.block),
+        FMT=FMT_CODES[w.fmt], BM=bm, BN=bn, BK=bk, DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32,
+        SPLIT_K=split > 1, num_warps=warps, num_stages=stages)
+    return y

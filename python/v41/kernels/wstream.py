@@ -34,7 +34,7 @@ COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
 
-_counters: dict[int, Tensor] = {}
+_counters: dict[tuple[str, int | None], Tensor] = {}
 
 
 def _takes(x: Tensor, w: PackedWeight, k: int, n_group: int) -> bool:
@@ -48,14 +48,16 @@ def _takes(x: Tensor, w: PackedWeight, k: int, n_group: int) -> bool:
     return w.fmt == "mxfp4" or w.block[1] % 16 == 0
 
 
-def _counters_for(device: torch.device) -> Tensor | None:
-    """The zeroed split-K arrival counters of ``device`` (each launch leaves them zeroed), or None while a CUDA
-    graph is being captured and they do not exist yet: made inside a capture they would be zeroed only when
-    that graph replays, so such a launch runs without split-K instead (the engine's eager warm-up makes them
-    first). One buffer per device: v41 runs these GEMMs on one stream, never two at once."""
-    key = device.index if device.index is not None else torch.cuda.current_device()
+def split_counters(device: torch.device) -> Tensor | None:
+    """The zeroed split-K arrival counters of ``device`` (int32 [COUNTER_SLOTS]; each launch of this kernel or of
+    the Triton linear leaves them zeroed), or None while a CUDA graph is being captured and they do not exist yet:
+    made inside a capture they would be zeroed only when that graph replays, so such a launch runs without split-K
+    instead (the engine's eager warm-up makes them first). One buffer per device: v41 runs these GEMMs on one
+    stream, never two at once."""
+    key = (device.type, device.index if device.index is not None or device.type != "cuda"
+           else torch.cuda.current_device())
     if key not in _counters:
-        if torch.cuda.is_current_stream_capturing():
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
         _counters[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
     return _counters[key]
@@ -85,7 +87,7 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     n, k = w.out_features, w.in_features
     y = torch.empty((p, n), dtype=torch.bfloat16, device=x.device)
     split, per = _launch_shape(slots, n, k, w.fmt, x.device)
-    counters = _counters_for(x.device) if split > 1 else None
+    counters = split_counters(x.device) if split > 1 else None
     if counters is None:
         split, per = 1, k // CHUNK[w.fmt]
     partial = torch.empty((split, p, n), dtype=torch.float32, device=x.device) if split > 1 else None
