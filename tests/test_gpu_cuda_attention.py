@@ -11,7 +11,7 @@ import torch
 
 from kernel_checks import poison, rel
 from v41.cache.records import RecordFormat
-from v41.kernels import dispatch, sparse_mqa
+from v41.kernels import dispatch, indexer, sparse_mqa
 from v41.kernels.sparse_attention import sparse_mqa_sink, sparse_mqa_sink_ref
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not dispatch.cuda_runs_on(torch.device("cuda")),
@@ -170,14 +170,28 @@ def test_cuda_kernels_give_the_triton_paths_logits_and_greedy_tokens(tmp_path, a
     """The bf16 fast model with the CUDA kernels (mode ``auto``) against the same model with the Triton kernels,
     prefill then decode, on the "smooth" tiny configs of tests/test_fast_model.py: logits within the bf16 bound
     and greedy tokens equal where the Triton run's top-1 lead exceeds the bf16 margin; with bf16 KV also against
-    the float32 oracle."""
+    the float32 oracle. The indexer has 16 heads × 128 so that the CUDA scorer takes it (at every row length here),
+    and the test checks that it ran."""
     from v41.models.reference import load
     from v41.testing.tiny import make_tiny
 
     extra = {"candidate_topk_blocks": 64} if arch == "deepseek_v41" else {}
-    path = make_tiny(tmp_path / arch, arch, num_experts_per_tok=8, index_topk=64, **extra)
+    path = make_tiny(tmp_path / arch, arch, num_experts_per_tok=8, index_topk=64, index_n_heads=16,
+                     index_head_dim=128, **extra)
     ids = torch.randint(3, 1000, (41,), generator=torch.Generator().manual_seed(2)).tolist()
-    runs = {mode: _step_logits(path, kv, ids, monkeypatch, mode) for mode in ("triton", "auto")}
+    monkeypatch.setattr(indexer, "CUDA_MIN_ENTRIES", 0)
+    scored, real = [], indexer._scores_cuda
+
+    def counted(*args):
+        out = real(*args)
+        scored.append(out is not None)
+        return out
+    monkeypatch.setattr(indexer, "_scores_cuda", counted)
+    runs = {}
+    for mode in ("triton", "auto"):
+        scored.clear()
+        runs[mode] = _step_logits(path, kv, ids, monkeypatch, mode)
+        assert any(scored) == (mode == "auto"), f"CUDA scorer runs in mode {mode}: {sum(scored)}"
     wants = {"triton": runs["triton"]}
     if kv == "auto":
         wants["oracle"] = load(path)(torch.tensor([ids]))[0].float()
