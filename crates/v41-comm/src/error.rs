@@ -25,7 +25,8 @@ pub enum CommError {
         rank: usize,
         pid: u32,
     },
-    /// The deadline passed; `lagging` are the ranks that had not arrived (all alive).
+    /// The deadline passed (`waited`: the caller's timeout); `lagging` are the ranks that had not
+    /// arrived (all alive).
     #[error(
         "{op} #{seq}: timed out after {secs:.1} s waiting for rank(s) {lagging:?} ({why})",
         secs = .waited.as_secs_f64(),

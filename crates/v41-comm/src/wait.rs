@@ -23,7 +23,8 @@ pub(crate) struct Op {
     pub name: &'static str,
     pub seq: u64,
     pub start: Instant,
-    /// `None`: wait forever (dead or departed ranks are still detected).
+    /// The caller's timeout; `None`: wait forever (dead or departed ranks are still detected).
+    pub limit: Option<Duration>,
     pub deadline: Option<Instant>,
 }
 
@@ -34,15 +35,18 @@ impl Op {
             name,
             seq,
             start,
+            limit: timeout,
             deadline: timeout.map(|t| start + t),
         }
     }
 
+    /// The timeout error: it names the caller's timeout (not the time measured, which a loaded machine
+    /// stretches past it), so the message is the same on every run.
     pub fn timeout(&self, lagging: Vec<usize>) -> CommError {
         CommError::Timeout {
             op: self.name,
             seq: self.seq,
-            waited: self.start.elapsed(),
+            waited: self.limit.unwrap_or_else(|| self.start.elapsed()),
             lagging,
         }
     }
