@@ -19,7 +19,8 @@ def delta_output(seqs: list[Sequence]) -> RequestOutput:
     ``prompt_token_ids`` is the request's own list (not copied: do not mutate it); ``cumulative_logprob`` and the
     finish / stop reasons and ``spec_decode`` (a copy) are the current values; the request is finished when every
     sequence is."""
-    seqs = sorted(seqs, key=lambda s: s.index)
+    if len(seqs) > 1:
+        seqs = sorted(seqs, key=lambda s: s.index)
     first = seqs[0]
     outputs = []
     for s in seqs:
@@ -42,6 +43,12 @@ def delta_output(seqs: list[Sequence]) -> RequestOutput:
 
 def request_metrics(seqs: list[Sequence]) -> RequestMetrics:
     """The request's timestamps over its sequences (earliest start events, latest end events)."""
+    if len(seqs) == 1:
+        s = seqs[0]
+        return RequestMetrics(arrival_time=s.arrival_time, first_scheduled_time=s.first_scheduled_time,
+                              first_token_time=s.first_token_time, last_token_time=s.last_token_time,
+                              finished_time=s.finished_time if s.finished else None)
+
     def first(name: str):
         vals = [getattr(s, name) for s in seqs if getattr(s, name) is not None]
         return min(vals) if vals else None

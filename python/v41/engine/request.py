@@ -74,4 +74,8 @@ class Sequence:
 
     def history(self, pos: int, n: int = 3) -> tuple[int, ...]:
         """The ≤ n committed token ids before position ``pos`` (Engram lookback)."""
-        return tuple(self.token_at(p) for p in range(max(0, pos - n), pos))
+        lo, n_prompt, prompt = max(0, pos - n), len(self.prompt_token_ids), self.prompt_token_ids
+        if pos <= n_prompt:
+            return tuple(prompt[lo:pos])
+        out = self.output_token_ids
+        return tuple(prompt[lo:]) + tuple(out[max(0, lo - n_prompt):pos - n_prompt])
