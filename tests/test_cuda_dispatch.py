@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from v41.kernels import dispatch, linear, moe, moe_align, wstream
+from v41.kernels import dispatch, indexer, linear, moe, moe_align, wstream
 from v41.kernels.packed import PackedWeight
 
 
@@ -113,3 +113,22 @@ def test_grouped_takes_decode_steps_and_leaves_prefill_to_triton():
     big = moe_align.route_pairs(torch.randint(0, e, (64, 6)), e)
     x = torch.zeros(64, k, dtype=torch.bfloat16)
     assert wstream.grouped(x, w, big.offsets, big.rows, big.active) is None  # 384 pairs over 16 slots
+
+
+@pytest.mark.parametrize("t,n,requests", [(1, 2048, 1), (64, 8192, 1), (8, 131072, 8), (2048, 8192, 1), (64, 1 << 20, 2)])
+@pytest.mark.parametrize("heads", [16, 32, 64])
+def test_the_cuda_scorers_launch_shape(t, n, requests, heads):
+    qb, entries = indexer.cuda_tiles(t, n, requests, heads, 132)
+    assert qb == ((8 if heads <= 32 else 4) if indexer.query_blocked(t, requests) else 1)
+    assert entries % 128 == 0 and 64 * qb <= entries <= 4096
+
+
+@pytest.mark.parametrize("m", [1, 8, 16, 17, 32, 64, 300])
+@pytest.mark.parametrize("n,ng", [(1280, 1280), (32768, 32768), (8192, 1024), (4608, 4608), (129280, 129280)])
+def test_the_triton_linears_tiles(m, n, ng):
+    """BN divides the group; above 16 rows BN is 128 only where BN 64 would already fill TARGET_PROGRAMS tiles."""
+    bm, bn, warps, stages = linear.linear_tiles(m, n, ng)
+    assert bm == (16 if m <= 16 else 32 if m <= 32 else 64) and ng % bn == 0 and bn <= 128
+    if m > 16:
+        wide = -(-m // bm) * (n // 64) >= linear.TARGET_PROGRAMS
+        assert bn == (128 if wide else 64)

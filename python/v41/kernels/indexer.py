@@ -81,11 +81,13 @@ def query_blocked(t: int, requests: int) -> bool:
 def cuda_tiles(t: int, n_max: int, requests: int, heads: int, sms: int) -> tuple[int, int]:
     """(queries per CTA, entries per CTA) of the CUDA scorer: 8 queries (4 at 64 heads: 64 KB of staged
     fragments) where :func:`query_blocked`, else 1; entries in multiples of 128 so that the grid holds about 4 CTAs
-    per SM (at most 4,096 entries per CTA)."""
+    per SM (at most 4,096 entries per CTA), and at least 64 per staged query, which pays for the staging (on the
+    H200, 8 queries × 8,192 entries: 128 entries per CTA 65.8 µs, 512 entries 36.7 µs; benches/RESULTS.md
+    "2026-12-03 (ring and CUDA scorer)")."""
     qb = (8 if heads <= 32 else 4) if query_blocked(t, requests) else 1
     rows = -(-t // qb)
     per = -(-(-(-n_max // 128)) * rows // (4 * sms))
-    return qb, 128 * max(1, min(32, per))
+    return qb, 128 * max(1, qb // 2, min(32, per))
 
 
 def _scores_cuda(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_index: Tensor, n_visible: Tensor,

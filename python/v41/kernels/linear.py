@@ -5,10 +5,13 @@ block-scaled weights, plain for dense ones; docs/model.md §2, docs/kernels.md �
 x ``[M, G·K_g]``, output group g reads only input columns ``[g·K_g, (g+1)·K_g)``.
 
 The Triton kernel streams weight tiles (each program: a ``BM × BN`` output tile over a slice of K). When too few
-output tiles exist to fill the GPU it splits K: each program writes its float32 partial tile, and the last program
-of a tile to arrive (an arrival counter it resets, :func:`.wstream.split_counters`) sums the partials in slice
-order and writes the output, so one launch does it all and the result never depends on timing. It serves small
-M (decode, the LM head's sampled rows); larger M dequantizes the weight once per call and uses the BLAS GEMM.
+output tiles exist to fill the GPU it splits K: each program writes its float32 partial tile, and where the
+partials of a tile are small (``SPLIT_REDUCE_BYTES``) the last program of the tile to arrive (an arrival counter it
+resets, :func:`.wstream.split_counters`) sums them in slice order and writes the output — one launch, not kernel +
+sum + cast; larger partials are summed by one parallel float32 sum after the kernel (one program summing them
+alone was slower: benches/RESULTS.md "2026-12-03 (ring and CUDA scorer)"). Either way the result never depends on
+timing. It serves small M (decode, the LM head's sampled rows); larger M dequantizes the weight once per call and
+uses the BLAS GEMM.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from .packed import PackedWeight
 # flash-slice-v41 + drafter: B = 64 draft pass 26.6 -> 13.6 ms, verify of 6 rows per request 94.1 -> 68.9 ms).
 TRITON_MAX_M = 512
 TARGET_PROGRAMS = 264  # ~2 waves of an H200's 132 SMs
+# Split-K partials (of the rows present) a tile's last program sums in the kernel, at most; above, a float32 sum
+# after the kernel (measured on the H200: 16–256 KB per tile at 64 rows lost 1.5–5 µs to the sum after)
+SPLIT_REDUCE_BYTES = 128 << 10
 
 
 def linear_ref(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, groups: int = 1) -> Tensor:
@@ -68,6 +74,7 @@ if triton is not None:
                        stride_sn, stride_ym, B0: tl.constexpr, SK: tl.constexpr, FMT: tl.constexpr,
                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
                        SPLIT_K: tl.constexpr):
+        # SPLIT_K: 0 one slice (store the output), 1 store the slice's float32 partial, 2 also sum in the kernel
         pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
@@ -82,15 +89,16 @@ if triton is not None:
                         mask=(rm < M)[:, None] & (rk < k_hi)[None, :], other=0.0).to(DOT)
             acc += tile_dot(a, w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT, IEEE)
         omask = (rm < M)[:, None] & nmask[None, :]
-        if not SPLIT_K:
+        plane = N.to(tl.int64) * M  # one partial [M, N] plane (M may be a constexpr 1)
+        if SPLIT_K == 0:
             tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=omask)
         else:
-            # Split K: write this slice's partial [M, N] plane, then the tile's last program to arrive sums the
-            # planes in slice order (.cg loads: past L1, which does not see other SMs' writes) and resets the
-            # tile's counter for the next launch (or graph replay).
-            n_split = tl.num_programs(2)
-            plane = N.to(tl.int64) * M  # (M may be a constexpr 1)
+            # Split K: write this slice's partial [M, N] plane; with SPLIT_K 2 the tile's last program to arrive
+            # sums the planes in slice order (.cg loads: past L1, which does not see other SMs' writes) and resets
+            # the tile's counter for the next launch (or graph replay).
             tl.store(part_ptr + pid_k * plane + rm[:, None] * N + rn[None, :], acc, mask=omask)
+        if SPLIT_K == 2:
+            n_split = tl.num_programs(2)
             tl.debug_barrier()
             tile = pid_m * tl.num_programs(1) + pid_n
             if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") == n_split - 1:
@@ -109,10 +117,17 @@ def _pow2_divisor(n: int, cap: int) -> int:
     return b
 
 
-def linear_tiles(m: int, ng: int) -> tuple[int, int, int, int]:
-    """(BM, BN, warps, stages) of the Triton kernel for ``m`` rows and ``ng`` output features per group."""
+def linear_tiles(m: int, n: int, ng: int) -> tuple[int, int, int, int]:
+    """(BM, BN, warps, stages) of the Triton kernel for ``m`` rows and ``n`` output features, ``ng`` per group:
+    BN up to 128 at ≤ 16 rows, else up to 64 unless that already makes ``TARGET_PROGRAMS`` tiles (no split-K: wide
+    projections such as V4.1's ``wq_b``, where BN 128 reads the activations half as often: 31.8 → 23.0 µs at 64
+    rows on the H200, benches/RESULTS.md "2026-12-03 (ring and CUDA scorer)")."""
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
-    return bm, _pow2_divisor(ng, 128 if m <= 16 else 64), 4, 4
+    bn = _pow2_divisor(ng, 128 if m <= 16 else 64)
+    if m > 16 and -(-m // bm) * (n // bn) >= TARGET_PROGRAMS:
+        bn = _pow2_divisor(ng, 128)
+        return bm, bn, 4, 3 if bm == 64 else 4
+    return bm, bn, 4, 4
 
 
 def _linear_triton(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int,
@@ -126,21 +141,22 @@ def _linear_triton(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: i
     if x.shape[1] != groups * k_g or ng * groups != n or ng % 16:
         return linear_ref(x, w, out_dtype, groups)
     x = x.contiguous()
-    bm, bn, warps, stages = tiles or linear_tiles(m, ng)
+    bm, bn, warps, stages = tiles or linear_tiles(m, n, ng)
     grid_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     n_kb = triton.cdiv(k_g, bk)
     split = max(1, min(n_kb, TARGET_PROGRAMS // grid_mn))
-    counters = wstream.split_counters(x.device) if split > 1 and grid_mn <= wstream.COUNTER_SLOTS else None
-    if counters is None:
-        split = 1
     k_split = triton.cdiv(n_kb, split) * bk
     split = triton.cdiv(k_g, k_split)
-    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    mode = 0 if split == 1 else 2 if split * min(m, bm) * bn * 4 <= SPLIT_REDUCE_BYTES else 1
+    counters = wstream.split_counters(x.device) if mode == 2 and grid_mn <= wstream.COUNTER_SLOTS else None
+    if mode == 2 and counters is None:
+        mode = 1
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device) if mode != 1 else None
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
     scale = w.scale if w.scale is not None else w.data  # unused for dense
     _linear_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn), split)](
-        x, w.data, scale, y, part, counters if counters is not None else y, m, n, k_g, ng, k_split, x.stride(0),
-        w.data.stride(0), scale.stride(0), y.stride(0), B0=w.block[0], SK=scale_k(w.fmt, w.block),
+        x, w.data, scale, y if y is not None else part, part, counters if counters is not None else part, m, n, k_g,
+        ng, k_split, x.stride(0), w.data.stride(0), scale.stride(0), n, B0=w.block[0], SK=scale_k(w.fmt, w.block),
         FMT=FMT_CODES[w.fmt], BM=bm, BN=bn, BK=bk, DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32,
-        SPLIT_K=split > 1, num_warps=warps, num_stages=stages)
-    return y
+        SPLIT_K=mode, num_warps=warps, num_stages=stages)
+    return y if y is not None else part.sum(0).to(out_dtype)
