@@ -30,7 +30,8 @@ from .packed import PackedWeight
 TRITON_MAX_M = 512
 TARGET_PROGRAMS = 264  # ~2 waves of an H200's 132 SMs
 # Split-K partials (of the rows present) a tile's last program sums in the kernel, at most; above, a float32 sum
-# after the kernel (measured on the H200: 16–256 KB per tile at 64 rows lost 1.5–5 µs to the sum after)
+# after the kernel (measured on the H200 at 64 rows: 208–528 KB per tile summed in the kernel lost 1.5–5 µs to the
+# sum after; 32–64 KB won)
 SPLIT_REDUCE_BYTES = 128 << 10
 
 
@@ -119,8 +120,8 @@ def _pow2_divisor(n: int, cap: int) -> int:
 
 def linear_tiles(m: int, n: int, ng: int) -> tuple[int, int, int, int]:
     """(BM, BN, warps, stages) of the Triton kernel for ``m`` rows and ``n`` output features, ``ng`` per group:
-    BN up to 128 at ≤ 16 rows, else up to 64 unless that already makes ``TARGET_PROGRAMS`` tiles (no split-K: wide
-    projections such as V4.1's ``wq_b``, where BN 128 reads the activations half as often: 31.8 → 23.0 µs at 64
+    BN up to 128 at ≤ 16 rows, else up to 64 unless that already makes ``TARGET_PROGRAMS`` tiles (wide projections
+    such as V4.1's ``wq_b``, which need no split-K at BN 64; there BN 128 reads the activations half as often: 31.8 → 23.0 µs at 64
     rows on the H200, benches/RESULTS.md "2026-12-03 (ring and CUDA scorer)")."""
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     bn = _pow2_divisor(ng, 128 if m <= 16 else 64)
@@ -142,6 +143,8 @@ def _linear_triton(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: i
         return linear_ref(x, w, out_dtype, groups)
     x = x.contiguous()
     bm, bn, warps, stages = tiles or linear_tiles(m, n, ng)
+    if ng % bn:
+        raise ValueError(f"tiles: BN {bn} must divide the {ng} output features of a group")
     grid_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     n_kb = triton.cdiv(k_g, bk)
     split = max(1, min(n_kb, TARGET_PROGRAMS // grid_mn))
