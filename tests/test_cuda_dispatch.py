@@ -115,7 +115,8 @@ def test_grouped_takes_decode_steps_and_leaves_prefill_to_triton():
     assert wstream.grouped(x, w, big.offsets, big.rows, big.active) is None  # 384 pairs over 16 slots
 
 
-@pytest.mark.parametrize("t,n,requests", [(1, 2048, 1), (64, 8192, 1), (8, 131072, 8), (2048, 8192, 1), (64, 1 << 20, 2)])
+@pytest.mark.parametrize("t,n,requests",
+                         [(1, 2048, 1), (64, 8192, 1), (8, 131072, 8), (2048, 8192, 1), (64, 1 << 20, 2)])
 @pytest.mark.parametrize("heads", [16, 32, 64])
 def test_the_cuda_scorers_launch_shape(t, n, requests, heads):
     qb, entries = indexer.cuda_tiles(t, n, requests, heads, 132)

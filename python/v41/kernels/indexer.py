@@ -5,11 +5,11 @@
 The CUDA kernel (``cuda/indexer/index_scores.cu``: bf16 queries of 16–64 heads × 128 on a GPU ``v41._cuda`` is
 built for, over at least :data:`CUDA_MIN_ENTRIES` entries) decodes each key tile into tensor-core fragments once
 for all the CTA's queries of its request: 2.4× the Triton kernel on a 1M-entry decode row, 3× in prefill
-(benches/RESULTS.md "2026-12-03 (ring and CUDA scorer)"). The Triton kernel (one program per block of queries and block of entries)
-gathers and decodes a key tile once for all the block's queries when they share a request (prefill chunks), keeps
-the head sum in registers and writes only the ``[T, N]`` scores; the reference bounds its ``[c, heads, N]``
-scratch by scoring tokens in chunks of at most ``scratch_bytes``. The keys may be MXFP4 records (``--kv-cache-dtype fp8``,
-:mod:`v41.cache.records`), decoded where they are read.
+(benches/RESULTS.md "2026-12-03 (ring and CUDA scorer)"). The Triton kernel (one program per block of queries and
+block of entries) gathers and decodes a key tile once for all the block's queries when they share a request
+(prefill chunks), keeps the head sum in registers and writes only the ``[T, N]`` scores; the reference bounds its
+``[c, heads, N]`` scratch by scoring tokens in chunks of at most ``scratch_bytes``. The keys may be MXFP4 records
+(``--kv-cache-dtype fp8``, :mod:`v41.cache.records`), decoded where they are read.
 """
 
 from __future__ import annotations

@@ -121,8 +121,8 @@ def _pow2_divisor(n: int, cap: int) -> int:
 def linear_tiles(m: int, n: int, ng: int) -> tuple[int, int, int, int]:
     """(BM, BN, warps, stages) of the Triton kernel for ``m`` rows and ``n`` output features, ``ng`` per group:
     BN up to 128 at ≤ 16 rows, else up to 64 unless that already makes ``TARGET_PROGRAMS`` tiles (wide projections
-    such as V4.1's ``wq_b``, which need no split-K at BN 64; there BN 128 reads the activations half as often: 31.8 → 23.0 µs at 64
-    rows on the H200, benches/RESULTS.md "2026-12-03 (ring and CUDA scorer)")."""
+    such as V4.1's ``wq_b``, which need no split-K at BN 64; there BN 128 reads the activations half as often:
+    31.8 → 23.0 µs at 64 rows on the H200, benches/RESULTS.md "2026-12-03 (ring and CUDA scorer)")."""
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     bn = _pow2_divisor(ng, 128 if m <= 16 else 64)
     if m > 16 and -(-m // bm) * (n // bn) >= TARGET_PROGRAMS:

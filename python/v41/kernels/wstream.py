@@ -34,7 +34,7 @@ COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
 
-_counters: dict[tuple[str, int | None], Tensor] = {}
+_counters: dict[str, Tensor] = {}  # by device
 
 
 def _takes(x: Tensor, w: PackedWeight, k: int, n_group: int) -> bool:
@@ -51,11 +51,12 @@ def _takes(x: Tensor, w: PackedWeight, k: int, n_group: int) -> bool:
 def split_counters(device: torch.device) -> Tensor | None:
     """The zeroed split-K arrival counters of ``device`` (int32 [COUNTER_SLOTS]; each launch of this kernel or of
     the Triton linear leaves them zeroed), or None while a CUDA graph is being captured and they do not exist yet:
-    made inside a capture they would be zeroed only when that graph replays, so such a launch runs without split-K
-    instead (the engine's eager warm-up makes them first). One buffer per device: v41 runs these GEMMs on one
-    stream, never two at once."""
-    key = (device.type, device.index if device.index is not None or device.type != "cuda"
-           else torch.cuda.current_device())
+    made inside a capture they would be zeroed only when that graph replays, so such a launch does without them
+    (this kernel: no split-K; the Triton linear: its partials summed after the kernel). The engine's eager warm-up
+    makes them first. One buffer per device: v41 runs these GEMMs on one stream, never two at once."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = str(device)
     if key not in _counters:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
