@@ -58,8 +58,8 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   TORCH_CHECK(fmt == 0 || fmt == 1, "fmt must be 0 (mxfp4) or 1 (fp8)");
   TORCH_CHECK(s.stride(-1) == 1 && (w.dim() == 2 || w.stride(0) % 16 == 0),
               "s needs unit inner stride; 3-D w a 16-byte multiple expert stride");
-  TORCH_CHECK(b0 >= 1 && (fmt == 0 ? sk == 32 && b0 == 1 : sk >= 16 && sk % 16 == 0),
-              "scale blocks: mxfp4 (1, 32); fp8 inputs per scale a multiple of 16");
+  TORCH_CHECK(b0 >= 1 && (fmt == 0 ? sk == 32 && b0 == 1 : sk >= 16 && (sk & (sk - 1)) == 0),
+              "scale blocks: mxfp4 (1, 32); fp8 inputs per scale a power of two, at least 16");
   check_index(rows, x, "rows must be a contiguous int64 tensor on x's device");
   check_index(offsets, x, "offsets must be a contiguous int64 tensor on x's device");
   check_index(active, x, "active must be a contiguous int64 tensor on x's device");
@@ -111,7 +111,8 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   prm.K = int(k);
   prm.NG = int(n_groups);
   prm.B0 = int(b0);
-  prm.SK = int(sk);
+  prm.sk_log2 = 0;
+  while ((int64_t(1) << prm.sk_log2) < sk) ++prm.sk_log2;
   prm.chunks_per_split = int(chunks_per_split);
   prm.x_prefetch = x_prefetch && token_groups == 1;
   const dim3 grid{static_cast<unsigned>(slots), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split)};

@@ -32,25 +32,36 @@ def _random_codes(shape, fmt, g):
     return torch.randint(0, 256, (*shape[:-1], shape[-1] // 2), generator=g, dtype=torch.int32).to(torch.uint8)
 
 
-def _weight(fmt, n, k, g, block=(32, 32), experts=None):
+# The largest scale byte whose factor is one bf16 multiply (cuda/common/dequant.cuh kOneFactorMax): batches of
+# the kernel with only such bytes take the one-multiply conversion, others two multiplies.
+ONE_FACTOR_MAX = {"mxfp4": 128, "fp8": 134}
+
+
+def _weight(fmt, n, k, g, block=(32, 32), experts=None, one_factor=False):
+    """Random codes and scale bytes: spread over both conversions, or (one_factor) all up to ONE_FACTOR_MAX, as
+    in checkpoints."""
     lead = () if experts is None else (experts,)
     data = _random_codes((*lead, n, k), fmt, g)
     if fmt == "fp8":
         sshape = (*lead, -(-n // block[0]), -(-k // block[1]))
     else:
         block, sshape = (1, 32), (*lead, n, k // 32)
-    scale = torch.randint(107, 132, sshape, generator=g, dtype=torch.int32).to(torch.uint8)
-    scale.view(-1)[:7] = torch.tensor([0, 1, 127, 128, 129, 134, 135], dtype=torch.uint8)[: scale.numel()]
+    top = ONE_FACTOR_MAX[fmt] if one_factor else 131
+    scale = torch.randint(107, top + 1, sshape, generator=g, dtype=torch.int32).to(torch.uint8)
+    edges = [0, 1, 127, top] if one_factor else [0, 1, 127, 128, 129, 134, 135]
+    scale.view(-1)[:len(edges)] = torch.tensor(edges, dtype=torch.uint8)[: scale.numel()]
     return PackedWeight(data.to(DEV), scale.to(DEV), fmt, block).check()
 
 
+@pytest.mark.parametrize("one_factor", [False, True])
 @pytest.mark.parametrize("fmt,block", [("fp8", (32, 32)), ("fp8", (128, 128)), ("mxfp4", (1, 32))])
-def test_every_weight_code_reaches_the_output_exactly(fmt, block):
-    """One-hot activations make each output one weight: the kernel's bf16 conversion and the K order of its
-    fragments must reproduce the dequantized weight bit for bit."""
+def test_every_weight_code_reaches_the_output_exactly(fmt, block, one_factor):
+    """One-hot activations make each output one weight: the kernel's bf16 conversion (one multiply per word or,
+    for scale bytes past ONE_FACTOR_MAX, two) and the K order of its fragments must reproduce the dequantized
+    weight bit for bit."""
     g = _gen()
     n, k = 80, 256
-    w = _weight(fmt, n, k, g, block)
+    w = _weight(fmt, n, k, g, block, one_factor=one_factor)
     want = w.dequantize(torch.float32).T  # [k, n]
     m = wstream.MAX_ROWS
     for k0 in range(0, k, m):
@@ -110,6 +121,8 @@ def test_linear_declines_what_it_does_not_take():
     assert wstream.linear(x[:4].float(), w, torch.float32) is None  # float32
     w_odd = packed(torch.randn(64, 96, generator=g), "fp8").to(DEV)
     assert wstream.linear(x[:4, :96], w_odd, torch.bfloat16) is None  # K not a whole chunk
+    w_48 = packed(torch.randn(64, 192, generator=g), "fp8", (32, 48)).to(DEV)
+    assert wstream.linear(x[:4, :192], w_48, torch.bfloat16) is None  # scale blocks of 48 inputs
 
 
 @pytest.mark.parametrize("tokens,experts,top_k", [(1, 384, 6), (8, 384, 6), (64, 256, 6), (16, 8, 1)])

@@ -50,6 +50,32 @@ struct ScaleFactor {
   }
 };
 
+// The largest scale byte whose factor 2^(byte - 127 + BIAS) is one normal bf16 (for BIAS >= 1 the exponent is
+// at least -126): scale bytes up to it take one multiply, `OneFactor`; above it `ScaleFactor` takes two.
+template <int BIAS>
+constexpr uint32_t kOneFactorMax = 254 - BIAS;
+
+template <int BIAS>
+struct OneFactor {
+  static_assert(BIAS >= 1, "the factor must be a normal bf16");
+  uint32_t one;
+  __device__ __forceinline__ explicit OneFactor(uint32_t byte) : one(((byte + BIAS) << 7) * 0x10001u) {}
+  template <int N>
+  __device__ __forceinline__ void apply(uint32_t (&w)[N]) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = bf16x2_mul(w[i], one);
+  }
+};
+
+// ScaleFactor for any byte (WIDE) or OneFactor for bytes up to kOneFactorMax<BIAS> (the caller checked them).
+template <int BIAS, bool WIDE, int N>
+__device__ __forceinline__ void apply_scale(uint32_t byte, uint32_t (&w)[N]) {
+  if constexpr (WIDE)
+    ScaleFactor<BIAS>(byte).apply(w);
+  else
+    OneFactor<BIAS>(byte).apply(w);
+}
+
 // FP4: one 32-bit word holds 8 E2M1 codes, code i (bits 4i..4i+3) = input 8w + i of its row. Word j of the result
 // (j = 0..3) pairs codes j (low half) and j + 4 (high half), times 2^-126: sign → bit 15, e1 e0 m → bits 8..6.
 template <int J>
@@ -71,7 +97,9 @@ constexpr int kFp4Bias = 126;
 constexpr int kFp8Bias = 120;
 
 // 16 bytes of MXFP4 codes (one E8M0 block of 32 inputs, as 4 little-endian words) with their scale byte → 16
-// bf16x2 words, exactly: word 4i + j pairs codes 8i + j and 8i + j + 4 (fp4_pair<j> of word i).
+// bf16x2 words, exactly: word 4i + j pairs codes 8i + j and 8i + j + 4 (fp4_pair<j> of word i). WIDE = false:
+// the caller checked byte <= kOneFactorMax<kFp4Bias> (one multiply per word instead of two and a select).
+template <bool WIDE = true>
 __device__ __forceinline__ void mxfp4_words(const uint32_t (&q)[4], uint32_t byte, uint32_t (&w)[16]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -80,7 +108,7 @@ __device__ __forceinline__ void mxfp4_words(const uint32_t (&q)[4], uint32_t byt
     w[4 * i + 2] = fp4_pair<2>(q[i]);
     w[4 * i + 3] = fp4_pair<3>(q[i]);
   }
-  ScaleFactor<kFp4Bias>(byte).apply(w);
+  apply_scale<kFp4Bias, WIDE>(byte, w);
 }
 
 }  // namespace v41

@@ -38,9 +38,11 @@ struct Fmt<WFmt::kMxfp4> {
   static constexpr int kInputsPerLane = 32;  // per 16 bytes
   static constexpr int kWords = 16;          // bf16x2 words per 16 bytes
   static constexpr int kSteps = 8;           // MMA k16 steps per chunk
+  static constexpr uint32_t kOneFactorMax = v41::kOneFactorMax<kFp4Bias>;
+  template <bool WIDE>
   __device__ __forceinline__ static void dequant(const uint4& raw, uint32_t byte, uint32_t (&w)[kWords]) {
     const uint32_t q[4] = {raw.x, raw.y, raw.z, raw.w};
-    mxfp4_words(q, byte, w);
+    mxfp4_words<WIDE>(q, byte, w);
   }
   // Step s: word i = s / 2 of the raw data, pairs (jb, jb + 4) and (jb + 1, jb + 5) of its 8 inputs, jb = 2 (s % 2).
   __device__ __forceinline__ static void a_words(const uint32_t (&w)[kWords], int s, uint32_t& lo, uint32_t& hi) {
@@ -60,6 +62,8 @@ struct Fmt<WFmt::kFp8> {
   static constexpr int kInputsPerLane = 16;
   static constexpr int kWords = 8;
   static constexpr int kSteps = 4;
+  static constexpr uint32_t kOneFactorMax = v41::kOneFactorMax<kFp8Bias>;
+  template <bool WIDE>
   __device__ __forceinline__ static void dequant(const uint4& raw, uint32_t byte, uint32_t (&w)[kWords]) {
     const uint32_t q[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
@@ -67,7 +71,7 @@ struct Fmt<WFmt::kFp8> {
       w[2 * i] = fp8_pair<0>(q[i]);
       w[2 * i + 1] = fp8_pair<1>(q[i]);
     }
-    ScaleFactor<kFp8Bias>(byte).apply(w);
+    apply_scale<kFp8Bias, WIDE>(byte, w);
   }
   __device__ __forceinline__ static void a_words(const uint32_t (&w)[kWords], int s, uint32_t& lo, uint32_t& hi) {
     lo = w[2 * s];
@@ -87,32 +91,37 @@ struct Batch {
   uint4 r0[U], r1[U];
   uint32_t s0[U], s1[U];
   uint4 x[XPRE ? U : 1][XPRE ? XW / 4 : 1];
+  __device__ __forceinline__ bool fits_one_factor(uint32_t max_byte) const {
+    uint32_t m = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) m = max(m, max(s0[u], s1[u]));
+    return m <= max_byte;
+  }
   __device__ __forceinline__ void load_x(const __nv_bfloat16* xr, int c0, int c_hi, int ck) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int i = 0; i < XW / 4; ++i)
-        x[u][i] = xr && c0 + u < c_hi ? *reinterpret_cast<const uint4*>(xr + int64_t(c0 + u) * ck + 8 * i)
-                                      : make_uint4(0, 0, 0, 0);
+        x[u][i] = *reinterpret_cast<const uint4*>(xr + int64_t(min(c0 + u, c_hi - 1)) * ck + 8 * i);
   }
+  // Chunks past the slice (c_hi) load the slice's last chunk again, unused: no branches, no zeroing.
   __device__ __forceinline__ void load(const uint8_t* w0, const uint8_t* w1, const uint8_t* sr0, const uint8_t* sr1,
-                                       bool v0, bool v1, int c0, int c_hi, int t, int ck, int kp, int sk) {
+                                       int c0, int c_hi, int t, int ck, int kp, int sk_log2) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int c = c0 + u;
-      r0[u] = r1[u] = make_uint4(0, 0, 0, 0);
-      s0[u] = s1[u] = 127;
-      if (c < c_hi) {
-        const int col = (c * ck + t * kp) / sk;
-        if (v0) r0[u] = load_stream(w0 + 64 * int64_t(c)), s0[u] = sr0[col];
-        if (v1) r1[u] = load_stream(w1 + 64 * int64_t(c)), s1[u] = sr1[col];
-      }
+      const int c = min(c0 + u, c_hi - 1);
+      const int col = (c * ck + t * kp) >> sk_log2;
+      r0[u] = load_stream(w0 + 64 * c);
+      r1[u] = load_stream(w1 + 64 * c);
+      s0[u] = sr0[col];
+      s1[u] = sr1[col];
     }
   }
 };
 
-// Converts a batch and accumulates its MMAs over the activation groups of this pass.
-template <WFmt F, int TG, int U, int XW, bool XPRE>
+// Converts a batch and accumulates its MMAs over the activation groups of this pass. WIDE = false: every scale
+// byte of the batch takes one multiply (the caller checked them across the warp).
+template <WFmt F, bool WIDE, int TG, int U, int XW, bool XPRE>
 __device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, int c_hi, int64_t m0, int64_t end,
                                         const __nv_bfloat16* const (&xr)[TG], float (&acc)[TG][4]) {
   using Traits = Fmt<F>;
@@ -122,8 +131,8 @@ __device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, in
     const int c = c0 + u;
     if (c >= c_hi) break;
     uint32_t a0w[Traits::kWords], a1w[Traits::kWords];
-    Traits::dequant(bt.r0[u], bt.s0[u], a0w);
-    Traits::dequant(bt.r1[u], bt.s1[u], a1w);
+    Traits::template dequant<WIDE>(bt.r0[u], bt.s0[u], a0w);
+    Traits::template dequant<WIDE>(bt.r1[u], bt.s1[u], a1w);
 #pragma unroll
     for (int tg = 0; tg < TG; ++tg) {
       if (m0 + tg * 8 >= end) break;  // warp-uniform
@@ -131,8 +140,7 @@ __device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, in
 #pragma unroll
       for (int i = 0; i < XW / 4; ++i) {
         const uint4 v = XPRE ? bt.x[XPRE ? u : 0][XPRE ? i : 0]
-                             : xr[tg] ? *reinterpret_cast<const uint4*>(xr[tg] + int64_t(c) * CK + 8 * i)
-                                      : make_uint4(0, 0, 0, 0);
+                             : *reinterpret_cast<const uint4*>(xr[tg] + int64_t(c) * CK + 8 * i);
         xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
       }
 #pragma unroll
@@ -162,7 +170,6 @@ __global__ void __launch_bounds__(32 * kWStreamWarps) wstream_kernel(const WStre
 
   const int n_base = (blockIdx.y * kWStreamWarps + warp) * 16;
   const int r0 = n_base + g, r1 = r0 + 8;
-  const bool v0 = r0 < p.N, v1 = r1 < p.N;
   const uint8_t* w0 = p.w + e * p.w_stride_e + int64_t(r0) * p.w_stride_n + 16 * t;
   const uint8_t* w1 = w0 + 8 * p.w_stride_n;
   const uint8_t* s0 = p.s + e * p.s_stride_e + int64_t(r0 / p.B0) * p.s_stride_n;
@@ -171,23 +178,29 @@ __global__ void __launch_bounds__(32 * kWStreamWarps) wstream_kernel(const WStre
   const int c_lo = blockIdx.z * p.chunks_per_split;
   const int c_hi = min(p.K / CK, c_lo + p.chunks_per_split);
 
-  for (int64_t m0 = start; m0 < end; m0 += 8 * TG) {
+  // N is a whole number of 16-row warp tiles (the binding checks it): a warp past N only joins the split-K sum.
+  for (int64_t m0 = start; m0 < end && n_base < p.N; m0 += 8 * TG) {
     float acc[TG][4];
     const __nv_bfloat16* xr[TG];
 #pragma unroll
     for (int tg = 0; tg < TG; ++tg) {
       acc[tg][0] = acc[tg][1] = acc[tg][2] = acc[tg][3] = 0.f;
       const int64_t pp = m0 + tg * 8 + g;
-      // warps past the last row tile read no activations (their group column would be past x's end)
-      xr[tg] = pp < end && n_base < p.N ? p.x + (p.rows ? p.rows[pp] : pp) * p.x_stride + x_col : nullptr;
+      // lanes past the pass's rows read x row 0: their MMA columns are never stored (no zeroing, no branch)
+      xr[tg] = p.x + (pp < end ? (p.rows ? p.rows[pp] : pp) * p.x_stride : 0) + x_col;
     }
     // A batch of kUnroll chunks: its loads are all issued before the first is used. (Two batches in flight,
     // one loading while the other computes, measured slower on the H200: the registers cost CTAs per SM.)
     for (int c0 = c_lo; c0 < c_hi; c0 += kUnroll) {
       Batch<kUnroll, KP / 2, XPRE> bt;
-      bt.load(w0, w1, s0, s1, v0, v1, c0, c_hi, t, CK, KP, p.SK);
+      bt.load(w0, w1, s0, s1, c0, c_hi, t, CK, KP, p.sk_log2);
       if (XPRE) bt.load_x(xr[0], c0, c_hi, CK);
-      compute<F, TG>(bt, c0, c_hi, m0, end, xr, acc);
+      // Scale bytes above kOneFactorMax (mxfp4: scales of 2^2 and more, not seen in checkpoints) need two bf16
+      // multiplies per word; the batch takes the one-multiply conversion when no lane of the warp has one.
+      if (__all_sync(0xffffffffu, bt.fits_one_factor(Traits::kOneFactorMax)))
+        compute<F, false, TG>(bt, c0, c_hi, m0, end, xr, acc);
+      else
+        compute<F, true, TG>(bt, c0, c_hi, m0, end, xr, acc);
     }
 #pragma unroll
     for (int tg = 0; tg < TG; ++tg) {

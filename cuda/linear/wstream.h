@@ -24,7 +24,7 @@ struct WStreamParams {
   float* partial;          // [split, P, N] float32 partial sums when split > 1 (else null)
   int* counters;           // [grid.x * grid.y] zeroed arrival counters when split > 1; left zeroed
   int P, N, K, NG;         // NG: output rows per input group (grouped wo_a), N when ungrouped
-  int B0, SK;              // scale block: rows, inputs (mxfp4: 1, 32)
+  int B0, sk_log2;         // scale block: rows, log2 of its inputs (mxfp4: 1, 5)
   int chunks_per_split;    // K chunks (128 inputs mxfp4, 64 fp8) per grid.z slice
   int x_prefetch;          // one activation group per pass: load its pieces with the weights' (more registers)
 };

@@ -45,7 +45,7 @@ def _takes(x: Tensor, w: PackedWeight, k: int, n_group: int) -> bool:
         return False
     if w.data.stride(-2) % 16 or w.data.stride(-1) != 1:
         return False
-    return w.fmt == "mxfp4" or w.block[1] % 16 == 0
+    return w.fmt == "mxfp4" or (w.block[1] >= 16 and w.block[1] & (w.block[1] - 1) == 0)  # a power of two
 
 
 def split_counters(device: torch.device) -> Tensor | None:
