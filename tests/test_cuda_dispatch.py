@@ -86,11 +86,6 @@ def test_the_start_up_log_names_each_op_familys_path(monkeypatch):
     assert "dense linears: PyTorch;" in dispatch.describe_paths("cuda")
 
 
-@pytest.mark.parametrize("rows,groups", [(1, 1), (8, 1), (9, 2), (17, 4), (64, 8), (200, 8)])
-def test_token_groups_cover_the_rows_per_pass(rows, groups):
-    assert wstream._token_groups(rows) == groups
-
-
 def test_the_kernel_declines_operands_it_cannot_read():
     """Shapes and dtypes the CUDA kernel does not take return None before any launch (the caller runs Triton)."""
     w = PackedWeight(torch.zeros(64, 96, dtype=torch.float8_e4m3fn), torch.zeros(2, 3, dtype=torch.uint8), "fp8",

@@ -3,18 +3,20 @@
 //
 // Layout of the work. A CTA of 4 warps owns 64 output rows of one weight (one expert); each warp 16 rows, which are
 // the M side of m16n8k16 bf16 MMAs, and up to 8 activation rows are the N side. Lane (g, t) streams 16 bytes of
-// rows g and g + 8 per 64-byte chunk of a row (128 MXFP4 or 64 FP8 inputs), straight from the checkpoint layout,
-// without shared memory. The dot product does not depend on the order of K, so each lane's 16 bytes become its own
+// rows g and g + 8 per 64-byte chunk of a row (128 MXFP4 or 64 FP8 inputs), straight from the checkpoint layout:
+// into registers (wstream_kernel) or from shared-memory stages that bulk copies fill (wstream_staged_kernel). The
+// dot product does not depend on the order of K, so each lane's 16 bytes become its own
 // A fragments in the order the bit-level conversion produces them (common/dequant.cuh) and the lane reads the
 // matching activations for its B fragments: no shuffles, no repacked weights. A thread's 16 bytes of a row lie in
 // one scale block (MXFP4: exactly the 32 inputs of one E8M0; FP8: 16 inputs of a 32×32 or 128×128 tile), so one
-// bf16 multiply per pair of weights applies the scale exactly. Activation rows are taken 8 at a time
-// (`TG` groups per pass over the weights); more rows per expert make more passes, which L2 mostly serves.
+// bf16 multiply per pair of weights applies the scale exactly. Activation rows are taken 8 at a time; more rows
+// per expert make more passes over its weights, which L2 mostly serves.
 //
 // Split-K: grid.z slices K; each slice writes float32 partials and the last CTA of a tile to arrive (a counter per
 // tile, reset by it) sums them in slice order, so results do not depend on timing.
 #include "../common/dequant.cuh"
 #include "../common/mma.cuh"
+#include "../common/smem.cuh"
 #include "wstream.h"
 
 namespace v41 {
@@ -84,8 +86,8 @@ struct Fmt<WFmt::kFp8> {
 };
 
 // The raw 16-byte pieces of rows g and g + 8 for U consecutive chunks, with their scale bytes.
-// With XPRE (one activation group per pass) the lane's activation pieces of the same chunks are loaded here too,
-// so their latency overlaps the weights' instead of following it.
+// With XPRE the lane's activation pieces of the same chunks are loaded here too, so their latency overlaps the
+// weights' instead of following it.
 template <int U, int XW, bool XPRE>
 struct Batch {
   uint4 r0[U], r1[U];
@@ -97,6 +99,7 @@ struct Batch {
     for (int u = 0; u < U; ++u) m = max(m, max(s0[u], s1[u]));
     return m <= max_byte;
   }
+  // Chunks past the slice (c_hi) load the slice's last chunk again, unused: no branches, no zeroing.
   __device__ __forceinline__ void load_x(const __nv_bfloat16* xr, int c0, int c_hi, int ck) {
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -104,26 +107,32 @@ struct Batch {
       for (int i = 0; i < XW / 4; ++i)
         x[u][i] = *reinterpret_cast<const uint4*>(xr + int64_t(min(c0 + u, c_hi - 1)) * ck + 8 * i);
   }
-  // Chunks past the slice (c_hi) load the slice's last chunk again, unused: no branches, no zeroing.
+  __device__ __forceinline__ void load_scales(const uint8_t* sr0, const uint8_t* sr1, int c0, int c_hi, int t, int ck,
+                                              int kp, int sk_log2) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int col = (min(c0 + u, c_hi - 1) * ck + t * kp) >> sk_log2;
+      s0[u] = sr0[col];
+      s1[u] = sr1[col];
+    }
+  }
   __device__ __forceinline__ void load(const uint8_t* w0, const uint8_t* w1, const uint8_t* sr0, const uint8_t* sr1,
                                        int c0, int c_hi, int t, int ck, int kp, int sk_log2) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = min(c0 + u, c_hi - 1);
-      const int col = (c * ck + t * kp) >> sk_log2;
       r0[u] = load_stream(w0 + 64 * c);
       r1[u] = load_stream(w1 + 64 * c);
-      s0[u] = sr0[col];
-      s1[u] = sr1[col];
     }
+    load_scales(sr0, sr1, c0, c_hi, t, ck, kp, sk_log2);
   }
 };
 
-// Converts a batch and accumulates its MMAs over the activation groups of this pass. WIDE = false: every scale
-// byte of the batch takes one multiply (the caller checked them across the warp).
-template <WFmt F, bool WIDE, int TG, int U, int XW, bool XPRE>
-__device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, int c_hi, int64_t m0, int64_t end,
-                                        const __nv_bfloat16* const (&xr)[TG], float (&acc)[TG][4]) {
+// Converts a batch and accumulates its MMAs for the pass's 8 activation rows (xr: this lane's row). WIDE = false:
+// every scale byte of the batch takes one multiply (the caller checked them across the warp).
+template <WFmt F, bool WIDE, int U, int XW, bool XPRE>
+__device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, int c_hi, const __nv_bfloat16* xr,
+                                        float (&acc)[4]) {
   using Traits = Fmt<F>;
   constexpr int CK = 4 * Traits::kInputsPerLane;
 #pragma unroll
@@ -133,136 +142,242 @@ __device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, in
     uint32_t a0w[Traits::kWords], a1w[Traits::kWords];
     Traits::template dequant<WIDE>(bt.r0[u], bt.s0[u], a0w);
     Traits::template dequant<WIDE>(bt.r1[u], bt.s1[u], a1w);
+    uint32_t xw[16];
 #pragma unroll
-    for (int tg = 0; tg < TG; ++tg) {
-      if (m0 + tg * 8 >= end) break;  // warp-uniform
-      uint32_t xw[16];
+    for (int i = 0; i < XW / 4; ++i) {
+      const uint4 v = XPRE ? bt.x[XPRE ? u : 0][XPRE ? i : 0]
+                           : *reinterpret_cast<const uint4*>(xr + int64_t(c) * CK + 8 * i);
+      xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
+    }
 #pragma unroll
-      for (int i = 0; i < XW / 4; ++i) {
-        const uint4 v = XPRE ? bt.x[XPRE ? u : 0][XPRE ? i : 0]
-                             : *reinterpret_cast<const uint4*>(xr[tg] + int64_t(c) * CK + 8 * i);
-        xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
-      }
-#pragma unroll
-      for (int s = 0; s < Traits::kSteps; ++s) {
-        uint32_t a0, a2, a1, a3, b0, b1;
-        Traits::a_words(a0w, s, a0, a2);
-        Traits::a_words(a1w, s, a1, a3);
-        Traits::b_words(xw, s, b0, b1);
-        mma_bf16_16816(acc[tg], a0, a1, a2, a3, b0, b1);
-      }
+    for (int s = 0; s < Traits::kSteps; ++s) {
+      uint32_t a0, a2, a1, a3, b0, b1;
+      Traits::a_words(a0w, s, a0, a2);
+      Traits::a_words(a1w, s, a1, a3);
+      Traits::b_words(xw, s, b0, b1);
+      mma_bf16_16816(acc, a0, a1, a2, a3, b0, b1);
     }
   }
 }
 
-template <WFmt F, int TG, bool XPRE>
+// Scale bytes above kOneFactorMax (mxfp4: scales of 2^2 and more, not seen in checkpoints) need two bf16
+// multiplies per word; a batch takes the one-multiply conversion when no lane of the warp has one.
+template <WFmt F, int U, int XW, bool XPRE>
+__device__ __forceinline__ void convert_and_mma(const Batch<U, XW, XPRE>& bt, int c0, int c_hi,
+                                                const __nv_bfloat16* xr, float (&acc)[4]) {
+  if (__all_sync(0xffffffffu, bt.fits_one_factor(Fmt<F>::kOneFactorMax)))
+    compute<F, false>(bt, c0, c_hi, xr, acc);
+  else
+    compute<F, true>(bt, c0, c_hi, xr, acc);
+}
+
+// What the CTAs of one expert and row tile share: the expert's rows of x, this warp's weight rows and K slice.
+template <WFmt F>
+struct Tile {
+  static constexpr int KP = Fmt<F>::kInputsPerLane, CK = 4 * KP;  // inputs per lane and per 64-byte chunk
+  int64_t e, start, end;  // expert and its rows [start, end) of x / y
+  int n0, n_base, r0, r1, c_lo, c_hi;
+  int64_t x_col;
+  const uint8_t *s0, *s1;
+  __device__ __forceinline__ bool init(const WStreamParams& p, int warp, int g, int t) {
+    e = p.active ? p.active[blockIdx.x] : int64_t(blockIdx.x);
+    if (e < 0) return false;
+    start = p.offsets ? p.offsets[e] : 0;
+    end = p.offsets ? p.offsets[e + 1] : p.P;
+    n0 = blockIdx.y * kWStreamRowsPerCta;
+    n_base = n0 + warp * 16;
+    r0 = n_base + g, r1 = r0 + 8;
+    s0 = p.s + e * p.s_stride_e + int64_t(r0 / p.B0) * p.s_stride_n;
+    s1 = p.s + e * p.s_stride_e + int64_t(r1 / p.B0) * p.s_stride_n;
+    x_col = int64_t(n_base / p.NG) * p.K + t * KP;
+    c_lo = blockIdx.z * p.chunks_per_split;
+    c_hi = min(p.K / CK, c_lo + p.chunks_per_split);
+    return start < end;
+  }
+  // This lane's x row for the pass at m0; lanes past the pass's rows read x row 0: their MMA columns are never
+  // stored (no zeroing, no branch).
+  __device__ __forceinline__ const __nv_bfloat16* x_row(const WStreamParams& p, int64_t m0, int g) const {
+    const int64_t pp = m0 + g;
+    return p.x + (pp < end ? (p.rows ? p.rows[pp] : pp) * p.x_stride : 0) + x_col;
+  }
+  __device__ __forceinline__ void store(const WStreamParams& p, const float (&acc)[4], int64_t m0, int t) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t q = m0 + 2 * t + (i & 1);
+      const int r = i < 2 ? r0 : r1;
+      if (q >= end || r >= p.N) continue;
+      if (p.partial)
+        p.partial[(int64_t(blockIdx.z) * p.P + q) * p.N + r] = acc[i];
+      else
+        p.y[q * p.y_stride + r] = __float2bfloat16_rn(acc[i]);
+    }
+  }
+  // Split-K: the last CTA of the tile to arrive sums the slices' partials in slice order and resets the counter.
+  __device__ __forceinline__ void sum_partials(const WStreamParams& p) const {
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    const int tile = blockIdx.x * gridDim.y + blockIdx.y;
+    if (threadIdx.x == 0) is_last = atomicAdd(p.counters + tile, 1) == int(gridDim.z) - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    const int width = min(kWStreamRowsPerCta, p.N - n0);
+    const int64_t count = (end - start) * width;
+    for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+      const int64_t q = start + i / width;
+      const int n = n0 + int(i % width);
+      float sum = 0.f;
+      for (int z = 0; z < int(gridDim.z); ++z) sum += __ldcg(p.partial + (int64_t(z) * p.P + q) * p.N + n);
+      p.y[q * p.y_stride + n] = __float2bfloat16_rn(sum);
+    }
+    if (threadIdx.x == 0) p.counters[tile] = 0;
+  }
+};
+
+// Register batches: each lane loads its own 16-byte pieces of kUnroll chunks, then converts them.
+template <WFmt F, bool XPRE>
 __global__ void __launch_bounds__(32 * kWStreamWarps) wstream_kernel(const WStreamParams p) {
   using Traits = Fmt<F>;
-  constexpr int KP = Traits::kInputsPerLane;
-  constexpr int CK = 4 * KP;  // inputs per 64-byte chunk of a row
-  constexpr int kUnroll = Traits::kUnroll;
+  constexpr int KP = Tile<F>::KP, CK = Tile<F>::CK, kUnroll = Traits::kUnroll;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-
-  const int64_t e = p.active ? p.active[blockIdx.x] : int64_t(blockIdx.x);
-  if (e < 0) return;
-  const int64_t start = p.offsets ? p.offsets[e] : 0, end = p.offsets ? p.offsets[e + 1] : p.P;
-  if (start >= end) return;
-
-  const int n_base = (blockIdx.y * kWStreamWarps + warp) * 16;
-  const int r0 = n_base + g, r1 = r0 + 8;
-  const uint8_t* w0 = p.w + e * p.w_stride_e + int64_t(r0) * p.w_stride_n + 16 * t;
+  Tile<F> tl;
+  if (!tl.init(p, warp, g, t)) return;
+  const uint8_t* w0 = p.w + tl.e * p.w_stride_e + int64_t(tl.r0) * p.w_stride_n + 16 * t;
   const uint8_t* w1 = w0 + 8 * p.w_stride_n;
-  const uint8_t* s0 = p.s + e * p.s_stride_e + int64_t(r0 / p.B0) * p.s_stride_n;
-  const uint8_t* s1 = p.s + e * p.s_stride_e + int64_t(r1 / p.B0) * p.s_stride_n;
-  const int64_t x_col = int64_t(n_base / p.NG) * p.K + t * KP;
-  const int c_lo = blockIdx.z * p.chunks_per_split;
-  const int c_hi = min(p.K / CK, c_lo + p.chunks_per_split);
 
   // N is a whole number of 16-row warp tiles (the binding checks it): a warp past N only joins the split-K sum.
-  for (int64_t m0 = start; m0 < end && n_base < p.N; m0 += 8 * TG) {
-    float acc[TG][4];
-    const __nv_bfloat16* xr[TG];
-#pragma unroll
-    for (int tg = 0; tg < TG; ++tg) {
-      acc[tg][0] = acc[tg][1] = acc[tg][2] = acc[tg][3] = 0.f;
-      const int64_t pp = m0 + tg * 8 + g;
-      // lanes past the pass's rows read x row 0: their MMA columns are never stored (no zeroing, no branch)
-      xr[tg] = p.x + (pp < end ? (p.rows ? p.rows[pp] : pp) * p.x_stride : 0) + x_col;
-    }
+  for (int64_t m0 = tl.start; m0 < tl.end && tl.n_base < p.N; m0 += 8) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const __nv_bfloat16* xr = tl.x_row(p, m0, g);
     // A batch of kUnroll chunks: its loads are all issued before the first is used. (Two batches in flight,
     // one loading while the other computes, measured slower on the H200: the registers cost CTAs per SM.)
-    for (int c0 = c_lo; c0 < c_hi; c0 += kUnroll) {
+    for (int c0 = tl.c_lo; c0 < tl.c_hi; c0 += kUnroll) {
       Batch<kUnroll, KP / 2, XPRE> bt;
-      bt.load(w0, w1, s0, s1, c0, c_hi, t, CK, KP, p.sk_log2);
-      if (XPRE) bt.load_x(xr[0], c0, c_hi, CK);
-      // Scale bytes above kOneFactorMax (mxfp4: scales of 2^2 and more, not seen in checkpoints) need two bf16
-      // multiplies per word; the batch takes the one-multiply conversion when no lane of the warp has one.
-      if (__all_sync(0xffffffffu, bt.fits_one_factor(Traits::kOneFactorMax)))
-        compute<F, false, TG>(bt, c0, c_hi, m0, end, xr, acc);
-      else
-        compute<F, true, TG>(bt, c0, c_hi, m0, end, xr, acc);
+      bt.load(w0, w1, tl.s0, tl.s1, c0, tl.c_hi, t, CK, KP, p.sk_log2);
+      if (XPRE) bt.load_x(xr, c0, tl.c_hi, CK);
+      convert_and_mma<F>(bt, c0, tl.c_hi, xr, acc);
     }
+    tl.store(p, acc, m0, t);
+  }
+  if (p.partial) tl.sum_partials(p);
+}
+
+// Shared-memory stages of the staged kernel: U chunks of the CTA's 64 weight rows. The row pitch is 64 bytes past
+// a multiple of 128, so the two rows a quarter warp reads (g = 2k, 2k + 1) fall on disjoint banks.
+template <int U>
+struct Stage {
+  static constexpr int kRowBytes = 64 * U, kPitch = kRowBytes + 64, kBytes = kWStreamRowsPerCta * kPitch;
+  static_assert(kPitch % 128 == 64, "rows 2k and 2k + 1 must not share banks");
+};
+
+// Staged: the CTA's weight rows stream through a ring of D shared-memory stages, filled by bulk copies
+// (cp.async.bulk, one per row and stage, completion counted in bytes on the stage's mbarrier) that warp 0 issues
+// D - 1 stages ahead; no registers hold data in flight. Scale bytes are loaded one stage ahead into registers,
+// activations as in the register kernel; the conversion and MMAs are the same.
+template <WFmt F, int U, int D>
+__global__ void __launch_bounds__(32 * kWStreamWarps) wstream_staged_kernel(const WStreamParams p) {
+  using S = Stage<U>;
+  constexpr int KP = Tile<F>::KP, CK = Tile<F>::CK;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + D * S::kBytes);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  Tile<F> tl;
+  if (!tl.init(p, warp, g, t)) return;
+  const int rows_cta = min(kWStreamRowsPerCta, p.N - tl.n0);
+  const uint8_t* w_cta = p.w + tl.e * p.w_stride_e + int64_t(tl.n0) * p.w_stride_n;
+  const int stages = (tl.c_hi - tl.c_lo + U - 1) / U;
+  const int total = stages * int((tl.end - tl.start + 7) / 8);  // stages of every pass of 8 activation rows
+  const bool rows_in = tl.n_base < p.N;  // whole 16-row warp tiles (the binding checks it)
+
+  if (threadIdx.x == 0) {
 #pragma unroll
-    for (int tg = 0; tg < TG; ++tg) {
-      const int64_t q0 = m0 + tg * 8 + 2 * t;
+    for (int d = 0; d < D; ++d) mbar_init(bar + d, 1);
+    fence_mbar_init();
+  }
+  __syncthreads();
+  const auto issue = [&](int it) {  // warp 0: the copies of ring step `it` into slot it % D
+    const int c0 = tl.c_lo + (it % stages) * U;
+    const uint32_t bytes = uint32_t(min(U, tl.c_hi - c0)) * 64;
+    uint64_t* b = bar + it % D;
+    if (lane == 0) mbar_arrive_expect_tx(b, bytes * uint32_t(rows_cta));
+    __syncwarp();
+    uint8_t* dst = smem + (it % D) * S::kBytes;
+    for (int r = lane; r < rows_cta; r += 32)
+      bulk_copy_g2s(dst + r * S::kPitch, w_cta + int64_t(r) * p.w_stride_n + 64 * c0, bytes, b);
+  };
+  if (warp == 0)
+    for (int it = 0; it < min(D - 1, total); ++it) issue(it);
+
+  Batch<U, KP / 2, false> bt, next;
+  if (rows_in) next.load_scales(tl.s0, tl.s1, tl.c_lo, tl.c_hi, t, CK, KP, p.sk_log2);
+  float acc[4];
+  const __nv_bfloat16* xr = nullptr;
+  for (int it = 0; it < total; ++it) {
+    const int pass = it / stages, s = it - pass * stages;
+    const int64_t m0 = tl.start + 8 * int64_t(pass);
+    const int c0 = tl.c_lo + s * U;
+    if (s == 0) {
+      acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+      xr = tl.x_row(p, m0, g);
+    }
+    __syncthreads();  // every warp is done with step it - 1, whose slot the next copies refill
+    if (warp == 0 && it + D - 1 < total) issue(it + D - 1);
+    if (rows_in) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int64_t q = q0 + (i & 1);
-        const int r = i < 2 ? r0 : r1;
-        if (q >= end || r >= p.N) continue;
-        if (p.partial)
-          p.partial[(int64_t(blockIdx.z) * p.P + q) * p.N + r] = acc[tg][i];
-        else
-          p.y[q * p.y_stride + r] = __float2bfloat16_rn(acc[tg][i]);
+      for (int u = 0; u < U; ++u) bt.s0[u] = next.s0[u], bt.s1[u] = next.s1[u];
+      if (it + 1 < total) {
+        const int s1 = (it + 1) % stages;
+        next.load_scales(tl.s0, tl.s1, tl.c_lo + s1 * U, tl.c_hi, t, CK, KP, p.sk_log2);
       }
     }
+    mbar_wait(bar + it % D, uint32_t(it / D) & 1u);
+    if (!rows_in) continue;
+    const uint8_t* st = smem + (it % D) * S::kBytes + (warp * 16 + g) * S::kPitch + 16 * t;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      bt.r0[u] = *reinterpret_cast<const uint4*>(st + 64 * u);
+      bt.r1[u] = *reinterpret_cast<const uint4*>(st + 8 * S::kPitch + 64 * u);
+    }
+    convert_and_mma<F>(bt, c0, tl.c_hi, xr, acc);
+    if (s == stages - 1) tl.store(p, acc, m0, t);
   }
+  if (p.partial) tl.sum_partials(p);
+}
 
-  if (!p.partial) return;
-  __shared__ int is_last;
-  __threadfence();
-  __syncthreads();
-  const int tile = blockIdx.x * gridDim.y + blockIdx.y;
-  if (threadIdx.x == 0) is_last = atomicAdd(p.counters + tile, 1) == int(gridDim.z) - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  const int n0 = blockIdx.y * kWStreamRowsPerCta;
-  const int width = min(kWStreamRowsPerCta, p.N - n0);
-  const int64_t count = (end - start) * width;
-  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
-    const int64_t q = start + i / width;
-    const int n = n0 + int(i % width);
-    float sum = 0.f;
-    for (int z = 0; z < int(gridDim.z); ++z) sum += __ldcg(p.partial + (int64_t(z) * p.P + q) * p.N + n);
-    p.y[q * p.y_stride + n] = __float2bfloat16_rn(sum);
+template <int U, int D>
+constexpr size_t staged_smem() {
+  return size_t(D) * Stage<U>::kBytes + size_t(D) * sizeof(uint64_t);
+}
+
+template <typename Kernel>
+cudaError_t launch_with_smem(Kernel kernel, size_t smem, dim3 grid, const WStreamParams& p, cudaStream_t stream) {
+  if (smem > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (err != cudaSuccess) return err;
   }
-  if (threadIdx.x == 0) p.counters[tile] = 0;
+  kernel<<<grid, 32 * kWStreamWarps, smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 template <WFmt F>
-cudaError_t launch_fmt(const WStreamParams& p, int token_groups, dim3 grid, cudaStream_t stream) {
-  const dim3 block(32 * kWStreamWarps);
-  switch (token_groups) {
-    case 1:
-      if (p.x_prefetch)
-        wstream_kernel<F, 1, true><<<grid, block, 0, stream>>>(p);
-      else
-        wstream_kernel<F, 1, false><<<grid, block, 0, stream>>>(p);
-      break;
-    case 2: wstream_kernel<F, 2, false><<<grid, block, 0, stream>>>(p); break;
-    case 4: wstream_kernel<F, 4, false><<<grid, block, 0, stream>>>(p); break;
-    case 8: wstream_kernel<F, 8, false><<<grid, block, 0, stream>>>(p); break;
+cudaError_t launch_fmt(const WStreamParams& p, int variant, dim3 grid, cudaStream_t stream) {
+  switch (variant) {
+    case 0:
+      return p.x_prefetch ? launch_with_smem(wstream_kernel<F, true>, 0, grid, p, stream)
+                          : launch_with_smem(wstream_kernel<F, false>, 0, grid, p, stream);
+    case 1: return launch_with_smem(wstream_staged_kernel<F, 2, 4>, staged_smem<2, 4>(), grid, p, stream);
+    case 2: return launch_with_smem(wstream_staged_kernel<F, 4, 3>, staged_smem<4, 3>(), grid, p, stream);
+    case 3: return launch_with_smem(wstream_staged_kernel<F, 2, 6>, staged_smem<2, 6>(), grid, p, stream);
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, int token_groups, dim3 grid, cudaStream_t stream) {
-  return fmt == WFmt::kMxfp4 ? launch_fmt<WFmt::kMxfp4>(p, token_groups, grid, stream)
-                             : launch_fmt<WFmt::kFp8>(p, token_groups, grid, stream);
+cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, int variant, dim3 grid, cudaStream_t stream) {
+  return fmt == WFmt::kMxfp4 ? launch_fmt<WFmt::kMxfp4>(p, variant, grid, stream)
+                             : launch_fmt<WFmt::kFp8>(p, variant, grid, stream);
 }
 
 }  // namespace v41

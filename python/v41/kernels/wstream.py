@@ -31,6 +31,9 @@ MAX_ROWS_PER_EXPERT = 2   # grouped: pairs per expert slot on average (measured 
 ROWS_PER_CTA = 64
 CTAS_PER_SM = 3  # split K until this many CTAs per SM (benches/RESULTS.md: 16 and 64 measured slower)
 COUNTER_SLOTS = 1 << 16
+# 0: register batches (each lane loads its own pieces); 1, 2, 3: shared-memory stages filled by bulk copies,
+# (chunks, stages) = (2, 4), (4, 3), (2, 6) (cuda/linear/wstream.h)
+VARIANT = 0
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
 
@@ -75,16 +78,8 @@ def _launch_shape(slots: int, n: int, k: int, fmt: str, device: torch.device) ->
     return -(-chunks // per), per
 
 
-def _token_groups(rows: float) -> int:
-    """Activation rows per pass over a weight, in groups of 8 (1, 2, 4 or 8)."""
-    g = 1
-    while g < 8 and 8 * g < rows:
-        g *= 2
-    return g
-
-
 def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None, active: Tensor | None,
-         p: int, slots: int, n_group: int, per_weight: float, x_prefetch: bool) -> Tensor:
+         p: int, slots: int, n_group: int, x_prefetch: bool) -> Tensor:
     n, k = w.out_features, w.in_features
     y = torch.empty((p, n), dtype=torch.bfloat16, device=x.device)
     split, per = _launch_shape(slots, n, k, w.fmt, x.device)
@@ -94,7 +89,7 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     partial = torch.empty((split, p, n), dtype=torch.float32, device=x.device) if split > 1 else None
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        counters, FMT_CODES[w.fmt], n_group, w.block[0],
-                       32 if w.fmt == "mxfp4" else w.block[1], _token_groups(per_weight), slots, split, per,
+                       32 if w.fmt == "mxfp4" else w.block[1], VARIANT, slots, split, per,
                        x_prefetch)
     return y
 
@@ -107,7 +102,7 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int = 1) 
     if (not 0 < m <= MAX_ROWS or out_dtype != torch.bfloat16 or w.data.dim() != 2 or n % groups
             or x.shape[1] != groups * k or not _takes(x, w, k, n // groups)):
         return None
-    return _run(x, None, w, None, None, m, 1, n // groups, m, x_prefetch=True)
+    return _run(x, None, w, None, None, m, 1, n // groups, x_prefetch=True)
 
 
 def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, active: Tensor) -> Tensor | None:
@@ -123,4 +118,4 @@ def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, ac
         return None
     if offsets.dtype != torch.int64 or active.dtype != torch.int64 or (rows is not None and rows.dtype != torch.int64):
         return None
-    return _run(x, rows, w, offsets, active, p, slots, n, p / slots, x_prefetch=False)
+    return _run(x, rows, w, offsets, active, p, slots, n, x_prefetch=False)
