@@ -76,8 +76,9 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   TORCH_CHECK(x.size(1) >= (n / n_groups) * k, "x has fewer columns than the groups read");
   TORCH_CHECK(aligned16(x.data_ptr()) && x.stride(0) % 8 == 0 && aligned16(w.data_ptr()) && w.stride(-2) % 16 == 0,
               "x and w must be 16-byte aligned with 16-byte aligned rows");
-  TORCH_CHECK(split >= 1 && chunks_per_split >= 1 && split * chunks_per_split >= k / ck,
-              "split x chunks_per_split must cover K");
+  TORCH_CHECK(split >= 1 && chunks_per_split >= 1 && split * chunks_per_split >= k / ck &&
+                  (split - 1) * chunks_per_split < k / ck,
+              "split x chunks_per_split must cover K, every slice with at least one chunk");
   TORCH_CHECK(offsets.has_value() || slots == 1, "one expert without offsets");
   const int64_t tiles_n = (n + v41::kWStreamRowsPerCta - 1) / v41::kWStreamRowsPerCta;
   if (split > 1) {

@@ -1,5 +1,6 @@
 // Shared-memory staging: asynchronous global → shared copies (per thread, or bulk with mbarriers) and ldmatrix
-// fragment loads (PTX ISA "cp.async", "cp.async.bulk", "mbarrier", "ldmatrix"). Fragment layouts of the m16n8k16 MMA: common/mma.cuh.
+// fragment loads (PTX ISA "cp.async", "cp.async.bulk", "mbarrier", "ldmatrix"). Fragment layouts of the m16n8k16
+// MMA: common/mma.cuh.
 #pragma once
 #include <cstdint>
 
@@ -37,7 +38,9 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t arrivals) {
 }
 
 // Makes initialized mbarriers visible to the async proxy (bulk copies) before a __syncthreads.
-__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 
 // One arrival that also expects `bytes` more of transactions in the current phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
@@ -55,6 +58,12 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "r"(smem_addr(bar)), "r"(parity)
         : "memory");
   }
+}
+
+// Orders this thread's earlier generic-proxy accesses to shared memory (reads of a stage) before its later
+// async-proxy ones (bulk copies refilling that stage).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` to shared `dst`, counted on

@@ -322,7 +322,10 @@ __global__ void __launch_bounds__(32 * kWStreamWarps) wstream_staged_kernel(cons
       xr = tl.x_row(p, m0, g);
     }
     __syncthreads();  // every warp is done with step it - 1, whose slot the next copies refill
-    if (warp == 0 && it + D - 1 < total) issue(it + D - 1);
+    if (warp == 0 && it + D - 1 < total) {
+      fence_proxy_async_smem();
+      issue(it + D - 1);
+    }
     if (rows_in) {
 #pragma unroll
       for (int u = 0; u < U; ++u) bt.s0[u] = next.s0[u], bt.s1[u] = next.s1[u];
