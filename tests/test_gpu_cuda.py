@@ -18,13 +18,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not dispatch.cu
 DEV = "cuda"
 
 
-@pytest.fixture(autouse=True, params=range(4), ids=lambda v: f"variant{v}")
-def variant(request, monkeypatch):
-    """Every test at each kernel variant: register batches (0) and the shared-memory stages (1-3)."""
-    monkeypatch.setattr(wstream, "VARIANT", request.param)
-    return request.param
-
-
 def _gen():
     return torch.Generator().manual_seed(torch.seed() % (1 << 31))
 
@@ -102,9 +95,8 @@ def test_linear_equals_its_reference(case, m):
 @pytest.mark.parametrize("m", [1, 8, 24, 64])
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 def test_long_rows_in_one_slice_and_several_row_groups(fmt, m, monkeypatch):
-    """One K slice of 64 chunks per CTA (no split-K), so each warp runs 16 register batches (or the stages go round
-    their ring several times); 24 and 64 rows take 3 and 8 passes over the weight; the scale bytes are a view at
-    an odd offset."""
+    """One K slice of 64 chunks per CTA (no split-K), so each warp runs 16 register batches; 24 and 64 rows take 3
+    and 8 passes over the weight; the scale bytes are a view at an odd offset."""
     monkeypatch.setattr(wstream, "CTAS_PER_SM", 0)  # split = 1
     monkeypatch.setattr(wstream, "MAX_ROWS", 64)
     g = _gen()

@@ -2,7 +2,7 @@
 shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel table).
 
     python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24] [--ops linears,experts,attention,topk]
-        [--sweep 2,3,8] [--variants 1,2,3] [--linear-tiles 64:128:4:4,64:256:8:3]
+        [--sweep 2,3,8] [--linear-tiles 64:128:4:4,64:256:8:3]
 
 Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
 rotate over enough copies of the weight that none is still in L2 (≥ 256 MB in all), and each MoE launch routes
@@ -49,22 +49,16 @@ def fp8_weight(n: int, k: int, block: int) -> PackedWeight:
 
 
 SWEEP: list[str] = []
-VARIANTS: list[int] = []
 LINEAR_TILES: list[tuple[int, int, int, int]] = []
 
 
 def sweep(timed) -> dict[str, float]:
-    """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target) and at each
-    ``--variants`` value of ``wstream.VARIANT`` (columns v<variant>)."""
-    out, default, variant = {}, wstream.CTAS_PER_SM, wstream.VARIANT
+    """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target)."""
+    out, default = {}, wstream.CTAS_PER_SM
     for c in SWEEP:
         wstream.CTAS_PER_SM = int(c)
         out[c] = timed()
     wstream.CTAS_PER_SM = default
-    for v in VARIANTS:
-        wstream.VARIANT = v
-        out[f"v{v}"] = timed()
-    wstream.VARIANT = variant
     return out
 
 
@@ -134,12 +128,10 @@ def main() -> None:
     ap.add_argument("--ops", default="linears,experts,attention,topk")
     ap.add_argument("--mqa-min-tiles", default="", help="MIN_TILES_PER_SPLIT values to also time sparse MQA at")
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
-    ap.add_argument("--variants", default="", help="wstream.VARIANT values to also time the CUDA kernel at, e.g. 1,2")
     ap.add_argument("--linear-tiles", default="", help="BM:BN:warps:stages tilings to also time the Triton linear "
                     "at (columns t<tiling>; cells whose output features BN does not divide are left out)")
     args = ap.parse_args()
     SWEEP.extend(c for c in args.sweep.split(",") if c)
-    VARIANTS.extend(int(v) for v in args.variants.split(",") if v)
     LINEAR_TILES.extend(tuple(int(v) for v in c.split(":")) for c in args.linear_tiles.split(",") if c)
     batches = [int(b) for b in args.batches.split(",")]
     wstream.MAX_ROWS = max(batches)  # time the kernel past the dispatch's row limit too (where Triton wins)

@@ -3,9 +3,8 @@
 //
 // Layout of the work. A CTA of 4 warps owns 64 output rows of one weight (one expert); each warp 16 rows, which are
 // the M side of m16n8k16 bf16 MMAs, and up to 8 activation rows are the N side. Lane (g, t) streams 16 bytes of
-// rows g and g + 8 per 64-byte chunk of a row (128 MXFP4 or 64 FP8 inputs), straight from the checkpoint layout:
-// into registers (wstream_kernel) or from shared-memory stages that bulk copies fill (wstream_staged_kernel). The
-// dot product does not depend on the order of K, so each lane's 16 bytes become its own
+// rows g and g + 8 per 64-byte chunk of a row (128 MXFP4 or 64 FP8 inputs), straight from the checkpoint layout,
+// without shared memory. The dot product does not depend on the order of K, so each lane's 16 bytes become its own
 // A fragments in the order the bit-level conversion produces them (common/dequant.cuh) and the lane reads the
 // matching activations for its B fragments: no shuffles, no repacked weights. A thread's 16 bytes of a row lie in
 // one scale block (MXFP4: exactly the 32 inputs of one E8M0; FP8: 16 inputs of a 32×32 or 128×128 tile), so one
@@ -16,7 +15,6 @@
 // tile, reset by it) sums them in slice order, so results do not depend on timing.
 #include "../common/dequant.cuh"
 #include "../common/mma.cuh"
-#include "../common/smem.cuh"
 #include "wstream.h"
 
 namespace v41 {
@@ -235,7 +233,9 @@ struct Tile {
   }
 };
 
-// Register batches: each lane loads its own 16-byte pieces of kUnroll chunks, then converts them.
+// Register batches: each lane loads its own 16-byte pieces of kUnroll chunks, then converts them. (Staging the
+// CTA's rows in shared memory through per-row bulk copies and mbarriers measured 2-3x slower on the H200, a
+// per-lane cp.async ring 5-60 % slower: benches/RESULTS.md.)
 template <WFmt F, bool XPRE>
 __global__ void __launch_bounds__(32 * kWStreamWarps) wstream_kernel(const WStreamParams p) {
   using Traits = Fmt<F>;
@@ -263,124 +263,19 @@ __global__ void __launch_bounds__(32 * kWStreamWarps) wstream_kernel(const WStre
   if (p.partial) tl.sum_partials(p);
 }
 
-// Shared-memory stages of the staged kernel: U chunks of the CTA's 64 weight rows. The row pitch is 64 bytes past
-// a multiple of 128, so the two rows a quarter warp reads (g = 2k, 2k + 1) fall on disjoint banks.
-template <int U>
-struct Stage {
-  static constexpr int kRowBytes = 64 * U, kPitch = kRowBytes + 64, kBytes = kWStreamRowsPerCta * kPitch;
-  static_assert(kPitch % 128 == 64, "rows 2k and 2k + 1 must not share banks");
-};
-
-// Staged: the CTA's weight rows stream through a ring of D shared-memory stages, filled by bulk copies
-// (cp.async.bulk, one per row and stage, completion counted in bytes on the stage's mbarrier) that warp 0 issues
-// D - 1 stages ahead; no registers hold data in flight. Scale bytes are loaded one stage ahead into registers,
-// activations as in the register kernel; the conversion and MMAs are the same.
-template <WFmt F, int U, int D>
-__global__ void __launch_bounds__(32 * kWStreamWarps) wstream_staged_kernel(const WStreamParams p) {
-  using S = Stage<U>;
-  constexpr int KP = Tile<F>::KP, CK = Tile<F>::CK;
-  extern __shared__ __align__(128) uint8_t smem[];
-  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + D * S::kBytes);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  Tile<F> tl;
-  if (!tl.init(p, warp, g, t)) return;
-  const int rows_cta = min(kWStreamRowsPerCta, p.N - tl.n0);
-  const uint8_t* w_cta = p.w + tl.e * p.w_stride_e + int64_t(tl.n0) * p.w_stride_n;
-  const int stages = (tl.c_hi - tl.c_lo + U - 1) / U;
-  const int total = stages * int((tl.end - tl.start + 7) / 8);  // stages of every pass of 8 activation rows
-  const bool rows_in = tl.n_base < p.N;  // whole 16-row warp tiles (the binding checks it)
-
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int d = 0; d < D; ++d) mbar_init(bar + d, 1);
-    fence_mbar_init();
-  }
-  __syncthreads();
-  const auto issue = [&](int it) {  // warp 0: the copies of ring step `it` into slot it % D
-    const int c0 = tl.c_lo + (it % stages) * U;
-    const uint32_t bytes = uint32_t(min(U, tl.c_hi - c0)) * 64;
-    uint64_t* b = bar + it % D;
-    if (lane == 0) mbar_arrive_expect_tx(b, bytes * uint32_t(rows_cta));
-    __syncwarp();
-    uint8_t* dst = smem + (it % D) * S::kBytes;
-    for (int r = lane; r < rows_cta; r += 32)
-      bulk_copy_g2s(dst + r * S::kPitch, w_cta + int64_t(r) * p.w_stride_n + 64 * c0, bytes, b);
-  };
-  if (warp == 0)
-    for (int it = 0; it < min(D - 1, total); ++it) issue(it);
-
-  Batch<U, KP / 2, false> bt, next;
-  if (rows_in) next.load_scales(tl.s0, tl.s1, tl.c_lo, tl.c_hi, t, CK, KP, p.sk_log2);
-  float acc[4];
-  const __nv_bfloat16* xr = nullptr;
-  for (int it = 0; it < total; ++it) {
-    const int pass = it / stages, s = it - pass * stages;
-    const int64_t m0 = tl.start + 8 * int64_t(pass);
-    const int c0 = tl.c_lo + s * U;
-    if (s == 0) {
-      acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-      xr = tl.x_row(p, m0, g);
-    }
-    __syncthreads();  // every warp is done with step it - 1, whose slot the next copies refill
-    if (warp == 0 && it + D - 1 < total) {
-      fence_proxy_async_smem();
-      issue(it + D - 1);
-    }
-    if (rows_in) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) bt.s0[u] = next.s0[u], bt.s1[u] = next.s1[u];
-      if (it + 1 < total) {
-        const int s1 = (it + 1) % stages;
-        next.load_scales(tl.s0, tl.s1, tl.c_lo + s1 * U, tl.c_hi, t, CK, KP, p.sk_log2);
-      }
-    }
-    mbar_wait(bar + it % D, uint32_t(it / D) & 1u);
-    if (!rows_in) continue;
-    const uint8_t* st = smem + (it % D) * S::kBytes + (warp * 16 + g) * S::kPitch + 16 * t;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      bt.r0[u] = *reinterpret_cast<const uint4*>(st + 64 * u);
-      bt.r1[u] = *reinterpret_cast<const uint4*>(st + 8 * S::kPitch + 64 * u);
-    }
-    convert_and_mma<F>(bt, c0, tl.c_hi, xr, acc);
-    if (s == stages - 1) tl.store(p, acc, m0, t);
-  }
-  if (p.partial) tl.sum_partials(p);
-}
-
-template <int U, int D>
-constexpr size_t staged_smem() {
-  return size_t(D) * Stage<U>::kBytes + size_t(D) * sizeof(uint64_t);
-}
-
-template <typename Kernel>
-cudaError_t launch_with_smem(Kernel kernel, size_t smem, dim3 grid, const WStreamParams& p, cudaStream_t stream) {
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (err != cudaSuccess) return err;
-  }
-  kernel<<<grid, 32 * kWStreamWarps, smem, stream>>>(p);
-  return cudaGetLastError();
-}
-
 template <WFmt F>
-cudaError_t launch_fmt(const WStreamParams& p, int variant, dim3 grid, cudaStream_t stream) {
-  switch (variant) {
-    case 0:
-      return p.x_prefetch ? launch_with_smem(wstream_kernel<F, true>, 0, grid, p, stream)
-                          : launch_with_smem(wstream_kernel<F, false>, 0, grid, p, stream);
-    case 1: return launch_with_smem(wstream_staged_kernel<F, 2, 4>, staged_smem<2, 4>(), grid, p, stream);
-    case 2: return launch_with_smem(wstream_staged_kernel<F, 4, 3>, staged_smem<4, 3>(), grid, p, stream);
-    case 3: return launch_with_smem(wstream_staged_kernel<F, 2, 6>, staged_smem<2, 6>(), grid, p, stream);
-    default: return cudaErrorInvalidValue;
-  }
+cudaError_t launch_fmt(const WStreamParams& p, dim3 grid, cudaStream_t stream) {
+  if (p.x_prefetch)
+    wstream_kernel<F, true><<<grid, 32 * kWStreamWarps, 0, stream>>>(p);
+  else
+    wstream_kernel<F, false><<<grid, 32 * kWStreamWarps, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, int variant, dim3 grid, cudaStream_t stream) {
-  return fmt == WFmt::kMxfp4 ? launch_fmt<WFmt::kMxfp4>(p, variant, grid, stream)
-                             : launch_fmt<WFmt::kFp8>(p, variant, grid, stream);
+cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, dim3 grid, cudaStream_t stream) {
+  return fmt == WFmt::kMxfp4 ? launch_fmt<WFmt::kMxfp4>(p, grid, stream) : launch_fmt<WFmt::kFp8>(p, grid, stream);
 }
 
 }  // namespace v41

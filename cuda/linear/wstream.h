@@ -26,17 +26,13 @@ struct WStreamParams {
   int P, N, K, NG;         // NG: output rows per input group (grouped wo_a), N when ungrouped
   int B0, sk_log2;         // scale block: rows, log2 of its inputs (mxfp4: 1, 5)
   int chunks_per_split;    // K chunks (128 inputs mxfp4, 64 fp8) per grid.z slice
-  int x_prefetch;          // register batches: load the activation pieces with the weights' (more registers)
+  int x_prefetch;          // load the activation pieces with the weights' (more registers)
 };
 
 constexpr int kWStreamWarps = 4;
 constexpr int kWStreamRowsPerCta = 16 * kWStreamWarps;
 
-// Launches the kernel on `stream`; grid (experts or active slots, ceil(N / 64), split). variant 0: register
-// batches; 1, 2, 3: shared-memory stages of (chunks, stages) = (2, 4), (4, 3), (2, 6) filled by bulk copies.
-// Returns the launch error (cudaErrorInvalidValue for another variant).
-cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, int variant, dim3 grid, cudaStream_t stream);
-
-constexpr int kWStreamVariants = 4;
+// Launches the kernel on `stream`; grid (experts or active slots, ceil(N / 64), split). Returns the launch error.
+cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, dim3 grid, cudaStream_t stream);
 
 }  // namespace v41

@@ -31,12 +31,6 @@ MAX_ROWS_PER_EXPERT = 2   # grouped: pairs per expert slot on average (measured 
 ROWS_PER_CTA = 64
 CTAS_PER_SM = 3  # split K until this many CTAs per SM (benches/RESULTS.md: 16 and 64 measured slower)
 COUNTER_SLOTS = 1 << 16
-# Kernel variant per entry point (cuda/linear/wstream.h): 0 = register batches (each lane loads its own pieces);
-# 1, 2, 3 = shared-memory stages filled by bulk copies, (chunks, stages) = (2, 4), (4, 3), (2, 6). VARIANT, when
-# set, overrides both (tests, benches/gpu/kernel_bench.py --variants).
-LINEAR_VARIANT = 0
-GROUPED_VARIANT = 0
-VARIANT: int | None = None
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
 
@@ -82,9 +76,8 @@ def _launch_shape(slots: int, n: int, k: int, fmt: str, device: torch.device) ->
 
 
 def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None, active: Tensor | None,
-         p: int, slots: int, n_group: int, x_prefetch: bool, variant: int) -> Tensor:
+         p: int, slots: int, n_group: int, x_prefetch: bool) -> Tensor:
     n, k = w.out_features, w.in_features
-    variant = variant if VARIANT is None else VARIANT
     y = torch.empty((p, n), dtype=torch.bfloat16, device=x.device)
     split, per = _launch_shape(slots, n, k, w.fmt, x.device)
     counters = split_counters(x.device) if split > 1 else None
@@ -93,7 +86,7 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     partial = torch.empty((split, p, n), dtype=torch.float32, device=x.device) if split > 1 else None
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        counters, FMT_CODES[w.fmt], n_group, w.block[0],
-                       32 if w.fmt == "mxfp4" else w.block[1], variant, slots, split, per,
+                       32 if w.fmt == "mxfp4" else w.block[1], slots, split, per,
                        x_prefetch)
     return y
 
@@ -106,7 +99,7 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int = 1) 
     if (not 0 < m <= MAX_ROWS or out_dtype != torch.bfloat16 or w.data.dim() != 2 or n % groups
             or x.shape[1] != groups * k or not _takes(x, w, k, n // groups)):
         return None
-    return _run(x, None, w, None, None, m, 1, n // groups, x_prefetch=True, variant=LINEAR_VARIANT)
+    return _run(x, None, w, None, None, m, 1, n // groups, x_prefetch=True)
 
 
 def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, active: Tensor) -> Tensor | None:
@@ -122,4 +115,4 @@ def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, ac
         return None
     if offsets.dtype != torch.int64 or active.dtype != torch.int64 or (rows is not None and rows.dtype != torch.int64):
         return None
-    return _run(x, rows, w, offsets, active, p, slots, n, x_prefetch=False, variant=GROUPED_VARIANT)
+    return _run(x, rows, w, offsets, active, p, slots, n, x_prefetch=False)
