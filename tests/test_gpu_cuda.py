@@ -125,11 +125,14 @@ def test_linear_declines_what_it_does_not_take():
     assert wstream.linear(x[:4, :192], w_48, torch.bfloat16) is None  # scale blocks of 48 inputs
 
 
+@pytest.mark.parametrize("five_ctas", [False, True])
 @pytest.mark.parametrize("tokens,experts,top_k", [(1, 384, 6), (8, 384, 6), (64, 256, 6), (16, 8, 1)])
 @pytest.mark.parametrize("fmt", ["mxfp4", "fp8"])
-def test_grouped_equals_its_reference(fmt, tokens, experts, top_k):
+def test_grouped_equals_its_reference(fmt, tokens, experts, top_k, five_ctas, monkeypatch):
     """Sorted expert pairs with empty experts, one expert holding every token (several passes over its weight:
-    more than 8 rows), gathered rows and pre-sorted rows, split K (few experts: 16 tokens over 8)."""
+    more than 8 rows), gathered rows and pre-sorted rows, split K (few experts: 16 tokens over 8); with the
+    registers capped for 5 CTAs per SM too."""
+    monkeypatch.setattr(wstream, "FIVE_CTAS", five_ctas)
     g = _gen()
     n, k = 4608 // 16, 512
     w = stack_experts([packed(torch.randn(n, k, generator=g) / k ** 0.5, fmt) for _ in range(experts)]).to(DEV)

@@ -2,7 +2,7 @@
 shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel table).
 
     python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24] [--ops linears,experts,attention,topk]
-        [--sweep 2,3,8] [--linear-tiles 64:128:4:4,64:256:8:3]
+        [--sweep 2,3,8] [--five-ctas] [--linear-tiles 64:128:4:4,64:256:8:3]
 
 Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
 rotate over enough copies of the weight that none is still in L2 (≥ 256 MB in all), and each MoE launch routes
@@ -49,6 +49,7 @@ def fp8_weight(n: int, k: int, block: int) -> PackedWeight:
 
 
 SWEEP: list[str] = []
+FIVE_CTAS = [False]  # --five-ctas: also time the expert GEMMs with wstream.FIVE_CTAS (column "5 CTAs")
 LINEAR_TILES: list[tuple[int, int, int, int]] = []
 
 
@@ -114,6 +115,10 @@ def expert_cells(batches, reps, bw):
                                                                       active=r[0].active) for r in routes]}
             us = {p: graph_us(c) for p, c in calls.items()}
             us.update(sweep(lambda: graph_us(calls["cuda"])))
+            if FIVE_CTAS[0]:
+                wstream.FIVE_CTAS = True
+                us["5 CTAs"] = graph_us(calls["cuda"])
+                wstream.FIVE_CTAS = False
             floor = statistics.mean(r[1] for r in routes) * per_expert / bw * 1e6
             rows.append((name, f"B={b}", us, floor, err))
         del w
@@ -128,10 +133,12 @@ def main() -> None:
     ap.add_argument("--ops", default="linears,experts,attention,topk")
     ap.add_argument("--mqa-min-tiles", default="", help="MIN_TILES_PER_SPLIT values to also time sparse MQA at")
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
+    ap.add_argument("--five-ctas", action="store_true", help="also time the expert GEMMs with wstream.FIVE_CTAS")
     ap.add_argument("--linear-tiles", default="", help="BM:BN:warps:stages tilings to also time the Triton linear "
                     "at (columns t<tiling>; cells whose output features BN does not divide are left out)")
     args = ap.parse_args()
     SWEEP.extend(c for c in args.sweep.split(",") if c)
+    FIVE_CTAS[0] = args.five_ctas
     LINEAR_TILES.extend(tuple(int(v) for v in c.split(":")) for c in args.linear_tiles.split(",") if c)
     batches = [int(b) for b in args.batches.split(",")]
     wstream.MAX_ROWS = max(batches)  # time the kernel past the dispatch's row limit too (where Triton wins)

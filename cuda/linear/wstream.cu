@@ -236,8 +236,9 @@ struct Tile {
 // Register batches: each lane loads its own 16-byte pieces of kUnroll chunks, then converts them. (Staging the
 // CTA's rows in shared memory through per-row bulk copies and mbarriers measured 2-3x slower on the H200, a
 // per-lane cp.async ring 5-60 % slower: benches/RESULTS.md.)
-template <WFmt F, bool XPRE>
-__global__ void __launch_bounds__(32 * kWStreamWarps) wstream_kernel(const WStreamParams p) {
+// MIN_CTAS > 1 caps the registers so that many CTAs fit per SM (5: 96 per thread, no spills without XPRE).
+template <WFmt F, bool XPRE, int MIN_CTAS>
+__global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(const WStreamParams p) {
   using Traits = Fmt<F>;
   constexpr int KP = Tile<F>::KP, CK = Tile<F>::CK, kUnroll = Traits::kUnroll;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -264,18 +265,21 @@ __global__ void __launch_bounds__(32 * kWStreamWarps) wstream_kernel(const WStre
 }
 
 template <WFmt F>
-cudaError_t launch_fmt(const WStreamParams& p, dim3 grid, cudaStream_t stream) {
+cudaError_t launch_fmt(const WStreamParams& p, bool five_ctas, dim3 grid, cudaStream_t stream) {
   if (p.x_prefetch)
-    wstream_kernel<F, true><<<grid, 32 * kWStreamWarps, 0, stream>>>(p);
+    wstream_kernel<F, true, 1><<<grid, 32 * kWStreamWarps, 0, stream>>>(p);
+  else if (five_ctas)
+    wstream_kernel<F, false, 5><<<grid, 32 * kWStreamWarps, 0, stream>>>(p);
   else
-    wstream_kernel<F, false><<<grid, 32 * kWStreamWarps, 0, stream>>>(p);
+    wstream_kernel<F, false, 1><<<grid, 32 * kWStreamWarps, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, dim3 grid, cudaStream_t stream) {
-  return fmt == WFmt::kMxfp4 ? launch_fmt<WFmt::kMxfp4>(p, grid, stream) : launch_fmt<WFmt::kFp8>(p, grid, stream);
+cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, bool five_ctas, dim3 grid, cudaStream_t stream) {
+  return fmt == WFmt::kMxfp4 ? launch_fmt<WFmt::kMxfp4>(p, five_ctas, grid, stream)
+                             : launch_fmt<WFmt::kFp8>(p, five_ctas, grid, stream);
 }
 
 }  // namespace v41

@@ -32,7 +32,8 @@ struct WStreamParams {
 constexpr int kWStreamWarps = 4;
 constexpr int kWStreamRowsPerCta = 16 * kWStreamWarps;
 
-// Launches the kernel on `stream`; grid (experts or active slots, ceil(N / 64), split). Returns the launch error.
-cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, dim3 grid, cudaStream_t stream);
+// Launches the kernel on `stream`; grid (experts or active slots, ceil(N / 64), split). five_ctas (without
+// x_prefetch): registers capped at 96 per thread so 5 CTAs fit per SM instead of 4. Returns the launch error.
+cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, bool five_ctas, dim3 grid, cudaStream_t stream);
 
 }  // namespace v41

@@ -30,6 +30,9 @@ MAX_ROWS = 8              # dense linears: above this the Triton / BLAS paths wi
 MAX_ROWS_PER_EXPERT = 2   # grouped: pairs per expert slot on average (measured at 1: decode up to B = 64)
 ROWS_PER_CTA = 64
 CTAS_PER_SM = 3  # split K until this many CTAs per SM (benches/RESULTS.md: 16 and 64 measured slower)
+# Expert GEMMs (no activation prefetch): cap the registers at 96 per thread so 5 CTAs fit per SM instead of 4 (the
+# kernel is latency-bound there; benches/RESULTS.md "2026-12-03 (late)").
+FIVE_CTAS = False
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
@@ -87,7 +90,7 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        counters, FMT_CODES[w.fmt], n_group, w.block[0],
                        32 if w.fmt == "mxfp4" else w.block[1], slots, split, per,
-                       x_prefetch)
+                       x_prefetch, FIVE_CTAS)
     return y
 
 
