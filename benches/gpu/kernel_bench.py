@@ -49,7 +49,7 @@ def fp8_weight(n: int, k: int, block: int) -> PackedWeight:
 
 
 SWEEP: list[str] = []
-FIVE_CTAS = [False]  # --five-ctas: also time the expert GEMMs with wstream.FIVE_CTAS (column "5 CTAs")
+FIVE_CTAS = [False]  # --five-ctas: also time the expert GEMMs with wstream.FIVE_CTAS flipped (its own column)
 LINEAR_TILES: list[tuple[int, int, int, int]] = []
 
 
@@ -116,9 +116,9 @@ def expert_cells(batches, reps, bw):
             us = {p: graph_us(c) for p, c in calls.items()}
             us.update(sweep(lambda: graph_us(calls["cuda"])))
             if FIVE_CTAS[0]:
-                wstream.FIVE_CTAS = True
-                us["5 CTAs"] = graph_us(calls["cuda"])
-                wstream.FIVE_CTAS = False
+                wstream.FIVE_CTAS = not wstream.FIVE_CTAS
+                us["FIVE_CTAS flipped"] = graph_us(calls["cuda"])
+                wstream.FIVE_CTAS = not wstream.FIVE_CTAS
             floor = statistics.mean(r[1] for r in routes) * per_expert / bw * 1e6
             rows.append((name, f"B={b}", us, floor, err))
         del w
@@ -133,7 +133,8 @@ def main() -> None:
     ap.add_argument("--ops", default="linears,experts,attention,topk")
     ap.add_argument("--mqa-min-tiles", default="", help="MIN_TILES_PER_SPLIT values to also time sparse MQA at")
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
-    ap.add_argument("--five-ctas", action="store_true", help="also time the expert GEMMs with wstream.FIVE_CTAS")
+    ap.add_argument("--five-ctas", action="store_true", help="also time the expert GEMMs with wstream.FIVE_CTAS "
+                    "flipped")
     ap.add_argument("--linear-tiles", default="", help="BM:BN:warps:stages tilings to also time the Triton linear "
                     "at (columns t<tiling>; cells whose output features BN does not divide are left out)")
     args = ap.parse_args()

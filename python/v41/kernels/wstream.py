@@ -31,8 +31,8 @@ MAX_ROWS_PER_EXPERT = 2   # grouped: pairs per expert slot on average (measured 
 ROWS_PER_CTA = 64
 CTAS_PER_SM = 3  # split K until this many CTAs per SM (benches/RESULTS.md: 16 and 64 measured slower)
 # Expert GEMMs (no activation prefetch): cap the registers at 96 per thread so 5 CTAs fit per SM instead of 4 (the
-# kernel is latency-bound there; benches/RESULTS.md "2026-12-03 (late)").
-FIVE_CTAS = False
+# kernel is latency-bound there: 3-6 % faster at B = 8-64, equal at B = 1; benches/RESULTS.md "2026-12-03 (late)").
+FIVE_CTAS = True
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
