@@ -96,6 +96,9 @@ def test_the_kernel_declines_operands_it_cannot_read():
     assert wstream._takes(torch.zeros(2, 128, dtype=torch.bfloat16), w, 128, 64)
     assert not wstream._takes(torch.zeros(2, 128), w, 128, 64)  # float32 activations
     assert not wstream._takes(torch.zeros(2, 128, dtype=torch.bfloat16), w, 128, 40)  # groups of partial tiles
+    w48 = PackedWeight(torch.zeros(64, 192, dtype=torch.float8_e4m3fn), torch.zeros(2, 4, dtype=torch.uint8), "fp8",
+                       (32, 48))
+    assert not wstream._takes(torch.zeros(2, 192, dtype=torch.bfloat16), w48, 192, 64)  # 48-input scale blocks
     assert wstream.linear(torch.zeros(wstream.MAX_ROWS + 1, 128, dtype=torch.bfloat16), w, torch.bfloat16) is None
 
 

@@ -46,7 +46,7 @@ def _weight(fmt, n, k, g, block=(32, 32), experts=None, one_factor=False):
         sshape = (*lead, -(-n // block[0]), -(-k // block[1]))
     else:
         block, sshape = (1, 32), (*lead, n, k // 32)
-    top = ONE_FACTOR_MAX[fmt] if one_factor else 131
+    top = ONE_FACTOR_MAX[fmt] + (0 if one_factor else 3)
     scale = torch.randint(107, top + 1, sshape, generator=g, dtype=torch.int32).to(torch.uint8)
     edges = [0, 1, 127, top] if one_factor else [0, 1, 127, 128, 129, 134, 135]
     scale.view(-1)[:len(edges)] = torch.tensor(edges, dtype=torch.uint8)[: scale.numel()]
@@ -150,6 +150,26 @@ def test_grouped_equals_its_reference(fmt, tokens, experts, top_k, five_ctas, mo
         ref = moe.grouped_linear_ref(xin.double().cpu(), w.to("cpu"), pairs.offsets.cpu(),
                                      None if rows is None else rows.cpu())
         assert rel(y.cpu(), ref) < 4e-3, rows is None
+
+
+@pytest.mark.parametrize("five_ctas", [False, True])
+@pytest.mark.parametrize("one_factor", [False, True])
+@pytest.mark.parametrize("fmt", ["mxfp4", "fp8"])
+def test_grouped_converts_every_code_and_scale(fmt, one_factor, five_ctas, monkeypatch):
+    """The expert path over every code of the format and scale bytes in the one-multiply range only or spread over
+    both conversions (the sums compared to float64 ones from the dequantized weights)."""
+    monkeypatch.setattr(wstream, "FIVE_CTAS", five_ctas)
+    g = _gen()
+    experts, n, k, tokens = 16, 64, 512, 8
+    w = _weight(fmt, n, k, g, (32, 32), experts=experts, one_factor=one_factor)
+    ids = torch.randint(0, experts, (tokens, 2), generator=g)
+    pairs = moe_align.route_pairs(ids.to(DEV), experts)
+    x = torch.randn(tokens, k, generator=g).to(DEV, torch.bfloat16)
+    poison(DEV)
+    y = wstream.grouped(x, w, pairs.offsets, pairs.rows, pairs.active)
+    assert y is not None
+    ref = moe.grouped_linear_ref(x.double().cpu(), w.to("cpu"), pairs.offsets.cpu(), pairs.rows.cpu())
+    assert rel(y.cpu(), ref) < 4e-3
 
 
 def test_split_k_is_deterministic_and_graph_capturable():

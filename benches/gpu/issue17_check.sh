@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for issue 17's open checks (device tool; writes under $OUT, prints the tables last):
+# One device call for issue 17's open checks (device tool; writes under $OUT; kernel tables, then flash-slice):
 #   1. builds v41._cuda from source (the device's nvcc, ~60 s);
 #   2. the weight-streaming GEMM's GPU tests (tests/test_gpu_cuda.py, ~70 s);
 #   3. kernel_bench.py: experts at B = 1, 8, 64 (with wstream.FIVE_CTAS flipped too) and dense linears at M = 1, 8;
@@ -15,10 +15,10 @@ timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_cuda.py > "$
 tail -3 "$OUT/tests.txt"
 timeout 60 python3 benches/gpu/kernel_bench.py --ops experts --batches 1,8,64 --five-ctas > "$OUT/kb_e.txt" 2>&1
 timeout 60 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 > "$OUT/kb_l.txt" 2>&1
+tail -12 "$OUT/kb_e.txt"
+tail -20 "$OUT/kb_l.txt" | cut -c1-200
 for f in 1 0; do
-  timeout 160 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , --kv-cache-dtype fp8 \
+  timeout 130 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , --kv-cache-dtype fp8 \
     --set "v41.kernels.wstream.FIVE_CTAS=$f" --out "$OUT/fs$f" > "$OUT/fs$f.txt" 2>&1
   echo "FIVE_CTAS=$f:"; tail -3 "$OUT/fs$f.txt"
 done
-tail -12 "$OUT/kb_e.txt"
-tail -20 "$OUT/kb_l.txt" | cut -c1-200

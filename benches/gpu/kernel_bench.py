@@ -117,8 +117,10 @@ def expert_cells(batches, reps, bw):
             us.update(sweep(lambda: graph_us(calls["cuda"])))
             if FIVE_CTAS[0]:
                 wstream.FIVE_CTAS = not wstream.FIVE_CTAS
-                us["FIVE_CTAS flipped"] = graph_us(calls["cuda"])
-                wstream.FIVE_CTAS = not wstream.FIVE_CTAS
+                try:
+                    us["FIVE_CTAS flipped"] = graph_us(calls["cuda"])
+                finally:
+                    wstream.FIVE_CTAS = not wstream.FIVE_CTAS
             floor = statistics.mean(r[1] for r in routes) * per_expert / bw * 1e6
             rows.append((name, f"B={b}", us, floor, err))
         del w

@@ -20,7 +20,6 @@
 namespace v41 {
 namespace {
 
-
 __device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
@@ -169,7 +168,8 @@ __device__ __forceinline__ void convert_and_mma(const Batch<U, XW, XPRE>& bt, in
     compute<F, true>(bt, c0, c_hi, xr, acc);
 }
 
-// What the CTAs of one expert and row tile share: the expert's rows of x, this warp's weight rows and K slice.
+// One lane's view of its CTA's work: the expert and its rows of x, this lane's weight rows and scale rows, the
+// CTA's K slice.
 template <WFmt F>
 struct Tile {
   static constexpr int KP = Fmt<F>::kInputsPerLane, CK = 4 * KP;  // inputs per lane and per 64-byte chunk

@@ -1,5 +1,5 @@
 // Weight-streaming W4A16 / W8A16 GEMM for few rows per weight (decode): declarations shared by the kernel and the
-// torch binding. Design and layouts: wstream.cu; Python wrapper and reference: python/v41/kernels/cuda_linear.py.
+// torch binding. Design and layouts: wstream.cu; Python wrapper: python/v41/kernels/wstream.py.
 #pragma once
 #include <cstdint>
 #include <cuda_bf16.h>
