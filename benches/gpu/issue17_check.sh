@@ -3,8 +3,9 @@
 #   1. builds v41._cuda from source (the device's nvcc, ~60 s);
 #   2. the weight-streaming GEMM's GPU tests (tests/test_gpu_cuda.py, ~70 s);
 #   3. kernel_bench.py: experts at B = 1, 8, 64 (with wstream.FIVE_CTAS flipped too) and dense linears at M = 1, 8;
-#   4. flash-slice-v41 decode at C = 2,048, B = 1 and 64, fp8 records, with FIVE_CTAS on and off (~2.5 min each).
-# carry: ["python/v41/_native.abi3.so"].   run: bash benches/gpu/issue17_check.sh   (~9 min)
+#   4. flash-slice-v41 decode at C = 2,048, B = 1 and 64, fp8 records, with FIVE_CTAS on and off (~2.5 min each);
+#   5. with PROFILE=1: profile_step.py at B = 1 and 64 (every kernel of a step by name, ~1.5 min each).
+# carry: ["python/v41/_native.abi3.so"].   run: [PROFILE=1] bash benches/gpu/issue17_check.sh   (~9 min; 12 with PROFILE)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
@@ -22,3 +23,10 @@ for f in 1 0; do
     --set "v41.kernels.wstream.FIVE_CTAS=$f" --out "$OUT/fs$f" > "$OUT/fs$f.txt" 2>&1
   echo "FIVE_CTAS=$f:"; tail -3 "$OUT/fs$f.txt"
 done
+if [ "${PROFILE:-0}" = 1 ]; then
+  for b in 1 64; do
+    timeout 150 python3 benches/gpu/profile_step.py --slice v41 --batch $b --context 2048 --prefill 0 \
+      --kv-cache-dtype fp8 --top 80 > "$OUT/prof$b.txt" 2>&1
+    grep -m2 "==" "$OUT/prof$b.txt"
+  done
+fi
