@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import side_stream
 from .dispatch import cuda_ext, sm_count
 from .packed import PackedWeight
 
@@ -33,11 +34,12 @@ CTAS_PER_SM = 3  # split K until this many CTAs per SM (benches/RESULTS.md: 16 a
 # Expert GEMMs (no activation prefetch): cap the registers at 96 per thread so 5 CTAs fit per SM instead of 4 (the
 # kernel is latency-bound there: 3-6 % faster at B = 8-64, equal at B = 1; benches/RESULTS.md "2026-12-03 (late)").
 FIVE_CTAS = True
+MAX_ROW_GROUPS = 8  # activation rows per pass over a weight, in groups of 8: 1, 2, 4 or 8
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
 
-_counters: dict[str, Tensor] = {}  # by device
+_counters: dict[tuple[str, int], Tensor] = {}  # by device and side_stream.lane()
 
 
 def _takes(x: Tensor, w: PackedWeight, k: int, n_group: int) -> bool:
@@ -56,10 +58,11 @@ def split_counters(device: torch.device) -> Tensor | None:
     the Triton linear leaves them zeroed), or None while a CUDA graph is being captured and they do not exist yet:
     made inside a capture they would be zeroed only when that graph replays, so such a launch does without them
     (this kernel: no split-K; the Triton linear: its partials summed after the kernel). The engine's eager warm-up
-    makes them first. One buffer per device: v41 runs these GEMMs on one stream, never two at once."""
+    makes them first. One buffer per device and stream lane (:func:`.side_stream.lane`): two launches that may
+    run at once (one on the side stream) never share counters; launches on one stream run in order."""
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    key = str(device)
+    key = (str(device), side_stream.lane())
     if key not in _counters:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
@@ -78,8 +81,17 @@ def _launch_shape(slots: int, n: int, k: int, fmt: str, device: torch.device) ->
     return -(-chunks // per), per
 
 
+def row_groups(rows_per_weight: float) -> int:
+    """8-row activation groups per pass over a weight (1, 2, 4 or 8): enough for ``rows_per_weight`` rows in one
+    pass up to ``8 · MAX_ROW_GROUPS``; more rows make more passes."""
+    g = 1
+    while g < MAX_ROW_GROUPS and 8 * g < rows_per_weight:
+        g *= 2
+    return g
+
+
 def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None, active: Tensor | None,
-         p: int, slots: int, n_group: int, x_prefetch: bool) -> Tensor:
+         p: int, slots: int, n_group: int, groups: int, x_prefetch: bool) -> Tensor:
     n, k = w.out_features, w.in_features
     y = torch.empty((p, n), dtype=torch.bfloat16, device=x.device)
     split, per = _launch_shape(slots, n, k, w.fmt, x.device)
@@ -90,7 +102,7 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        counters, FMT_CODES[w.fmt], n_group, w.block[0],
                        32 if w.fmt == "mxfp4" else w.block[1], slots, split, per,
-                       x_prefetch, FIVE_CTAS)
+                       x_prefetch and groups == 1, FIVE_CTAS, groups)
     return y
 
 
@@ -102,7 +114,7 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int = 1) 
     if (not 0 < m <= MAX_ROWS or out_dtype != torch.bfloat16 or w.data.dim() != 2 or n % groups
             or x.shape[1] != groups * k or not _takes(x, w, k, n // groups)):
         return None
-    return _run(x, None, w, None, None, m, 1, n // groups, x_prefetch=True)
+    return _run(x, None, w, None, None, m, 1, n // groups, row_groups(m), x_prefetch=True)
 
 
 def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, active: Tensor) -> Tensor | None:
@@ -118,4 +130,4 @@ def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, ac
         return None
     if offsets.dtype != torch.int64 or active.dtype != torch.int64 or (rows is not None and rows.dtype != torch.int64):
         return None
-    return _run(x, rows, w, offsets, active, p, slots, n, x_prefetch=False)
+    return _run(x, rows, w, offsets, active, p, slots, n, row_groups(p / slots), x_prefetch=False)

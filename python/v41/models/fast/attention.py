@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from ...config import LayerPlan, ModelConfig
 from ...distributed.group import SINGLE, TPGroup
 from ...kernels.paged import table_slots
+from ...kernels.side_stream import beside
 from ...kernels.sparse_attention import sparse_mqa_sink
 from ..protocol import StepBatch
 from ..sharding import group_range, head_range
@@ -115,14 +116,14 @@ class FastAttention(nn.Module):
     def forward(self, x: Tensor, ctx: StepContext) -> Tensor:
         """x [T, D] normalized sub-layer input → [T, D] (full on every rank)."""
         cos, sin = ctx.rope[self.rope_key]
+        written = beside(lambda: self.write_caches(x, ctx), x, "cache_writes")  # beside the query projections
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).view(x.shape[0], self.n_heads, self.head_dim)
         if self.q_head_norm:
             q = rms_norm(q, self.cfg.rms_norm_eps)
         q = rope(q, cos, sin)
-        kv = rope(self.kv_norm(self.wkv(x)), cos, sin)
+        written.wait()
         lid = self.plan.layer_id
-        ctx.cache.store("swa", lid, ctx.batch.slot_mapping["swa"], kv)
         sources = [(ctx.cache.tensors["swa"][lid], ctx.window_slots)]
         records = [ctx.cache.records["swa"]]
         extra = self.compressed_source(x, qr, ctx)
@@ -133,8 +134,21 @@ class FastAttention(nn.Module):
         o = rope(o, cos, sin, inverse=True)
         return self.tp.all_reduce(self.wo_b(self.wo_a(o.reshape(x.shape[0], -1))))
 
+    def write_caches(self, x: Tensor, ctx: StepContext) -> None:
+        """This step's cache entries from x alone: the window KV row of each token (``swa``) and, in subclasses,
+        the compressed entries and index keys the step closes (:meth:`write_entries`). Queued on the side stream
+        (:mod:`v41.kernels.side_stream`) while the queries are projected."""
+        cos, sin = ctx.rope[self.rope_key]
+        kv = rope(self.kv_norm(self.wkv(x)), cos, sin)
+        ctx.cache.store("swa", self.plan.layer_id, ctx.batch.slot_mapping["swa"], kv)
+        self.write_entries(x, ctx)
+
+    def write_entries(self, x: Tensor, ctx: StepContext) -> None:
+        """Compressed entries closed in this step (none for window-only layers)."""
+
     def compressed_source(self, x: Tensor, qr: Tensor, ctx: StepContext) -> tuple[Tensor, Tensor] | None:
-        """(cache, slots [T, K]) of the compressed entries each query attends to; None for window-only layers."""
+        """(cache, slots [T, K]) of the compressed entries each query attends to, after :meth:`write_caches`;
+        None for window-only layers."""
         return None
 
 

@@ -67,12 +67,15 @@ class V4Attention(FastAttention):
             if self.csa:
                 self.indexer = IndexerV4(cfg, plan.ratio)
 
+    def write_entries(self, x: Tensor, ctx: StepContext) -> None:
+        if self.plan.ratio > 0:
+            self._compress(x, ctx)
+
     def compressed_source(self, x: Tensor, qr: Tensor, ctx: StepContext):
         if self.plan.ratio == 0:
             return None
         r, lid = self.plan.ratio, self.plan.layer_id
         kind = f"ckv{r}"
-        self._compress(x, ctx)
         if self.csa:
             ids = self._select(x, qr, ctx)
         else:

@@ -58,10 +58,12 @@ class CSA2Attention(FastAttention):
         if plan.is_index_source:
             self.indexer = Indexer(cfg, plan.owns_index_keys)
 
+    def write_entries(self, x: Tensor, ctx: StepContext) -> None:
+        if self.plan.owns_compressor:
+            self._write_entries(x, ctx)
+
     def compressed_source(self, x: Tensor, qr: Tensor, ctx: StepContext):
         plan = self.plan
-        if plan.owns_compressor:
-            self._write_entries(x, ctx)
         if plan.is_index_source:
             ctx.topk[plan.layer_id] = self._select(x, qr, ctx)
         kind = f"ckv{plan.ratio}"

@@ -2,8 +2,8 @@
 router in float32 (:mod:`v41.kernels.router`: log-domain weights, deterministic top-k with exact ties to the lower
 expert id, or V4 hash routing), the (token, slot)
 pairs sorted by expert, one grouped GEMM for every expert's fused ``w1|w3`` and one for ``w2``
-(:mod:`v41.kernels.moe`; MXFP4 experts dequantized in the kernel), the shared expert beside them, the routed
-outputs summed in float32.
+(:mod:`v41.kernels.moe`; MXFP4 experts dequantized in the kernel), the shared expert beside them (on a second CUDA
+stream, :mod:`v41.kernels.side_stream`), the routed outputs summed in float32.
 
 Tensor parallelism: every expert (and the shared one) holds the rows ``split_range(I, W, r)`` of ``w1``/``w3``
 and those columns of ``w2``; the router is replicated; the routed + shared partial sums take one all-reduce.
@@ -19,6 +19,7 @@ from ...distributed.group import SINGLE, TPGroup
 from ...kernels.moe import combine_pairs, grouped_linear
 from ...kernels.moe_align import route_pairs
 from ...kernels.router import route
+from ...kernels.side_stream import beside
 from ...kernels.swiglu import swiglu
 from .layers import PackedLinear, PackedModule
 
@@ -75,14 +76,18 @@ class FastMoE(nn.Module):
     def _w2_input(self, h: Tensor) -> Tensor:
         return quant.fp8_act_qdq(self._bf16(h), 32) if self.deployed else h
 
+    def _shared(self, x: Tensor) -> Tensor:
+        return self.shared_w2(self._bf16(swiglu(self.shared_w13(x), self.limit)))
+
     def forward(self, x: Tensor, token_ids: Tensor) -> Tensor:
-        """x [T, D] (replicated), token_ids [T] → [T, D] (full on every rank)."""
+        """x [T, D] (replicated), token_ids [T] → [T, D] (full on every rank). The shared expert runs on the side
+        stream (:mod:`v41.kernels.side_stream`) beside the router and the routed experts."""
         k = self.top_k
+        shared = beside(lambda: self._shared(x), x, "shared_expert") if self.n_shared else None
         ids, weights = self.route(x, token_ids)
         pairs = route_pairs(ids, self.n_experts)
         xq = quant.fp8_act_qdq(x, 32) if self.deployed else x
         h = grouped_linear(xq, self.w13.packed, pairs.offsets, rows=pairs.rows, active=pairs.active)
         h = self._w2_input(swiglu(h, self.limit, weights.reshape(-1)[pairs.order]))
         y = grouped_linear(h, self.w2.packed, pairs.offsets, active=pairs.active)
-        shared = self.shared_w2(self._bf16(swiglu(self.shared_w13(x), self.limit))) if self.n_shared else None
-        return self.tp.all_reduce(combine_pairs(y, pairs.inv, k, shared))
+        return self.tp.all_reduce(combine_pairs(y, pairs.inv, k, None if shared is None else shared.wait()))

@@ -1,0 +1,76 @@
+"""A second CUDA stream for independent work inside a forward (docs/kernels.md §1 "A second stream").
+
+At decode sizes most GEMMs of a layer are latency-bound: one wave of CTAs that leaves HBM bandwidth unused. Work
+that does not depend on the main stream's next kernels (the shared expert beside the router and the routed experts,
+as SGLang's DeepSeek model does) is queued on a side stream and joined back before its result is used, so the two
+overlap on the GPU. CUDA graph capture records the fork and join as graph edges, so replays overlap too.
+
+Memory safety: every :func:`beside` call first makes the side stream wait for the current one, and the current
+stream waits for the side stream at :meth:`Pending.wait`; so a tensor the side stream allocates and the main
+stream reads, or the reverse, is never reused by one stream while the other still uses it, as long as the caller
+keeps its inputs alive until :meth:`Pending.wait` (arguments of the enclosing ``forward`` are).
+
+Scratch that a kernel keeps per device and reuses across launches (the split-K arrival counters of
+:func:`.wstream.split_counters`) must not be shared by two concurrent launches: :func:`lane` says which stream a
+launch is queued on (0 main, 1 side), and such scratch is kept per lane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import torch
+from torch import Tensor
+
+ENABLED = True  # run side work on the side stream (False: inline on the current stream; same results)
+# The call sites that use it (benches set a subset to measure each): the shared expert beside the routed experts
+# (models/fast/moe.py), the attention's cache writes beside its query projections (models/fast/attention.py).
+SITES = "shared_expert,cache_writes"
+T = TypeVar("T")
+_streams: dict[torch.device, torch.cuda.Stream] = {}
+_lane = [0]
+
+
+def lane() -> int:
+    """0 while work is queued on the main stream, 1 inside :func:`beside`."""
+    return _lane[0]
+
+
+class Pending(Generic[T]):
+    """The result of :func:`beside`; :meth:`wait` joins the side stream and returns it."""
+
+    def __init__(self, value: T, stream: torch.cuda.Stream | None):
+        self._value, self._stream = value, stream
+
+    def wait(self) -> T:
+        """The current stream waits for the side stream's work so far; returns the side function's result."""
+        if self._stream is not None:
+            torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
+            self._stream = None
+        return self._value
+
+
+def _side(device: torch.device) -> torch.cuda.Stream:
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device not in _streams:
+        _streams[device] = torch.cuda.Stream(device)
+    return _streams[device]
+
+
+def beside(fn: Callable[[], T], like: Tensor, site: str) -> Pending[T]:
+    """Queues ``fn()`` on the side stream of ``like``'s device after everything queued so far on the current
+    stream. Runs it inline (same results, no overlap) on a CPU device, when :data:`ENABLED` is False or ``site`` is
+    not in :data:`SITES`, or when already inside :func:`beside`."""
+    if not ENABLED or site not in SITES.split(",") or like.device.type != "cuda" or _lane[0]:
+        return Pending(fn(), None)
+    side = _side(like.device)
+    side.wait_stream(torch.cuda.current_stream(like.device))
+    _lane[0] = 1
+    try:
+        with torch.cuda.stream(side):
+            value = fn()
+    finally:
+        _lane[0] = 0
+    return Pending(value, side)
