@@ -102,15 +102,6 @@ def test_the_kernel_declines_operands_it_cannot_read():
     assert wstream.linear(torch.zeros(wstream.MAX_ROWS + 1, 128, dtype=torch.bfloat16), w, torch.bfloat16) is None
 
 
-def test_row_groups_cover_the_rows_in_one_pass_up_to_the_cap(monkeypatch):
-    """Rows per weight → 8-row groups per pass over it: the fewest of 1, 2, 4, 8 that hold them, capped by
-    MAX_ROW_GROUPS (more rows make more passes)."""
-    got = {m: wstream.row_groups(m) for m in (1, 8, 9, 16, 17, 32, 33, 64, 65, 500, 2.5)}
-    assert got == {1: 1, 8: 1, 9: 2, 16: 2, 17: 4, 32: 4, 33: 8, 64: 8, 65: 8, 500: 8, 2.5: 1}
-    monkeypatch.setattr(wstream, "MAX_ROW_GROUPS", 2)
-    assert [wstream.row_groups(m) for m in (8, 9, 64)] == [1, 2, 2]
-
-
 def test_grouped_takes_decode_steps_and_leaves_prefill_to_triton():
     """The expert kernel is taken while pairs per expert slot stay within MAX_ROWS_PER_EXPERT (decode), never for
     a prefill-sized step; checked before any launch, so CPU tensors show it."""

@@ -319,6 +319,8 @@ def main() -> None:
     ap.add_argument("--per-layer", default="", help="BATCHxCONTEXT decode cells also timed layer by layer")
     ap.add_argument("--quantization", default="auto", choices=("auto", "none"))
     ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
+    ap.add_argument("--async-output-proc", action="store_true", help="the engine's async_output_proc (a step's "
+                    "tokens detokenized and reported while the GPU runs the next step)")
     ap.add_argument("--budget", type=int, default=0, help="max_num_batched_tokens (default: the longest prefill, "
                     "at least 256)")
     ap.add_argument("--recent-index-prefill", action="store_true", help="decode cells prefill with recency "
@@ -343,10 +345,11 @@ def main() -> None:
     max_len = max([c + decode_headroom(b, c, budget) for b, c in cells] + [p + 80 for p in prefills])
     t = time.perf_counter()
     core = v41_engine(path, max(b for b, _ in cells), budget, max_len, a.quantization,
-                      kv_cache_dtype=a.kv_cache_dtype)
+                      kv_cache_dtype=a.kv_cache_dtype, async_output_proc=a.async_output_proc)
     print(f"v41 engine ready in {time.perf_counter() - t:.0f} s; KV cache {a.kv_cache_dtype}: "
           f"{core.layout.describe(2)}", flush=True)
     env["kv_cache_dtype"] = a.kv_cache_dtype
+    env["async_output_proc"] = a.async_output_proc
     env["overrides"] = overrides
     wb = weight_bytes(core)
     rows = []

@@ -2,7 +2,7 @@
 shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel table).
 
     python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24] [--ops linears,experts,attention,topk]
-        [--sweep 2,3,8] [--row-groups 1,4] [--five-ctas] [--linear-tiles 64:128:4:4,64:256:8:3]
+        [--sweep 2,3,8] [--five-ctas] [--linear-tiles 64:128:4:4,64:256:8:3]
 
 Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
 rotate over enough copies of the weight that none is still in L2 (≥ 256 MB in all), and each MoE launch routes
@@ -53,21 +53,13 @@ FIVE_CTAS = [False]  # --five-ctas: also time the expert GEMMs with wstream.FIVE
 LINEAR_TILES: list[tuple[int, int, int, int]] = []
 
 
-ROW_GROUPS: list[int] = []
-
-
 def sweep(timed) -> dict[str, float]:
-    """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target) and each ``--row-groups``
-    value of ``wstream.MAX_ROW_GROUPS`` (columns ``rg<n>``)."""
-    out, default, rg = {}, wstream.CTAS_PER_SM, wstream.MAX_ROW_GROUPS
+    """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target)."""
+    out, default = {}, wstream.CTAS_PER_SM
     for c in SWEEP:
         wstream.CTAS_PER_SM = int(c)
         out[c] = timed()
     wstream.CTAS_PER_SM = default
-    for g in ROW_GROUPS:
-        wstream.MAX_ROW_GROUPS = g
-        out[f"rg{g}"] = timed()
-    wstream.MAX_ROW_GROUPS = rg
     return out
 
 
@@ -143,8 +135,6 @@ def main() -> None:
     ap.add_argument("--ops", default="linears,experts,attention,topk")
     ap.add_argument("--mqa-min-tiles", default="", help="MIN_TILES_PER_SPLIT values to also time sparse MQA at")
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
-    ap.add_argument("--row-groups", default="", help="wstream.MAX_ROW_GROUPS values (1, 2, 4, 8) to also time the "
-                    "CUDA kernel at (columns rg<n>)")
     ap.add_argument("--five-ctas", action="store_true", help="also time the expert GEMMs with wstream.FIVE_CTAS "
                     "flipped")
     ap.add_argument("--linear-tiles", default="", help="BM:BN:warps:stages tilings to also time the Triton linear "
@@ -152,7 +142,6 @@ def main() -> None:
     args = ap.parse_args()
     SWEEP.extend(c for c in args.sweep.split(",") if c)
     FIVE_CTAS[0] = args.five_ctas
-    ROW_GROUPS.extend(int(g) for g in args.row_groups.split(",") if g)
     LINEAR_TILES.extend(tuple(int(v) for v in c.split(":")) for c in args.linear_tiles.split(",") if c)
     batches = [int(b) for b in args.batches.split(",")]
     wstream.MAX_ROWS = max(batches)  # time the kernel past the dispatch's row limit too (where Triton wins)

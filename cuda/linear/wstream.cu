@@ -8,9 +8,8 @@
 // A fragments in the order the bit-level conversion produces them (common/dequant.cuh) and the lane reads the
 // matching activations for its B fragments: no shuffles, no repacked weights. A thread's 16 bytes of a row lie in
 // one scale block (MXFP4: exactly the 32 inputs of one E8M0; FP8: 16 inputs of a 32×32 or 128×128 tile), so one
-// bf16 multiply per pair of weights applies the scale exactly. Activation rows are the N side in groups of 8: a pass
-// over the weights serves TG groups (1, 2, 4 or 8: up to 64 rows, the converted A fragments reused by each group's
-// MMAs); more rows than that make more passes, which L2 mostly serves.
+// bf16 multiply per pair of weights applies the scale exactly. Activation rows are taken 8 at a time; more rows
+// per expert make more passes over its weights, which L2 mostly serves.
 //
 // Split-K: grid.z slices K; each slice writes float32 partials and the last CTA of a tile to arrive (a counter per
 // tile, reset by it) sums them in slice order, so results do not depend on timing.
@@ -126,12 +125,11 @@ struct Batch {
   }
 };
 
-// Converts a batch and accumulates its MMAs for the pass's TG groups of 8 activation rows (xr[tg]: this lane's row
-// of group tg; `live` groups hold rows). WIDE = false: every scale byte of the batch takes one multiply (the caller
-// checked them across the warp).
-template <WFmt F, bool WIDE, int TG, int U, int XW, bool XPRE>
-__device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, int c_hi,
-                                        const __nv_bfloat16* const (&xr)[TG], int live, float (&acc)[TG][4]) {
+// Converts a batch and accumulates its MMAs for the pass's 8 activation rows (xr: this lane's row). WIDE = false:
+// every scale byte of the batch takes one multiply (the caller checked them across the warp).
+template <WFmt F, bool WIDE, int U, int XW, bool XPRE>
+__device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, int c_hi, const __nv_bfloat16* xr,
+                                        float (&acc)[4]) {
   using Traits = Fmt<F>;
   constexpr int CK = 4 * Traits::kInputsPerLane;
 #pragma unroll
@@ -141,37 +139,33 @@ __device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, in
     uint32_t a0w[Traits::kWords], a1w[Traits::kWords];
     Traits::template dequant<WIDE>(bt.r0[u], bt.s0[u], a0w);
     Traits::template dequant<WIDE>(bt.r1[u], bt.s1[u], a1w);
+    uint32_t xw[16];
 #pragma unroll
-    for (int tg = 0; tg < TG; ++tg) {
-      if (TG > 1 && tg >= live) break;  // warp-uniform: the last pass's empty groups
-      uint32_t xw[16];
+    for (int i = 0; i < XW / 4; ++i) {
+      const uint4 v = XPRE ? bt.x[XPRE ? u : 0][XPRE ? i : 0]
+                           : *reinterpret_cast<const uint4*>(xr + int64_t(c) * CK + 8 * i);
+      xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
+    }
 #pragma unroll
-      for (int i = 0; i < XW / 4; ++i) {
-        const uint4 v = XPRE ? bt.x[XPRE ? u : 0][XPRE ? i : 0]
-                             : *reinterpret_cast<const uint4*>(xr[tg] + int64_t(c) * CK + 8 * i);
-        xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
-      }
-#pragma unroll
-      for (int s = 0; s < Traits::kSteps; ++s) {
-        uint32_t a0, a2, a1, a3, b0, b1;
-        Traits::a_words(a0w, s, a0, a2);
-        Traits::a_words(a1w, s, a1, a3);
-        Traits::b_words(xw, s, b0, b1);
-        mma_bf16_16816(acc[tg], a0, a1, a2, a3, b0, b1);
-      }
+    for (int s = 0; s < Traits::kSteps; ++s) {
+      uint32_t a0, a2, a1, a3, b0, b1;
+      Traits::a_words(a0w, s, a0, a2);
+      Traits::a_words(a1w, s, a1, a3);
+      Traits::b_words(xw, s, b0, b1);
+      mma_bf16_16816(acc, a0, a1, a2, a3, b0, b1);
     }
   }
 }
 
 // Scale bytes above kOneFactorMax (mxfp4: scales of 2^2 and more, not seen in checkpoints) need two bf16
 // multiplies per word; a batch takes the one-multiply conversion when no lane of the warp has one.
-template <WFmt F, int TG, int U, int XW, bool XPRE>
+template <WFmt F, int U, int XW, bool XPRE>
 __device__ __forceinline__ void convert_and_mma(const Batch<U, XW, XPRE>& bt, int c0, int c_hi,
-                                                const __nv_bfloat16* const (&xr)[TG], int live, float (&acc)[TG][4]) {
+                                                const __nv_bfloat16* xr, float (&acc)[4]) {
   if (__all_sync(0xffffffffu, bt.fits_one_factor(Fmt<F>::kOneFactorMax)))
-    compute<F, false, TG>(bt, c0, c_hi, xr, live, acc);
+    compute<F, false>(bt, c0, c_hi, xr, acc);
   else
-    compute<F, true, TG>(bt, c0, c_hi, xr, live, acc);
+    compute<F, true>(bt, c0, c_hi, xr, acc);
 }
 
 // One lane's view of its CTA's work: the expert and its rows of x, this lane's weight rows and scale rows, the
@@ -243,7 +237,7 @@ struct Tile {
 // CTA's rows in shared memory through per-row bulk copies and mbarriers measured 2-3x slower on the H200, a
 // per-lane cp.async ring 5-60 % slower: benches/RESULTS.md.)
 // MIN_CTAS > 1 caps the registers so that many CTAs fit per SM (5: 96 per thread, no spills without XPRE).
-template <WFmt F, int TG, bool XPRE, int MIN_CTAS>
+template <WFmt F, bool XPRE, int MIN_CTAS>
 __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(const WStreamParams p) {
   using Traits = Fmt<F>;
   constexpr int KP = Tile<F>::KP, CK = Tile<F>::CK, kUnroll = Traits::kUnroll;
@@ -254,48 +248,30 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
   const uint8_t* w1 = w0 + 8 * p.w_stride_n;
 
   // N is a whole number of 16-row warp tiles (the binding checks it): a warp past N only joins the split-K sum.
-  for (int64_t m0 = tl.start; m0 < tl.end && tl.n_base < p.N; m0 += 8 * TG) {
-    float acc[TG][4];
-    const __nv_bfloat16* xr[TG];
-#pragma unroll
-    for (int tg = 0; tg < TG; ++tg) {
-      acc[tg][0] = acc[tg][1] = acc[tg][2] = acc[tg][3] = 0.f;
-      xr[tg] = tl.x_row(p, m0 + 8 * tg, g);
-    }
-    const int live = int(min(int64_t(TG), (tl.end - m0 + 7) / 8));
+  for (int64_t m0 = tl.start; m0 < tl.end && tl.n_base < p.N; m0 += 8) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const __nv_bfloat16* xr = tl.x_row(p, m0, g);
     // A batch of kUnroll chunks: its loads are all issued before the first is used. (Two batches in flight,
     // one loading while the other computes, measured slower on the H200: the registers cost CTAs per SM.)
     for (int c0 = tl.c_lo; c0 < tl.c_hi; c0 += kUnroll) {
       Batch<kUnroll, KP / 2, XPRE> bt;
       bt.load(w0, w1, tl.s0, tl.s1, c0, tl.c_hi, t, CK, KP, p.sk_log2);
-      if (XPRE) bt.load_x(xr[0], c0, tl.c_hi, CK);
-      convert_and_mma<F, TG>(bt, c0, tl.c_hi, xr, live, acc);
+      if (XPRE) bt.load_x(xr, c0, tl.c_hi, CK);
+      convert_and_mma<F>(bt, c0, tl.c_hi, xr, acc);
     }
-#pragma unroll
-    for (int tg = 0; tg < TG; ++tg) tl.store(p, acc[tg], m0 + 8 * tg, t);
+    tl.store(p, acc, m0, t);
   }
   if (p.partial) tl.sum_partials(p);
 }
 
-// One 8-row group per pass: with activation prefetch (dense linears), or with 4 / 5 CTAs per SM (experts). More
-// groups per pass (more rows per weight) keep their activations out of the batches: registers hold TG accumulators.
 template <WFmt F>
 cudaError_t launch_fmt(const WStreamParams& p, bool five_ctas, dim3 grid, cudaStream_t stream) {
-  constexpr int kThreads = 32 * kWStreamWarps;
-  switch (p.row_groups) {
-    case 1:
-      if (p.x_prefetch)
-        wstream_kernel<F, 1, true, 1><<<grid, kThreads, 0, stream>>>(p);
-      else if (five_ctas)
-        wstream_kernel<F, 1, false, 5><<<grid, kThreads, 0, stream>>>(p);
-      else
-        wstream_kernel<F, 1, false, 1><<<grid, kThreads, 0, stream>>>(p);
-      break;
-    case 2: wstream_kernel<F, 2, false, 1><<<grid, kThreads, 0, stream>>>(p); break;
-    case 4: wstream_kernel<F, 4, false, 1><<<grid, kThreads, 0, stream>>>(p); break;
-    case 8: wstream_kernel<F, 8, false, 3><<<grid, kThreads, 0, stream>>>(p); break;
-    default: return cudaErrorInvalidValue;
-  }
+  if (p.x_prefetch)
+    wstream_kernel<F, true, 1><<<grid, 32 * kWStreamWarps, 0, stream>>>(p);
+  else if (five_ctas)
+    wstream_kernel<F, false, 5><<<grid, 32 * kWStreamWarps, 0, stream>>>(p);
+  else
+    wstream_kernel<F, false, 1><<<grid, 32 * kWStreamWarps, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

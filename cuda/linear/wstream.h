@@ -26,8 +26,7 @@ struct WStreamParams {
   int P, N, K, NG;         // NG: output rows per input group (grouped wo_a), N when ungrouped
   int B0, sk_log2;         // scale block: rows, log2 of its inputs (mxfp4: 1, 5)
   int chunks_per_split;    // K chunks (128 inputs mxfp4, 64 fp8) per grid.z slice
-  int x_prefetch;          // load the activation pieces with the weights' (more registers; row_groups 1 only)
-  int row_groups;          // 8-row activation groups per pass over the weights: 1, 2, 4 or 8
+  int x_prefetch;          // load the activation pieces with the weights' (more registers)
 };
 
 constexpr int kWStreamWarps = 4;

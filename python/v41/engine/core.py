@@ -10,6 +10,7 @@ import itertools
 import logging
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from ..cache import blocks_for_budget
 from ..config import load_config
 from ..models.engram_loader import engram_hasher
 from .args import EngineArgs
+from .commit import append_token, read_text
 from .context_limit import cap_max_model_len
 from .detokenizer import IncrementalDetokenizer
 from .engram_rows import StepRowHasher
@@ -36,6 +38,21 @@ from .spec_stats import SpecDecodeStats
 
 log = logging.getLogger("v41.engine")
 DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass
+class _Launched:
+    """A step queued on the device (:meth:`EngineCore._launch`), waiting for :meth:`EngineCore._complete`."""
+
+    plan: object
+    req_ids: list[int]
+    seqs: list[Sequence]
+    sample_rows: list
+    logits: torch.Tensor
+    row_of: dict[int, int]
+    sampling: list
+    plain: list
+    out: object
 
 
 class EngineCore:
@@ -88,6 +105,8 @@ class EngineCore:
         self._ids = itertools.count(1)
         self._deferred: dict[int, list[Sequence]] = {}
         self._spec_done = SpecDecodeStats()  # the counts of every sequence that has left self.seqs
+        self._unreported: set[str] = set()  # requests with news not yet reported (step → _read_out)
+        self._async_output = args.async_output_proc and self.spec is None  # one token per step per sequence
         log.info("engine ready: %d blocks of %d tokens per kind, kinds %s", num_blocks, layout.block_tokens,
                  [k.name for k in layout.kinds])
         stored = str(dtype).removeprefix("torch.") if args.resolved_kv_cache_dtype() == "auto" else "fp8 records"
@@ -176,46 +195,71 @@ class EngineCore:
     # -- the step ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; returns the requests that changed (terminal outputs at most once)."""
+        """Run one engine step; returns the requests that changed (terminal outputs at most once). With
+        ``async_output_proc`` the text of a step's tokens is read, and the requests reported, by the next call
+        while the GPU runs that call's step (module docstring)."""
         plan = self.scheduler.step()
-        touched: set[str] = set()
         for sid, reason in plan.finished:
             seq = self.seqs.get(sid)
             if seq is not None and not seq.finished:
                 seq.finish_reason = "length" if reason == "length" else reason
-                touched.add(seq.request_id)
-        if plan.num_tokens:
-            touched |= self._run(plan)
+                self._unreported.add(seq.request_id)
+        launched = self._launch(plan) if plan.num_tokens else None
+        if launched is not None and not self._async_output:
+            self._complete(launched)
+            launched = None
+        outs = self._read_out()
+        if launched is not None:
+            self._complete(launched)
+        return outs
+
+    def _read_out(self) -> list[RequestOutput]:
+        """Detokenize what was committed since the last read (a stop string ends its sequence here) and report
+        every request that changed."""
+        touched, self._unreported = self._unreported, set()
+        for rid in sorted(touched):
+            for seq in self.requests.get(rid, ()):
+                if read_text(seq) and seq.seq_id in self.scheduler:
+                    self.scheduler.finish_request(seq.seq_id)
         return [out for rid in sorted(touched) if (out := self._report(rid)) is not None]
 
-    def _run(self, plan) -> set[str]:
+    def _launch(self, plan) -> _Launched:
+        """Queue the step's forward and its sampling on the device (prompt logprobs are read here, before a later
+        step's graph replay reuses the logits); nothing waits for the sampled ids."""
         req_ids = plan.req_ids.tolist()
         seqs = [self.seqs[sid] for sid in req_ids]
         step, sample_rows, prompt_rows = self._host_step(plan, seqs)
         logits = self.executor.execute(step)
         row_of = {int(r): i for i, r in enumerate(step.logits_rows.tolist())}
-        touched = set()
         for r, seq in enumerate(seqs):
             if prompt_rows[r] is not None and seq.prompt_logprobs is not None:
                 self._prompt_logprobs(seq, logits[[row_of[x] for x in prompt_rows[r]]], int(plan.start_pos[r]))
         sampling = [(r, seqs[r]) for r in range(len(seqs)) if sample_rows[r] is not None]
-        sampled_lists: dict[int, list[int]] = {sid: [] for sid in req_ids}
-        accepted: dict[int, int] = {sid: 0 for sid in req_ids}
-        finished_now = []
         plain = [(r, s) for r, s in sampling if len(sample_rows[r]) == 1]
+        out = None
         if plain:
             rows = [row_of[sample_rows[r][0]] for r, _ in plain]
             picked = logits if rows == list(range(logits.shape[0])) else logits[rows]  # a decode step: all rows
             out = self.sampler(picked, [s.sampling for _, s in plain])
-            lps = out.row_logprobs([s.sampling for _, s in plain], self._decode_token)
-            for (r, seq), tok, lp in zip(plain, out.sampled_token_ids.tolist(), lps):
+        return _Launched(plan, req_ids, seqs, sample_rows, logits, row_of, sampling, plain, out)
+
+    def _complete(self, l: _Launched) -> None:
+        """Wait for the step's sampled ids and commit them (with ``async_output_proc``: append them; their text is
+        read by the next :meth:`_read_out`), verify drafts, update the scheduler."""
+        touched, req_ids, sample_rows, row_of = self._unreported, l.req_ids, l.sample_rows, l.row_of
+        sampled_lists: dict[int, list[int]] = {sid: [] for sid in req_ids}
+        accepted: dict[int, int] = {sid: 0 for sid in req_ids}
+        finished_now = []
+        if l.plain:
+            lps = l.out.row_logprobs([s.sampling for _, s in l.plain], self._decode_token)
+            for (r, seq), tok, lp in zip(l.plain, l.out.sampled_token_ids.tolist(), lps):
                 if not seq.finished:
                     sampled_lists[seq.seq_id] = [tok]
                     self._commit_all(seq, [tok], [lp], touched, finished_now)
-        verifying = [(r, s) for r, s in sampling if len(sample_rows[r]) > 1 and not s.finished]
+        verifying = [(r, s) for r, s in l.sampling if len(sample_rows[r]) > 1 and not s.finished]
         if verifying:  # k drafts verified: commit the accepted ones, then the target's token
             rows = [[row_of[x] for x in sample_rows[r]] for r, _ in verifying]
-            verify_logits = logits[[x for rr in rows for x in rr]]
+            verify_logits = l.logits[[x for rr in rows for x in rr]]
             counts = [len(rr) - 1 for rr in rows]
             commits = self.spec.verify([s for _, s in verifying], verify_logits, counts)
             first = 0
@@ -227,22 +271,23 @@ class EngineCore:
                 first += c + 1
         drafts = None
         if self.spec is not None:
-            going = [(r, s) for r, s in sampling if not s.finished]
-            new = self.spec.draft([s for _, s in going], [int(plan.table_rows[r]) for r, _ in going])
+            going = [(r, s) for r, s in l.sampling if not s.finished]
+            new = self.spec.draft([s for _, s in going], [int(l.plan.table_rows[r]) for r, _ in going])
             by_id = {s.seq_id: d for (_, s), d in zip(going, new)}
             drafts = [by_id.get(sid) for sid in req_ids]
-        self.scheduler.update_from_output(req_ids, [sampled_lists[s] for s in req_ids],
-                                          [accepted[s] for s in req_ids], drafts)
+        live = [i for i, sid in enumerate(req_ids) if sid in self.scheduler]  # a stop string may have ended some
+        self.scheduler.update_from_output([req_ids[i] for i in live], [sampled_lists[req_ids[i]] for i in live],
+                                          [accepted[req_ids[i]] for i in live],
+                                          None if drafts is None else [drafts[i] for i in live])
         for seq in finished_now:
             if seq.seq_id in self.scheduler:
                 self.scheduler.finish_request(seq.seq_id)
-        for _, seq in sampling:
+        for _, seq in l.sampling:
             for child in self._deferred.pop(seq.seq_id, []):
                 if not child.finished:
                     self.scheduler.add_request(child.seq_id, child.prompt_token_ids, child.max_tokens,
                                                priority=child.priority, cache_salt=child.salt,
                                                lookahead=self.args.lookahead_tokens())
-        return touched
 
     def _host_step(self, plan, seqs: list[Sequence]):
         """The step's host plan from the scheduler's, plus per request the rows to sample (the last row, or the
@@ -302,38 +347,17 @@ class EngineCore:
 
     def _commit_all(self, seq: Sequence, toks: list[int], lps: list, touched: set[str],
                     finished_now: list[Sequence]) -> None:
-        """Commit ``toks`` in order until the sequence stops (the rest is dropped unstreamed)."""
+        """Commit ``toks`` in order until the sequence stops (the rest is dropped unstreamed); with
+        ``async_output_proc`` (one token per step) the text is left for the next :meth:`_read_out`."""
         for tok, lp in zip(toks, lps):
             if seq.finished:
                 return
-            self._commit(seq, tok, lp)
+            append_token(seq, tok, lp, self.cfg.eos_token_ids)
+            if not self._async_output:
+                read_text(seq)
             touched.add(seq.request_id)
             if seq.finished:
                 finished_now.append(seq)
-
-    def _commit(self, seq: Sequence, tok: int, lp) -> None:
-        """Append one sampled token and decide whether the sequence stops (EOS, stop id, stop string,
-        max_tokens)."""
-        p = seq.params
-        seq.output_token_ids.append(tok)
-        seq.last_token_time = time.time()
-        if seq.first_token_time is None:
-            seq.first_token_time = seq.last_token_time
-        if seq.logprobs is not None and lp is not None:
-            seq.logprobs.append(lp)
-            seq.cumulative_logprob = (seq.cumulative_logprob or 0.0) + lp[tok].logprob
-        is_eos = tok in self.cfg.eos_token_ids and not p.ignore_eos
-        is_stop_id = tok in p.stop_token_id_list
-        if is_eos or is_stop_id:
-            seq.finish_reason, seq.stop_reason = "stop", (tok if is_stop_id else None)
-        else:
-            _, hit = seq.detok.push([tok])
-            if hit is not None:
-                seq.finish_reason, seq.stop_reason = "stop", hit
-        if not seq.finished and len(seq.output_token_ids) >= seq.max_tokens:
-            seq.finish_reason = "length"
-        if seq.finished:
-            seq.detok.flush()
 
     def _decode_token(self, tok: int) -> str:
         return self.tokenizer.decode([tok], skip_special_tokens=False)

@@ -52,6 +52,7 @@ class Sequence:
     num_cached_tokens: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    text_upto: int = 0  # output ids already fed to the detokenizer (engine/commit.py read_text)
     sent_tokens: int = 0  # what the engine has already reported (output deltas)
     sent_chars: int = 0
     sent_prompt_logprobs: int = 0

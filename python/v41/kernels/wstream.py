@@ -34,7 +34,6 @@ CTAS_PER_SM = 3  # split K until this many CTAs per SM (benches/RESULTS.md: 16 a
 # Expert GEMMs (no activation prefetch): cap the registers at 96 per thread so 5 CTAs fit per SM instead of 4 (the
 # kernel is latency-bound there: 3-6 % faster at B = 8-64, equal at B = 1; benches/RESULTS.md "2026-12-03 (late)").
 FIVE_CTAS = True
-MAX_ROW_GROUPS = 8  # activation rows per pass over a weight, in groups of 8: 1, 2, 4 or 8
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
@@ -81,17 +80,8 @@ def _launch_shape(slots: int, n: int, k: int, fmt: str, device: torch.device) ->
     return -(-chunks // per), per
 
 
-def row_groups(rows_per_weight: float) -> int:
-    """8-row activation groups per pass over a weight (1, 2, 4 or 8): enough for ``rows_per_weight`` rows in one
-    pass up to ``8 · MAX_ROW_GROUPS``; more rows make more passes."""
-    g = 1
-    while g < MAX_ROW_GROUPS and 8 * g < rows_per_weight:
-        g *= 2
-    return g
-
-
 def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None, active: Tensor | None,
-         p: int, slots: int, n_group: int, groups: int, x_prefetch: bool) -> Tensor:
+         p: int, slots: int, n_group: int, x_prefetch: bool) -> Tensor:
     n, k = w.out_features, w.in_features
     y = torch.empty((p, n), dtype=torch.bfloat16, device=x.device)
     split, per = _launch_shape(slots, n, k, w.fmt, x.device)
@@ -102,7 +92,7 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        counters, FMT_CODES[w.fmt], n_group, w.block[0],
                        32 if w.fmt == "mxfp4" else w.block[1], slots, split, per,
-                       x_prefetch and groups == 1, FIVE_CTAS, groups)
+                       x_prefetch, FIVE_CTAS)
     return y
 
 
@@ -114,7 +104,7 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int = 1) 
     if (not 0 < m <= MAX_ROWS or out_dtype != torch.bfloat16 or w.data.dim() != 2 or n % groups
             or x.shape[1] != groups * k or not _takes(x, w, k, n // groups)):
         return None
-    return _run(x, None, w, None, None, m, 1, n // groups, row_groups(m), x_prefetch=True)
+    return _run(x, None, w, None, None, m, 1, n // groups, x_prefetch=True)
 
 
 def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, active: Tensor) -> Tensor | None:
@@ -130,4 +120,4 @@ def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, ac
         return None
     if offsets.dtype != torch.int64 or active.dtype != torch.int64 or (rows is not None and rows.dtype != torch.int64):
         return None
-    return _run(x, rows, w, offsets, active, p, slots, n, row_groups(p / slots), x_prefetch=False)
+    return _run(x, rows, w, offsets, active, p, slots, n, x_prefetch=False)

@@ -105,7 +105,7 @@ def engine_args(opts: argparse.Namespace, model_dir: Path, device: str):
               gpu_memory_utilization=opts.gpu_memory_utilization,
               dtype=DTYPE_ALIASES.get(opts.dtype, opts.dtype), device=device, numerics=opts.numerics,
               quantization=opts.quantization, model_impl=opts.model_impl, enforce_eager=opts.enforce_eager,
-              max_cudagraph_capture_size=opts.max_cudagraph_capture_size, kv_cache_dtype=opts.kv_cache_dtype,
+              async_output_proc=opts.async_output_proc, max_cudagraph_capture_size=opts.max_cudagraph_capture_size, kv_cache_dtype=opts.kv_cache_dtype,
               load_format=opts.load_format, block_size=opts.block_size, seed=opts.seed,
               tensor_parallel_size=opts.tensor_parallel_size, all_reduce_backend=opts.all_reduce_backend,
               nnodes=opts.nnodes, node_rank=opts.node_rank, master_addr=opts.master_addr,

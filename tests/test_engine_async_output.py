@@ -1,0 +1,123 @@
+"""``async_output_proc`` (engine/core.py, engine/commit.py): a step's tokens are detokenized and reported by the next
+step call. The outputs must be exactly those of the synchronous engine — token ids, text, finish and stop reasons,
+logprobs — with stop strings, stop ids, EOS, ``max_tokens``, ``n`` > 1 and prompt logprobs; every request ends with
+one terminal output, and no block leaks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from v41.engine.args import EngineArgs
+from v41.engine.core import EngineCore
+from v41.engine.params import SamplingParams
+from v41.testing.tiny import make_tiny
+
+
+@pytest.fixture(scope="module", params=["deepseek_v41", "deepseek_v4"])
+def ckpt(request, tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp(request.param), request.param)
+
+
+def _core(ckpt, async_output: bool) -> EngineCore:
+    return EngineCore(EngineArgs(model=str(ckpt), block_size=16, kv_cache_bytes=32 << 20, max_num_seqs=8,
+                                 async_output_proc=async_output))
+
+
+def _run(core: EngineCore, requests) -> tuple[dict, int]:
+    """Every output of every step by request id (deltas in order) and the number of step calls."""
+    for rid, prompt, sp in requests:
+        core.add_request(rid, prompt, sp)
+    outs: dict[str, list] = {rid: [] for rid, _, _ in requests}
+    calls = 0
+    while core.has_unfinished():
+        for out in core.step():
+            outs[out.request_id].append(out)
+        calls += 1
+        assert calls < 500
+    return outs, calls
+
+
+def _final(deltas) -> list[tuple]:
+    """Per completion: (token ids, text, finish reason, stop reason, logprob entries as (id, rank, token) and as
+    values, cumulative logprob), from deltas."""
+    got: dict[int, list] = {}
+    for d in deltas:
+        for c in d.outputs:
+            g = got.setdefault(c.index, [[], "", None, None, [], [], None])
+            g[0] += list(c.token_ids)
+            g[1] += c.text
+            g[2], g[3] = c.finish_reason or g[2], c.stop_reason if c.finish_reason else g[3]
+            for entry in c.logprobs or []:
+                g[4].append(sorted((k, v.rank, v.decoded_token) for k, v in entry.items()))
+                g[5].append(sorted((k, v.logprob) for k, v in entry.items()))
+            g[6] = c.cumulative_logprob
+    return [tuple(got[i]) for i in sorted(got)]
+
+
+def _assert_same(got: list[tuple], want: list[tuple], rid: str) -> None:
+    """Exact ids, text, reasons and logprob ranks; logprob values to 1e-5 (a batch of another size — a request
+    that a stop string ends stays one step longer — reorders the CPU matmul's sums)."""
+    assert len(got) == len(want), rid
+    for g, w in zip(got, want):
+        assert g[:5] == w[:5], rid
+        vals = [v for e in g[5] for _, v in e], [v for e in w[5] for _, v in e]
+        assert [k for e in g[5] for k, _ in e] == [k for e in w[5] for k, _ in e], rid
+        assert vals[0] == pytest.approx(vals[1], abs=1e-5), rid
+        assert (g[6] is None) == (w[6] is None) and (g[6] is None or g[6] == pytest.approx(w[6], abs=1e-4)), rid
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [[0] + torch.randint(3, 1000, (int(t),), generator=g).tolist() for t in torch.randint(4, 30, (n,), generator=g)]
+
+
+def test_async_output_gives_the_synchronous_outputs(ckpt):
+    sync = _core(ckpt, False)
+    ps = _prompts(6, 0)
+    probe, _ = _run(sync, [("probe", ps[0], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))])
+    text = "".join(c.text for d in probe["probe"] for c in d.outputs)
+    ids = [t for d in probe["probe"] for c in d.outputs for t in c.token_ids]
+    stop = text[len(text) // 3: len(text) // 3 + 3]  # a stop string the greedy output hits mid-way
+    assert stop
+    requests = [
+        ("stop-string", ps[0], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop=[stop])),
+        ("stop-id", ps[0], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, stop_token_ids=[ids[7]])),
+        ("sampled-n2", ps[1], SamplingParams(temperature=0.9, seed=3, n=2, max_tokens=9, logprobs=2)),
+        ("eos", ps[2], SamplingParams(temperature=1.0, seed=5, max_tokens=30)),
+        ("short", ps[3], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)),
+        ("long", ps[4], SamplingParams(temperature=0.7, seed=9, max_tokens=25, ignore_eos=True,
+                                       stop=[stop], include_stop_str_in_output=True)),
+    ]
+    want, sync_calls = _run(sync, requests)
+    core = _core(ckpt, True)
+    got, async_calls = _run(core, requests)
+    for rid, *_ in requests:
+        _assert_same(_final(got[rid]), _final(want[rid]), rid)
+        assert sum(d.finished for d in got[rid]) == 1, rid  # one terminal output
+        assert got[rid][-1].finished
+    assert want["stop-string"][-1].outputs[0].finish_reason == "stop"
+    assert async_calls <= sync_calls + 1
+    stats = core.stats()
+    assert stats["running"] == 0 and stats["waiting"] == 0
+    core.scheduler.reset_prefix_cache()
+    for name, pool in core.stats()["blocks"].items():
+        assert pool["used"] == 0, (name, pool)
+
+
+def test_async_output_reports_a_step_one_call_later_and_aborts_cleanly(ckpt):
+    core = _core(ckpt, True)
+    core.add_request("a", _prompts(1, 1)[0], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    core.add_request("b", _prompts(1, 2)[0], SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))
+    assert core.step() == []  # the prefill's tokens are committed; their text is read by the next call
+    first = core.step()
+    assert {o.request_id for o in first} == {"a", "b"}
+    assert all(len(o.outputs[0].token_ids) == 1 for o in first)
+    aborted = core.abort_request("b")
+    assert aborted is not None and aborted.finished
+    seen = []
+    while core.has_unfinished():
+        seen += core.step()
+    assert [o.request_id for o in seen if o.finished] == ["a"]
+    assert all(o.request_id == "a" for o in seen)
+    assert core.stats()["running"] == 0
