@@ -12,7 +12,8 @@ from v41.kernels import side_stream, wstream
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def test_beside_joins_and_keeps_split_counters_per_lane():
+def test_beside_joins_and_keeps_split_counters_per_lane(monkeypatch):
+    monkeypatch.setattr(side_stream, "ENABLED", True)
     x = torch.randn(4096, device="cuda")
     main = wstream.split_counters(x.device)
     seen = {}

@@ -352,12 +352,16 @@ class EngineCore:
         for tok, lp in zip(toks, lps):
             if seq.finished:
                 return
-            append_token(seq, tok, lp, self.cfg.eos_token_ids)
-            if not self._async_output:
-                read_text(seq)
+            self._commit(seq, tok, lp)
             touched.add(seq.request_id)
             if seq.finished:
                 finished_now.append(seq)
+
+    def _commit(self, seq: Sequence, tok: int, lp) -> None:
+        """Append one sampled token (:mod:`.commit`); a synchronous step reads its text at once."""
+        append_token(seq, tok, lp, self.cfg.eos_token_ids)
+        if not self._async_output:
+            read_text(seq)
 
     def _decode_token(self, tok: int) -> str:
         return self.tokenizer.decode([tok], skip_special_tokens=False)

@@ -23,7 +23,9 @@ from typing import Generic, TypeVar
 import torch
 from torch import Tensor
 
-ENABLED = True  # run side work on the side stream (False: inline on the current stream; same results)
+# Off by default: on the H200 it was not measurably faster (flash-slice-v41, C = 2,048: B = 1 −4.6 % in one call,
+# +5.8 % in another, B = 64 +4 %; the run-to-run spread is about 5 %; benches/RESULTS.md "2026-12-03 (night)").
+ENABLED = False  # run side work on the side stream (False: inline on the current stream; same results)
 # The call sites that use it (benches set a subset to measure each): the shared expert beside the routed experts
 # (models/fast/moe.py), the attention's cache writes beside its query projections (models/fast/attention.py).
 SITES = "shared_expert,cache_writes"

@@ -2,8 +2,8 @@
 router in float32 (:mod:`v41.kernels.router`: log-domain weights, deterministic top-k with exact ties to the lower
 expert id, or V4 hash routing), the (token, slot)
 pairs sorted by expert, one grouped GEMM for every expert's fused ``w1|w3`` and one for ``w2``
-(:mod:`v41.kernels.moe`; MXFP4 experts dequantized in the kernel), the shared expert beside them (on a second CUDA
-stream, :mod:`v41.kernels.side_stream`), the routed outputs summed in float32.
+(:mod:`v41.kernels.moe`; MXFP4 experts dequantized in the kernel), the shared expert beside them (optionally on a
+second CUDA stream, :mod:`v41.kernels.side_stream`), the routed outputs summed in float32.
 
 Tensor parallelism: every expert (and the shared one) holds the rows ``split_range(I, W, r)`` of ``w1``/``w3``
 and those columns of ``w2``; the router is replicated; the routed + shared partial sums take one all-reduce.
@@ -80,8 +80,8 @@ class FastMoE(nn.Module):
         return self.shared_w2(self._bf16(swiglu(self.shared_w13(x), self.limit)))
 
     def forward(self, x: Tensor, token_ids: Tensor) -> Tensor:
-        """x [T, D] (replicated), token_ids [T] → [T, D] (full on every rank). The shared expert runs on the side
-        stream (:mod:`v41.kernels.side_stream`) beside the router and the routed experts."""
+        """x [T, D] (replicated), token_ids [T] → [T, D] (full on every rank). The shared expert is queued beside the
+        router and the routed experts (on the side stream where :mod:`v41.kernels.side_stream` is enabled)."""
         k = self.top_k
         shared = beside(lambda: self._shared(x), x, "shared_expert") if self.n_shared else None
         ids, weights = self.route(x, token_ids)
