@@ -17,7 +17,7 @@ import torch
 from v41 import quant
 from v41.cache.records import RecordFormat
 from v41.kernels import (indexer, linear, mhc, moe, moe_align, norm, paged, record_store, rope, router, sampling,
-                         sparse_attention, swiglu, topk, window_pool)
+                         sparse_attention, swiglu, topk, window_pool, wstream)
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
 
@@ -232,15 +232,31 @@ def check_record_store(device: str, dtype: torch.dtype, g: torch.Generator):
 
 
 def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
-    t, d = 37, 64
-    h = torch.randn(t, 4, d, generator=g).to(device, dtype)
-    fn = (torch.randn(24, 4 * d, generator=g) * 0.1).to(device)
-    scale = (1 + torch.randn(3, generator=g) * 0.1).to(device)
-    base = (torch.randn(24, generator=g) * 0.3).to(device)
-    poison(device)
-    got = mhc.hc_mixes(h, fn, scale, base, 4, 20, 1e-6, 1e-6)
-    want = mhc.hc_mixes_ref(h.double(), fn.double(), scale.double(), base.double(), 4, 20, 1e-6, 1e-6)
-    out = [(f"mhc/{name}", rel(a, b), 1e-5) for name, a, b in zip(("pre", "post", "comb"), got, want)]
+    """The seam's mixes in one launch (split-K, the last program of a token block finishes it) at 37 tokens over 2
+    K slices and one token over 16 (a decode step), twice (the arrival counters must be left zeroed), and in two
+    launches (mhc.ONE_LAUNCH off, or no counters: a CUDA-graph capture before any eager run); collapse and
+    expand."""
+    out = []
+    for t, d in ((37, 64), (1, 512)):
+        h = torch.randn(t, 4, d, generator=g).to(device, dtype)
+        fn = (torch.randn(24, 4 * d, generator=g) * 0.1).to(device)
+        scale = (1 + torch.randn(3, generator=g) * 0.1).to(device)
+        base = (torch.randn(24, generator=g) * 0.3).to(device)
+        want = mhc.hc_mixes_ref(h.double(), fn.double(), scale.double(), base.double(), 4, 20, 1e-6, 1e-6)
+        for run in ("one launch", "again", "two launches", "no counters"):
+            counters, one = wstream.split_counters, mhc.ONE_LAUNCH
+            mhc.ONE_LAUNCH = run != "two launches"
+            if run == "no counters":
+                wstream.split_counters = lambda device: None
+            try:
+                poison(device)
+                got = mhc.hc_mixes(h, fn, scale, base, 4, 20, 1e-6, 1e-6)
+            finally:
+                wstream.split_counters, mhc.ONE_LAUNCH = counters, one
+            out += [(f"mhc/{name} T={t} {run}", rel(a, b), 1e-5) for name, a, b in zip(("pre", "post", "comb"), got,
+                                                                                         want)]
+    left = wstream.split_counters(torch.device(device))
+    out.append(("mhc/counters left zeroed", float(left.abs().sum()), 0.0))
     pre, post, comb = (x.float() for x in want)
     y = torch.randn(t, d, generator=g).to(device, dtype)
     poison(device)

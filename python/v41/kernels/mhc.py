@@ -3,9 +3,12 @@ copies into the sub-layer input and the expansion of its output back into the co
 
 ``mixes = fn · rmsnorm(flatten(H))`` is a skinny GEMM; what follows (sigmoids, the 4×4 softmax and the spec's fixed
 Sinkhorn procedure: one column normalisation, then ``iters − 1`` rounds of row then column normalisation) is ~45
-tiny element-wise ops in PyTorch. The Triton path is two launches per seam: a split-K pass that reads H once in its
-own dtype and leaves partial dot products and sums of squares, and a per-token kernel that finishes them and runs
-Sinkhorn in registers. Collapse and expand are one launch each.
+tiny element-wise ops in PyTorch. The Triton path is a split-K pass that reads H once in its own dtype and leaves
+partial dot products and sums of squares, then the finish: the sigmoids, the softmax and Sinkhorn in registers,
+the partials summed in slice order. With :data:`ONE_LAUNCH` the last program of a token block to arrive (an arrival
+counter it resets, :func:`.wstream.split_counters`) finishes the block in the same launch; otherwise, or where the
+counters do not exist yet (a CUDA-graph capture before any eager run), a second kernel does. Collapse and expand
+are one launch each.
 """
 
 from __future__ import annotations
@@ -14,8 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import wstream
 from .dispatch import triton, use_triton
 
+# One launch per seam instead of two (a B = 1 step's profile: 36 launches of ~8 µs for 18 seams, benches/RESULTS.md
+# "2026-12-03 (night)"). Checked in Triton's interpreter only so far: off until it passes and is timed on the H200.
+ONE_LAUNCH = False
 
 def hc_mixes_ref(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
                  norm_eps: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -56,13 +63,16 @@ def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters:
     split = triton.cdiv(k, k_split)
     part = torch.empty(split, t, 32, dtype=torch.float32, device=h.device)
     prec = "ieee" if h.device.type == "cpu" else "tf32x3"  # tf32x3: float32-accurate on the tensor cores
-    _mix_partial_kernel[(n_tb, split)](flat, fn.float().contiguous(), part, t, k, k_split, flat.stride(0),
-                                       BT=bt, BK=bk, PREC=prec)
     pre = torch.empty(t, 4, dtype=torch.float32, device=h.device)
     post = torch.empty_like(pre)
     comb = torch.empty(t, 4, 4, dtype=torch.float32, device=h.device)
-    _finish_kernel[(triton.cdiv(t, bt),)](part, scale.float().contiguous(), base.float().contiguous(), pre, post,
-                                          comb, t, split, k, float(norm_eps), iters, hc_eps, BT=bt)
+    counters = wstream.split_counters(h.device) if ONE_LAUNCH and n_tb <= wstream.COUNTER_SLOTS else None
+    scale, base = scale.float().contiguous(), base.float().contiguous()
+    _mix_partial_kernel[(n_tb, split)](flat, fn.float().contiguous(), part, part if counters is None else counters,
+                                       scale, base, pre, post, comb, t, k, k_split, flat.stride(0), float(norm_eps),
+                                       iters, hc_eps, BT=bt, BK=bk, PREC=prec, FUSED=counters is not None)
+    if counters is None:
+        _finish_kernel[(n_tb,)](part, scale, base, pre, post, comb, t, split, k, float(norm_eps), iters, hc_eps, BT=bt)
     return pre, post, comb
 
 
@@ -108,9 +118,11 @@ if triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def _mix_partial_kernel(h_ptr, fn_ptr, part_ptr, T, K, K_SPLIT, stride_h, BT: tl.constexpr, BK: tl.constexpr,
-                            PREC: tl.constexpr):
-        """partial[s, t, 0:24] = Σ_{k in split s} fn[:, k]·h[t, k]; partial[s, t, 24] = Σ h[t, k]² (float32)."""
+    def _mix_partial_kernel(h_ptr, fn_ptr, part_ptr, count_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, K,
+                            K_SPLIT, stride_h, NORM_EPS, ITERS, EPS, BT: tl.constexpr, BK: tl.constexpr,
+                            PREC: tl.constexpr, FUSED: tl.constexpr):
+        """partial[s, t, 0:24] = Σ_{k in split s} fn[:, k]·h[t, k]; partial[s, t, 24] = Σ h[t, k]² (float32).
+        FUSED: the token block's last program to arrive (``count_ptr``, reset by it) also finishes the block."""
         pid_t, pid_s = tl.program_id(0), tl.program_id(1)
         rt = pid_t * BT + tl.arange(0, BT)
         r32 = tl.arange(0, 32)
@@ -129,11 +141,25 @@ if triton is not None:
             ss += tl.sum(x * x, axis=1)
         acc = tl.where((r32 == 24)[None, :], ss[:, None], acc)
         tl.store(part_ptr + (pid_s * T + rt[:, None]) * 32 + r32[None, :], acc, mask=tmask[:, None] & (r32 < 25)[None, :])
+        if FUSED:
+            tl.debug_barrier()
+            if tl.atomic_add(count_ptr + pid_t, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+                _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, tl.num_programs(1), K,
+                             NORM_EPS, ITERS, EPS, BT, ".cg")
+                tl.atomic_xchg(count_ptr + pid_t, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
     def _finish_kernel(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, SPLIT, K, NORM_EPS, ITERS, EPS,
                        BT: tl.constexpr):
         rt = tl.program_id(0) * BT + tl.arange(0, BT)
+        _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, SPLIT, K, NORM_EPS, ITERS, EPS,
+                     BT, "")
+
+    @triton.jit
+    def _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, SPLIT, K, NORM_EPS, ITERS, EPS,
+                     BT: tl.constexpr, CACHE: tl.constexpr):
+        """pre, post, comb of the tokens ``rt`` from the SPLIT partial planes, summed in slice order (CACHE ".cg":
+        loads past L1, which does not see other SMs' writes)."""
         tmask = rt < T
         r4 = tl.arange(0, 4)
         r16 = tl.arange(0, 16)
@@ -143,10 +169,10 @@ if triton is not None:
         ss = tl.zeros([BT], dtype=tl.float32)
         for s in range(0, SPLIT):
             row = (s * T + rt[:, None]) * 32
-            pre_w += tl.load(part_ptr + row + r4[None, :], mask=tmask[:, None], other=0.0)
-            post_w += tl.load(part_ptr + row + 4 + r4[None, :], mask=tmask[:, None], other=0.0)
-            comb_w += tl.load(part_ptr + row + 8 + r16[None, :], mask=tmask[:, None], other=0.0)
-            ss += tl.load(part_ptr + (s * T + rt) * 32 + 24, mask=tmask, other=0.0)
+            pre_w += tl.load(part_ptr + row + r4[None, :], mask=tmask[:, None], other=0.0, cache_modifier=CACHE)
+            post_w += tl.load(part_ptr + row + 4 + r4[None, :], mask=tmask[:, None], other=0.0, cache_modifier=CACHE)
+            comb_w += tl.load(part_ptr + row + 8 + r16[None, :], mask=tmask[:, None], other=0.0, cache_modifier=CACHE)
+            ss += tl.load(part_ptr + (s * T + rt) * 32 + 24, mask=tmask, other=0.0, cache_modifier=CACHE)
         r = tl.rsqrt(ss / K + NORM_EPS)[:, None]
         s0 = tl.load(scale_ptr)
         s1 = tl.load(scale_ptr + 1)
