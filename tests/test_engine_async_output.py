@@ -121,3 +121,27 @@ def test_async_output_reports_a_step_one_call_later_and_aborts_cleanly(ckpt):
     assert [o.request_id for o in seen if o.finished] == ["a"]
     assert all(o.request_id == "a" for o in seen)
     assert core.stats()["running"] == 0
+
+
+def test_an_abort_reports_the_text_of_the_last_step(ckpt):
+    """A request whose last tokens were appended but not yet read (async) is aborted: its terminal output carries
+    their text, as the synchronous engine's does; a request id reused after an abort gets no stale output."""
+    prompt = _prompts(1, 4)[0]
+    sp = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    want, _ = _run(_core(ckpt, False), [("a", prompt, sp)])
+    core = _core(ckpt, True)
+    core.add_request("a", prompt, sp)
+    core.add_request("b", _prompts(1, 5)[0], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    got = []
+    while not core.seqs or not next(s for s in core.seqs.values() if s.request_id == "a").finished:
+        got += [o for o in core.step() if o.request_id == "a"]
+    got.append(core.abort_request("a"))  # finished by length, its last token unread
+    _assert_same(_final(got), _final(want["a"]), "a")
+    assert core.abort_request("b").finished
+    core.add_request("b", _prompts(1, 6)[0], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    outs = core.step()
+    assert all(o.request_id != "b" or o.outputs[0].token_ids for o in outs)  # nothing stale for the new "b"
+    while core.has_unfinished():
+        outs += core.step()
+    assert [o.request_id for o in outs if o.finished] == ["b"]
+    assert core.stats()["running"] == 0

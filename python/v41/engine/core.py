@@ -181,8 +181,11 @@ class EngineCore:
         seqs = self.requests.get(request_id)
         if seqs is None:
             return None
+        self._unreported.discard(request_id)
         for s in seqs:
             self._deferred.pop(s.seq_id, None)
+            if read_text(s) and s.seq_id in self.scheduler:  # async_output_proc: the last step's text; a stop
+                self.scheduler.finish_request(s.seq_id)        # string there ends the sequence as "stop"
             if not s.finished:
                 s.finish_reason = "abort"
                 if s.seq_id in self.scheduler:
