@@ -319,8 +319,9 @@ def main() -> None:
     ap.add_argument("--per-layer", default="", help="BATCHxCONTEXT decode cells also timed layer by layer")
     ap.add_argument("--quantization", default="auto", choices=("auto", "none"))
     ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
-    ap.add_argument("--async-output-proc", action="store_true", help="the engine's async_output_proc (a step's "
-                    "tokens detokenized and reported while the GPU runs the next step)")
+    ap.add_argument("--async-output-proc", action=argparse.BooleanOptionalAction, default=True,
+                    help="the engine's async_output_proc (default on: a step's tokens detokenized and reported while "
+                         "the GPU runs the next step)")
     ap.add_argument("--budget", type=int, default=0, help="max_num_batched_tokens (default: the longest prefill, "
                     "at least 256)")
     ap.add_argument("--recent-index-prefill", action="store_true", help="decode cells prefill with recency "

@@ -40,9 +40,10 @@ class EngineArgs:
     ``quantization_config`` says), ``none`` dequantizes them once at load (fast model only). index_scratch_bytes:
     cap on an indexer's per-layer score scratch in bytes (fast model: a step's queries are scored and ranked in row
     chunks within it, models/fast/attention.py ``index_row_chunks``; paged model: its score chunks). enforce_eager: no CUDA graphs.
-    async_output_proc: detokenize and report a step's tokens while the GPU runs the next step (vLLM V0's async output
-    processing; :meth:`EngineCore.step`): outputs arrive one step later, and a sequence that a stop string ends
-    computes one more token, which is dropped; ignored while speculating. max_cudagraph_capture_size: the largest
+    async_output_proc (default True): detokenize and report a step's tokens while the GPU runs the next step (vLLM
+    V0's async output processing; :meth:`EngineCore.step`): each output arrives from the next step call, and a
+    sequence that a stop string ends computes one more token, which is dropped; ignored while speculating. False:
+    the synchronous step, whose call returns its own tokens. max_cudagraph_capture_size: the largest
     decode batch replayed from a CUDA graph (default min(max_num_seqs, 512); graphs are captured for the padded
     sizes 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, ... up to it). seed: seed of the generator that draws the sampling
     seed of requests that bring none. max_n: the most completions (``SamplingParams.n``) one request may ask
@@ -83,7 +84,7 @@ class EngineArgs:
     model_impl: str = "auto"
     quantization: str = "auto"
     enforce_eager: bool = False
-    async_output_proc: bool = False
+    async_output_proc: bool = True
     max_cudagraph_capture_size: int | None = None
     index_scratch_bytes: int = 1 << 30
     seed: int | None = 0

@@ -65,9 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fast (production model) or paged (reference modules over the paged cache, CPU parity "
                         "path); auto = fast")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (decode runs eager)")
-    p.add_argument("--async-output-proc", action="store_true",
-                   help="detokenize and report a step's tokens while the GPU runs the next step (outputs one step "
-                        "later; ignored with --speculative-config)")
+    p.add_argument("--async-output-proc", action=argparse.BooleanOptionalAction, default=True,
+                   help="detokenize and report a step's tokens while the GPU runs the next step (default; outputs "
+                        "one step later; ignored with --speculative-config)")
     p.add_argument("--max-cudagraph-capture-size", type=int, default=None, metavar="N",
                    help="largest decode batch replayed from a CUDA graph (default min(--max-num-seqs, 512))")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
