@@ -21,7 +21,7 @@ from . import wstream
 from .dispatch import triton, use_triton
 
 # One launch per seam instead of two (a B = 1 step's profile: 36 launches of ~8 µs for 18 seams, benches/RESULTS.md
-# "2026-12-03 (night)"). Checked in Triton's interpreter only so far: off until it passes and is timed on the H200.
+# "2026-12-03 (night)"). It passes on the H200 (check_mhc, bf16 and float32); off until it is timed there.
 ONE_LAUNCH = False
 
 def hc_mixes_ref(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
