@@ -8,15 +8,19 @@
 
 A synchronous engine step runs both per token. With ``async_output_proc`` the engine appends a step's tokens when
 they are sampled and reads their text in the next call, while the GPU runs that call's step
-(:meth:`~v41.engine.core.EngineCore.step`).
+(:meth:`~v41.engine.core.EngineCore.step`). Also here: the logprob entries recorded with them (prompt logprobs,
+the verify rows of speculative steps).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+
+import torch
 
 from .request import Sequence
+from .sampler import compute_prompt_logprobs, gather_logprobs
 
 
 def append_token(seq: Sequence, tok: int, lp, eos_token_ids: Collection[int]) -> None:
@@ -54,3 +58,26 @@ def read_text(seq: Sequence) -> bool:
     if seq.finished:
         seq.detok.flush()
     return stopped
+
+
+def record_prompt_logprobs(seq: Sequence, logits: torch.Tensor, start: int, decode: Callable[[int], str]) -> None:
+    """Record prompt logprobs for positions start+1.. (row i of ``logits`` [n, V] predicts prompt token
+    start+1+i). Positions already recorded (a preempted sequence recomputes its prompt) are kept, not appended
+    twice."""
+    ids = seq.prompt_token_ids[start:start + logits.shape[0] + 1]
+    entries = compute_prompt_logprobs(logits, ids, seq.params.prompt_logprobs, decode)
+    if not seq.prompt_logprobs:
+        seq.prompt_logprobs.append(None)
+    for pos, entry in enumerate(entries[1:], start=start + 1):
+        if pos == len(seq.prompt_logprobs):
+            seq.prompt_logprobs.append(entry)
+
+
+def verify_logprobs(seq: Sequence, logits: torch.Tensor, toks: list[int], decode: Callable[[int], str]) -> list:
+    """Logprob entries of ``toks`` committed from verify rows ``logits`` [≥ len(toks), V] (the raw model
+    distribution, as the sampler reports), or Nones when the request asked for none."""
+    n = seq.params.logprobs
+    if n is None:
+        return [None] * len(toks)
+    lp = torch.log_softmax(logits[: len(toks)].float(), dim=-1)
+    return gather_logprobs(lp, torch.tensor(toks), n).to_dicts([n] * len(toks), decode)

@@ -22,7 +22,7 @@ from ..cache import blocks_for_budget
 from ..config import load_config
 from ..models.engram_loader import engram_hasher
 from .args import EngineArgs
-from .commit import append_token, read_text
+from .commit import append_token, read_text, record_prompt_logprobs, verify_logprobs
 from .context_limit import cap_max_model_len
 from .detokenizer import IncrementalDetokenizer
 from .engram_rows import StepRowHasher
@@ -32,7 +32,7 @@ from .output import delta_output
 from .params import RequestOutput, SamplingParams
 from .prompts import validate_request
 from .request import Sequence
-from .sampler import Sampler, SamplingState, compute_prompt_logprobs, gather_logprobs
+from .sampler import Sampler, SamplingState
 from .spec_decode import SpecDecoder
 from .spec_stats import SpecDecodeStats
 
@@ -236,7 +236,8 @@ class EngineCore:
         row_of = {int(r): i for i, r in enumerate(step.logits_rows.tolist())}
         for r, seq in enumerate(seqs):
             if prompt_rows[r] is not None and seq.prompt_logprobs is not None:
-                self._prompt_logprobs(seq, logits[[row_of[x] for x in prompt_rows[r]]], int(plan.start_pos[r]))
+                record_prompt_logprobs(seq, logits[[row_of[x] for x in prompt_rows[r]]], int(plan.start_pos[r]),
+                                       self._decode_token)
         sampling = [(r, seqs[r]) for r in range(len(seqs)) if sample_rows[r] is not None]
         plain = [(r, s) for r, s in sampling if len(sample_rows[r]) == 1]
         out = None
@@ -269,7 +270,7 @@ class EngineCore:
             for (r, seq), toks, c in zip(verifying, commits, counts):
                 sampled_lists[seq.seq_id], accepted[seq.seq_id] = toks, len(toks) - 1
                 seq.spec_decode.add_block(c, len(toks) - 1)  # before any stop cuts it
-                lps = self._row_logprobs(seq, verify_logits[first:first + c + 1], toks)
+                lps = verify_logprobs(seq, verify_logits[first:first + c + 1], toks, self._decode_token)
                 self._commit_all(seq, toks, lps, touched, finished_now)
                 first += c + 1
         drafts = None
@@ -327,26 +328,6 @@ class EngineCore:
                 seq.num_cached_tokens, seq.scheduled = int(hit), True  # re-admitted hits its own pages
                 seq.first_scheduled_time = now
         return step, sample_rows, prompt_rows
-
-    def _prompt_logprobs(self, seq: Sequence, logits: torch.Tensor, start: int) -> None:
-        """Record prompt logprobs for positions start+1.. (row i predicts prompt token start+1+i). Positions
-        already recorded (a preempted sequence recomputes its prompt) are kept, not appended twice."""
-        ids = seq.prompt_token_ids[start:start + logits.shape[0] + 1]
-        entries = compute_prompt_logprobs(logits, ids, seq.params.prompt_logprobs, self._decode_token)
-        if not seq.prompt_logprobs:
-            seq.prompt_logprobs.append(None)
-        for pos, entry in enumerate(entries[1:], start=start + 1):
-            if pos == len(seq.prompt_logprobs):
-                seq.prompt_logprobs.append(entry)
-
-    def _row_logprobs(self, seq: Sequence, logits: torch.Tensor, toks: list[int]) -> list:
-        """Logprob entries of ``toks`` committed from verify rows ``logits`` [≥ len(toks), V] (the raw model
-        distribution, as the sampler reports), or Nones when the request asked for none."""
-        n = seq.params.logprobs
-        if n is None:
-            return [None] * len(toks)
-        lp = torch.log_softmax(logits[: len(toks)].float(), dim=-1)
-        return gather_logprobs(lp, torch.tensor(toks), n).to_dicts([n] * len(toks), self._decode_token)
 
     def _commit_all(self, seq: Sequence, toks: list[int], lps: list, touched: set[str],
                     finished_now: list[Sequence]) -> None:
