@@ -74,6 +74,14 @@ def test_seed_command_passes_every_flag_check(caplog):
     assert settings.enable_auto_tool_choice and settings.chat_revision == "v41"
 
 
+def test_async_output_processing_is_on_unless_turned_off(ckpt):
+    """--async-output-proc is the default; --no-async-output-proc gives the synchronous step (EngineArgs)."""
+    from v41.serve.cli import engine_args
+
+    assert engine_args(opts(str(ckpt)), ckpt, "cpu").async_output_proc
+    assert not engine_args(opts(str(ckpt), "--no-async-output-proc"), ckpt, "cpu").async_output_proc
+
+
 def test_seed_speculative_config_parses_and_its_kernel_keys_warn(caplog):
     seed = dict(SEED_FLAGS)["--speculative-config"]
     with caplog.at_level(logging.WARNING, logger="v41.serve"):

@@ -24,6 +24,7 @@ from .dispatch import triton, use_triton
 # "2026-12-03 (night)"). It passes on the H200 (check_mhc, bf16 and float32); off until it is timed there.
 ONE_LAUNCH = False
 
+
 def hc_mixes_ref(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
                  norm_eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """h [T, hc, D] (any float dtype); fn [(2+hc)·hc, hc·D]; scale [3]; base [(2+hc)·hc]. Returns float32 (or

@@ -136,8 +136,8 @@ class FastAttention(nn.Module):
 
     def write_caches(self, x: Tensor, ctx: StepContext) -> None:
         """This step's cache entries from x alone: the window KV row of each token (``swa``) and, in subclasses,
-        the compressed entries and index keys the step closes (:meth:`write_entries`). Queued on the side stream
-        (:mod:`v41.kernels.side_stream`) while the queries are projected."""
+        the compressed entries and index keys the step closes (:meth:`write_entries`). Queued on the side stream,
+        where :mod:`v41.kernels.side_stream` is enabled, while the queries are projected."""
         cos, sin = ctx.rope[self.rope_key]
         kv = rope(self.kv_norm(self.wkv(x)), cos, sin)
         ctx.cache.store("swa", self.plan.layer_id, ctx.batch.slot_mapping["swa"], kv)
