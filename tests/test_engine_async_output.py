@@ -1,7 +1,9 @@
 """``async_output_proc`` (engine/core.py, engine/commit.py): a step's tokens are detokenized and reported by the next
-step call. The outputs must be exactly those of the synchronous engine — token ids, text, finish and stop reasons,
-logprobs — with stop strings, stop ids, EOS, ``max_tokens``, ``n`` > 1 and prompt logprobs; every request ends with
-one terminal output, and no block leaks."""
+step call; with ``async_scheduling`` (engine/pending.py) each step is also planned and launched before the previous
+step's ids reach the host. The outputs must be exactly those of the synchronous engine — token ids, text, finish and
+stop reasons, logprobs — with stop strings, stop ids, EOS, ``max_tokens``, ``n`` > 1, prompt logprobs, penalties,
+``min_tokens``, prefix hits and preemption (the tiny V4.1 has Engram layers: their rows of pending ids are hashed
+on the device); every request ends with one terminal output, and no block leaks."""
 
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ def ckpt(request, tmp_path_factory):
     return make_tiny(tmp_path_factory.mktemp(request.param), request.param)
 
 
-def _core(ckpt, async_output: bool) -> EngineCore:
-    return EngineCore(EngineArgs(model=str(ckpt), block_size=16, kv_cache_bytes=32 << 20, max_num_seqs=8,
-                                 async_output_proc=async_output))
+def _core(ckpt, async_output: bool, scheduling: bool = True, **kw) -> EngineCore:
+    kw = dict(block_size=16, kv_cache_bytes=32 << 20, max_num_seqs=8) | kw
+    return EngineCore(EngineArgs(model=str(ckpt), async_output_proc=async_output, async_scheduling=scheduling, **kw))
 
 
 def _run(core: EngineCore, requests) -> tuple[dict, int]:
@@ -72,7 +74,8 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
     return [[0] + torch.randint(3, 1000, (int(t),), generator=g).tolist() for t in torch.randint(4, 30, (n,), generator=g)]
 
 
-def test_async_output_gives_the_synchronous_outputs(ckpt):
+@pytest.mark.parametrize("scheduling", [False, True], ids=["output", "scheduling"])
+def test_async_output_gives_the_synchronous_outputs(ckpt, scheduling):
     sync = _core(ckpt, False)
     ps = _prompts(6, 0)
     probe, _ = _run(sync, [("probe", ps[0], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))])
@@ -90,7 +93,8 @@ def test_async_output_gives_the_synchronous_outputs(ckpt):
                                        stop=[stop], include_stop_str_in_output=True)),
     ]
     want, sync_calls = _run(sync, requests)
-    core = _core(ckpt, True)
+    core = _core(ckpt, True, scheduling)
+    assert core._async_scheduling == scheduling
     got, async_calls = _run(core, requests)
     for rid, *_ in requests:
         _assert_same(_final(got[rid]), _final(want[rid]), rid)
@@ -129,7 +133,7 @@ def test_an_abort_reports_the_text_of_the_last_step(ckpt):
     prompt = _prompts(1, 4)[0]
     sp = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     want, _ = _run(_core(ckpt, False), [("a", prompt, sp)])
-    core = _core(ckpt, True)
+    core = _core(ckpt, True, scheduling=False)  # async scheduling reads a step's text in the call that commits it
     core.add_request("a", prompt, sp)
     core.add_request("b", _prompts(1, 5)[0], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
     got = []
@@ -145,3 +149,49 @@ def test_an_abort_reports_the_text_of_the_last_step(ckpt):
         outs += core.step()
     assert [o.request_id for o in outs if o.finished] == ["b"]
     assert core.stats()["running"] == 0
+
+
+def test_async_scheduling_with_penalties_min_tokens_prefix_hits_and_preemption(ckpt):
+    """A cache small enough to preempt, prompts sharing a prefix (hits on pages that held placeholders), rows with
+    penalties (their steps wait for the previous ids) beside rows without, min_tokens counting a pending token."""
+    base = (_prompts(1, 7)[0] * 64)[:64]  # four pages shared by every prompt
+    ps = [base + p[:12] for p in _prompts(6, 8)]
+    requests = [
+        ("greedy", ps[0], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)),
+        ("penalty", ps[1], SamplingParams(temperature=0.8, seed=1, max_tokens=20, repetition_penalty=1.3,
+                                          frequency_penalty=0.5)),
+        ("min-tokens", ps[2], SamplingParams(temperature=1.0, seed=2, max_tokens=20, min_tokens=12)),
+        ("sampled", ps[3], SamplingParams(temperature=0.9, seed=4, n=2, max_tokens=18, logprobs=1)),
+        ("greedy-2", ps[4], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)),
+        ("repeat", ps[0], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)),
+    ]
+    small = dict(num_kv_blocks=12, max_num_seqs=6, enable_prefix_caching=True)
+    want, _ = _run(_core(ckpt, False, **small), requests)
+    core = _core(ckpt, True, **small)
+    got, _ = _run(core, requests)
+    for rid, *_ in requests:
+        _assert_same(_final(got[rid]), _final(want[rid]), rid)
+        assert sum(d.finished for d in got[rid]) == 1, rid
+    assert core.stats()["num_preemptions"] > 0
+    assert _final(got["repeat"]) == _final(got["greedy"])
+    core.scheduler.check_invariants()
+    core.scheduler.reset_prefix_cache()
+    for name, pool in core.stats()["blocks"].items():
+        assert pool["used"] == 0, (name, pool)
+
+
+def test_async_scheduling_aborts_a_request_whose_step_is_running(ckpt):
+    core = _core(ckpt, True)
+    core.add_request("a", _prompts(1, 1)[0], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    core.add_request("b", _prompts(1, 2)[0], SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))
+    outs = core.step() + core.step() + core.step()
+    assert core._inflight is not None and "b" in {core.seqs[s].request_id for s in core._inflight.req_ids}
+    aborted = core.abort_request("b")
+    assert aborted.finished and aborted.outputs[0].finish_reason == "abort"
+    after = []
+    while core.has_unfinished():
+        after += core.step()
+    assert [o.request_id for o in after] == ["a"] * len(after) and after[-1].finished  # nothing more of "b"
+    assert sum(len(o.outputs[0].token_ids) for o in outs + after if o.request_id == "a") == 8
+    assert core.stats()["running"] == 0
+    core.scheduler.check_invariants()

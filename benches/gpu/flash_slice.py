@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import platform
@@ -30,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from event_timing import median_ms
@@ -85,6 +87,12 @@ def v41_engine(path: Path, max_seqs: int, max_tokens: int, max_len: int, quantiz
     if core.engram_rows is not None:  # the slice's tokenizer is the tiny one: fold the 129k ids onto its token map
         rows, n = core.engram_rows.rows, core.engram_rows.vocab
         core.engram_rows.rows = lambda ids, counts, hist: rows(ids % n, counts, [[h % n for h in hh] for hh in hist])
+        hasher = copy.copy(core.engram_rows.hasher)  # async scheduling's pending rows (engine/pending.py) alike
+        hasher.token_map = hasher.token_map[np.arange(max(n, core.cfg.vocab_size)) % n]
+        core.engram_rows.hasher = hasher
+        resolver = core.executor.runner.resolver
+        if resolver is not None:
+            resolver.token_map = torch.from_numpy(hasher.token_map).to(resolver.device)
     return core
 
 
@@ -322,6 +330,8 @@ def main() -> None:
     ap.add_argument("--async-output-proc", action=argparse.BooleanOptionalAction, default=True,
                     help="the engine's async_output_proc (default on: a step's tokens detokenized and reported while "
                          "the GPU runs the next step)")
+    ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                    help="the engine's async_scheduling (default on: each step launched while the previous runs)")
     ap.add_argument("--budget", type=int, default=0, help="max_num_batched_tokens (default: the longest prefill, "
                     "at least 256)")
     ap.add_argument("--recent-index-prefill", action="store_true", help="decode cells prefill with recency "
@@ -346,11 +356,13 @@ def main() -> None:
     max_len = max([c + decode_headroom(b, c, budget) for b, c in cells] + [p + 80 for p in prefills])
     t = time.perf_counter()
     core = v41_engine(path, max(b for b, _ in cells), budget, max_len, a.quantization,
-                      kv_cache_dtype=a.kv_cache_dtype, async_output_proc=a.async_output_proc)
+                      kv_cache_dtype=a.kv_cache_dtype, async_output_proc=a.async_output_proc,
+                      async_scheduling=a.async_scheduling)
     print(f"v41 engine ready in {time.perf_counter() - t:.0f} s; KV cache {a.kv_cache_dtype}: "
           f"{core.layout.describe(2)}", flush=True)
     env["kv_cache_dtype"] = a.kv_cache_dtype
     env["async_output_proc"] = a.async_output_proc
+    env["async_scheduling"] = a.async_scheduling
     env["overrides"] = overrides
     wb = weight_bytes(core)
     rows = []

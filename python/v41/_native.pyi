@@ -141,6 +141,11 @@ class Scheduler:
         """Report the last step: per request the committed tokens (accepted drafts then the sampled
         token; empty for a partial prefill), the number of accepted drafts, and the next drafts.
         Ids no longer running are ignored. Raises ``ValueError`` if an entry contradicts the plan."""
+    def set_last_token(self, request_id: int, token: int) -> bool:
+        """Replace the last committed token (an async-scheduling placeholder reported to
+        ``update_from_output`` before the sampled id was known) with ``token``, before the next ``step``.
+        False when the request has finished or was aborted. Raises ``ValueError`` when it has no output
+        token or the token was already offered to the prefix cache."""
     def stats(self) -> _SchedulerStats:
         """Occupancy per pool, queue lengths, prefix-cache counters (tokens), preemptions."""
     def reset_prefix_cache(self) -> int:

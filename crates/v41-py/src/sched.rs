@@ -302,6 +302,13 @@ impl PyScheduler {
         self.inner.update_from_output(&outputs).map_err(to_py_err)
     }
 
+    /// Replace the last committed token of ``request_id`` (an async-scheduling placeholder) with ``token``;
+    /// False when the request has finished or was aborted. ValueError when it has no output token or the
+    /// token was already offered to the prefix cache.
+    fn set_last_token(&mut self, request_id: u64, token: u32) -> PyResult<bool> {
+        self.inner.set_last_token(request_id, token).map_err(to_py_err)
+    }
+
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = self.inner.stats();
         let dict = PyDict::new(py);

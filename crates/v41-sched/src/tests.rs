@@ -533,3 +533,28 @@ fn stats_tell_blocks_held_only_by_the_prefix_cache_from_blocks_held_by_requests(
     s.reset_prefix_cache();
     assert!(s.stats().kinds.iter().all(|k| k.used == 0 && k.cached_only == 0));
 }
+
+#[test]
+fn async_scheduling_placeholders_are_replaced_before_they_reach_the_prefix_cache() {
+    const PH: u32 = u32::MAX;
+    let mut s = sched(64, 64, 4);
+    add(&mut s, 1, prompt(7, 1), 4);
+    s.step();
+    s.update_from_output(&[sample(1, PH)]).unwrap();
+    let out = s.step(); // planned before the sampled id is known
+    assert_eq!((out.start_pos[0], out.token_ids[0]), (7, PH));
+    assert!(s.set_last_token(1, 50).unwrap());
+    s.update_from_output(&[sample(1, PH)]).unwrap();
+    s.step(); // offers positions 0..8 (the prompt and 50) to the prefix cache
+    assert!(s.set_last_token(1, 51).unwrap());
+    assert_eq!(s.request(1).unwrap().output(), [50, 51]);
+    s.finish_request(1).unwrap();
+    assert!(!s.set_last_token(1, 52).unwrap(), "a finished request is ignored");
+    let mut next = prompt(7, 1);
+    next.extend([50, 51, 60, 61]);
+    add(&mut s, 2, next, 2);
+    let out = s.step();
+    assert_eq!(out.prefix_hit_tokens, [8], "the cached page holds 50, not the placeholder");
+    assert!(s.set_last_token(2, 9).is_err(), "no output token yet");
+    s.check_invariants().unwrap();
+}

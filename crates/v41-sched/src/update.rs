@@ -5,6 +5,12 @@
 //! accepted drafts (which must equal the drafts it was given) and one sampled token. Rejected drafts
 //! (`scheduled drafts − accepted`) are rolled back from `num_computed`; their KV slots are simply
 //! overwritten later. A partial prefill chunk reports nothing (or an empty entry).
+//!
+//! Async scheduling (the engine plans step N + 1 before step N's sampled ids reach the host) reports a
+//! placeholder id for each sampled token, then replaces it with [`Scheduler::set_last_token`] once the id
+//! is known — before the next step is planned, so the placeholder is never published to the prefix cache
+//! (pages are offered only up to `num_computed`, and the placeholder's position is computed by that next
+//! step) and never fed to a recompute after preemption (a step that preempts admits nobody).
 
 use crate::error::SchedError;
 use crate::request::{FinishReason, RequestStatus};
@@ -93,5 +99,29 @@ impl Scheduler {
             req.draft.extend_from_slice(&out.new_draft[..keep]);
         }
         Ok(())
+    }
+
+    /// Replaces the last committed token of request `id` (a placeholder reported by async scheduling, see
+    /// the module docs) with `token`. Returns false, changing nothing, when the request is no longer
+    /// waiting or running (it finished or was aborted meanwhile).
+    ///
+    /// # Errors
+    /// [`SchedError::InvalidOutput`] if the request has no output token, or if its last token already
+    /// sits in a page offered to the prefix cache (the id came too late: a step was planned after it).
+    pub fn set_last_token(&mut self, id: u64, token: u32) -> Result<bool, SchedError> {
+        let Some(&slot) = self.index.get(&id) else {
+            return Ok(false);
+        };
+        let page = self.geometry.page.get();
+        let req = self.req_mut(slot);
+        let bad = |reason: &str| Err(SchedError::InvalidOutput { id, reason: reason.into() });
+        if req.output().is_empty() {
+            return bad("set_last_token: the request has no output token");
+        }
+        if req.cached_pages as usize * page >= req.committed_len() {
+            return bad("set_last_token: the last token was already offered to the prefix cache");
+        }
+        *req.token_ids.last_mut().expect("an output token") = token;
+        Ok(true)
     }
 }

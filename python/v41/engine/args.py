@@ -43,7 +43,13 @@ class EngineArgs:
     async_output_proc (default True): detokenize and report a step's tokens while the GPU runs the next step (vLLM
     V0's async output processing; :meth:`EngineCore.step`): each output arrives from the next step call, and a
     sequence that a stop string ends computes one more token, which is dropped; ignored while speculating. False:
-    the synchronous step, whose call returns its own tokens. max_cudagraph_capture_size: the largest
+    the synchronous step, whose call returns its own tokens. async_scheduling (default True; vLLM's
+    ``--async-scheduling``, SGLang's overlap scheduler): with async_output_proc, plan and launch each step while
+    the previous one still runs on the GPU, its sampled ids filled in on the device (:mod:`.pending`), so the GPU
+    does not wait for the host between steps; a step returns the outputs of the step before it, and a sequence
+    that stops computes one more token, which is dropped. Applies at tensor_parallel_size 1 without Engram
+    offload; a step whose requests use repetition, frequency or presence penalties waits for the previous step's
+    ids. max_cudagraph_capture_size: the largest
     decode batch replayed from a CUDA graph (default min(max_num_seqs, 512); graphs are captured for the padded
     sizes 1, 2, 4, 8, 16, 24, 32, 48, 64, 96, ... up to it). seed: seed of the generator that draws the sampling
     seed of requests that bring none. max_n: the most completions (``SamplingParams.n``) one request may ask
@@ -85,6 +91,7 @@ class EngineArgs:
     quantization: str = "auto"
     enforce_eager: bool = False
     async_output_proc: bool = True
+    async_scheduling: bool = True
     max_cudagraph_capture_size: int | None = None
     index_scratch_bytes: int = 1 << 30
     seed: int | None = 0

@@ -1,5 +1,10 @@
 """The engine core: one loop of schedule (Rust) → run (paged model) → sample → detokenize and stop → report.
 
+With async scheduling (the default where it applies: one process, no speculation, no Engram offload) the loop is
+pipelined: step N + 1 is planned and launched while step N still runs on the GPU, with placeholders for step N's
+sampled ids that the device fills (:mod:`.pending`); step N's ids are then read, committed and reported while
+step N + 1 runs. A request that stops at step N has one more token computed and discarded.
+
 Every accepted request ends with exactly one terminal output (finish reason stop, length or abort); its
 blocks are freed by the scheduler when it finishes, is aborted or is preempted (recomputed later).
 """
@@ -13,7 +18,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tokenizers import Tokenizer
 
@@ -27,8 +31,9 @@ from .context_limit import cap_max_model_len
 from .detokenizer import IncrementalDetokenizer
 from .engram_rows import StepRowHasher
 from .executor import make_executor
-from .host_step import HostStep
+from .host_step import plan_host_step
 from .output import delta_output
+from .pending import PENDING_TOKEN, PendingResolver, needs_output_ids
 from .params import RequestOutput, SamplingParams
 from .prompts import validate_request
 from .request import Sequence
@@ -52,7 +57,8 @@ class _Launched:
     row_of: dict[int, int]
     sampling: list
     plain: list
-    out: object
+    out: object  # the sampler's output, copied to the host without waiting (SamplerOutput.to_host)
+    sampled: torch.Tensor | None  # the sampled ids of ``plain`` on the device (the next step's pending rows)
 
 
 class EngineCore:
@@ -107,6 +113,12 @@ class EngineCore:
         self._spec_done = SpecDecodeStats()  # the counts of every sequence that has left self.seqs
         self._unreported: set[str] = set()  # requests with news not yet reported (step → _read_out)
         self._async_output = args.async_output_proc and self.spec is None  # one token per step per sequence
+        self._async_scheduling = (self._async_output and args.async_scheduling and args.tensor_parallel_size == 1
+                                  and self.executor.runner.engram is None)
+        self._inflight: _Launched | None = None  # async scheduling: the step launched by the last call
+        if self._async_scheduling:
+            self.executor.runner.resolver = PendingResolver(
+                self.device, self.engram_rows.hasher if self.engram_rows else None, self.cfg.vocab_size)
         log.info("engine ready: %d blocks of %d tokens per kind, kinds %s", num_blocks, layout.block_tokens,
                  [k.name for k in layout.kinds])
         stored = str(dtype).removeprefix("torch.") if args.resolved_kv_cache_dtype() == "auto" else "fp8 records"
@@ -200,21 +212,44 @@ class EngineCore:
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns the requests that changed (terminal outputs at most once). With
         ``async_output_proc`` the text of a step's tokens is read, and the requests reported, by the next call
-        while the GPU runs that call's step (module docstring)."""
+        while the GPU runs that call's step; with async scheduling a step is left running when the call returns
+        and its ids are committed by the next call (module docstring)."""
+        prev, self._inflight = self._inflight, None
+        if prev is not None and not self._hold(prev):
+            self._complete(prev)
+            prev = None
         plan = self.scheduler.step()
+        launched = self._launch(plan, prev) if plan.num_tokens else None
+        if prev is not None:
+            self._complete(prev, held=True)
         for sid, reason in plan.finished:
             seq = self.seqs.get(sid)
             if seq is not None and not seq.finished:
                 seq.finish_reason = "length" if reason == "length" else reason
                 self._unreported.add(seq.request_id)
-        launched = self._launch(plan) if plan.num_tokens else None
         if launched is not None and not self._async_output:
             self._complete(launched)
             launched = None
         outs = self._read_out()
         if launched is not None:
-            self._complete(launched)
+            if self._async_scheduling:
+                self._inflight = launched
+            else:
+                self._complete(launched)
         return outs
+
+    def _hold(self, l: _Launched) -> bool:
+        """Async scheduling: report placeholders for the sampled ids of the running step ``l`` so the next step
+        can be planned before they are known. False (nothing reported) when a sampled row's next logits need its
+        output ids (penalties) or ``l`` verified drafts."""
+        if any(needs_output_ids(s.params) or len(l.sample_rows[r]) > 1 for r, s in l.sampling):
+            return False
+        sampled = {s.seq_id for _, s in l.plain}
+        ids = [sid for sid in l.req_ids if sid in self.scheduler]
+        self.scheduler.update_from_output(ids, [[PENDING_TOKEN] if sid in sampled else [] for sid in ids])
+        for _, s in l.plain:
+            s.sampling.pending = 1
+        return True
 
     def _read_out(self) -> list[RequestOutput]:
         """Detokenize what was committed since the last read (a stop string ends its sequence here) and report
@@ -226,13 +261,16 @@ class EngineCore:
                     self.scheduler.finish_request(seq.seq_id)
         return [out for rid in sorted(touched) if (out := self._report(rid)) is not None]
 
-    def _launch(self, plan) -> _Launched:
+    def _launch(self, plan, prev: _Launched | None = None) -> _Launched:
         """Queue the step's forward and its sampling on the device (prompt logprobs are read here, before a later
-        step's graph replay reuses the logits); nothing waits for the sampled ids."""
+        step's graph replay reuses the logits); nothing waits for the sampled ids. ``prev``: the running step
+        whose sampled ids are this step's pending input ids (async scheduling)."""
         req_ids = plan.req_ids.tolist()
         seqs = [self.seqs[sid] for sid in req_ids]
-        step, sample_rows, prompt_rows = self._host_step(plan, seqs)
-        logits = self.executor.execute(step)
+        prev_rows = {s.seq_id: i for i, (_, s) in enumerate(prev.plain)} if prev is not None else None
+        step, sample_rows, prompt_rows, pending = plan_host_step(plan, seqs, self.engram_rows, prev_rows,
+                                                                 prev.sampled if prev is not None else None)
+        logits = self.executor.execute(step, pending) if pending is not None else self.executor.execute(step)
         row_of = {int(r): i for i, r in enumerate(step.logits_rows.tolist())}
         for r, seq in enumerate(seqs):
             if prompt_rows[r] is not None and seq.prompt_logprobs is not None:
@@ -240,24 +278,30 @@ class EngineCore:
                                        self._decode_token)
         sampling = [(r, seqs[r]) for r in range(len(seqs)) if sample_rows[r] is not None]
         plain = [(r, s) for r, s in sampling if len(sample_rows[r]) == 1]
-        out = None
+        out = sampled = None
         if plain:
             rows = [row_of[sample_rows[r][0]] for r, _ in plain]
             picked = logits if rows == list(range(logits.shape[0])) else logits[rows]  # a decode step: all rows
             out = self.sampler(picked, [s.sampling for _, s in plain])
-        return _Launched(plan, req_ids, seqs, sample_rows, logits, row_of, sampling, plain, out)
+            sampled, out = out.sampled_token_ids, out.to_host()
+        return _Launched(plan, req_ids, seqs, sample_rows, logits, row_of, sampling, plain, out, sampled)
 
-    def _complete(self, l: _Launched) -> None:
+    def _complete(self, l: _Launched, held: bool = False) -> None:
         """Wait for the step's sampled ids and commit them (with ``async_output_proc``: append them; their text is
-        read by the next :meth:`_read_out`), verify drafts, update the scheduler."""
+        read by the next :meth:`_read_out`), verify drafts, update the scheduler. ``held``: :meth:`_hold` reported
+        placeholders for them, which the ids replace."""
         touched, req_ids, sample_rows, row_of = self._unreported, l.req_ids, l.sample_rows, l.row_of
         sampled_lists: dict[int, list[int]] = {sid: [] for sid in req_ids}
         accepted: dict[int, int] = {sid: 0 for sid in req_ids}
         finished_now = []
         if l.plain:
+            l.out.wait()
             lps = l.out.row_logprobs([s.sampling for _, s in l.plain], self._decode_token)
             for (r, seq), tok, lp in zip(l.plain, l.out.sampled_token_ids.tolist(), lps):
+                seq.sampling.pending = 0
                 if not seq.finished:
+                    if held:
+                        self.scheduler.set_last_token(seq.seq_id, tok)
                     sampled_lists[seq.seq_id] = [tok]
                     self._commit_all(seq, [tok], [lp], touched, finished_now)
         verifying = [(r, s) for r, s in l.sampling if len(sample_rows[r]) > 1 and not s.finished]
@@ -280,9 +324,10 @@ class EngineCore:
             by_id = {s.seq_id: d for (_, s), d in zip(going, new)}
             drafts = [by_id.get(sid) for sid in req_ids]
         live = [i for i, sid in enumerate(req_ids) if sid in self.scheduler]  # a stop string may have ended some
-        self.scheduler.update_from_output([req_ids[i] for i in live], [sampled_lists[req_ids[i]] for i in live],
-                                          [accepted[req_ids[i]] for i in live],
-                                          None if drafts is None else [drafts[i] for i in live])
+        if not held:
+            self.scheduler.update_from_output([req_ids[i] for i in live], [sampled_lists[req_ids[i]] for i in live],
+                                              [accepted[req_ids[i]] for i in live],
+                                              None if drafts is None else [drafts[i] for i in live])
         for seq in finished_now:
             if seq.seq_id in self.scheduler:
                 self.scheduler.finish_request(seq.seq_id)
@@ -292,42 +337,6 @@ class EngineCore:
                     self.scheduler.add_request(child.seq_id, child.prompt_token_ids, child.max_tokens,
                                                priority=child.priority, cache_salt=child.salt,
                                                lookahead=self.args.lookahead_tokens())
-
-    def _host_step(self, plan, seqs: list[Sequence]):
-        """The step's host plan from the scheduler's, plus per request the rows to sample (the last row, or the
-        k + 1 verify rows of k drafts; None) and the rows whose logits score prompt tokens (prompt_logprobs).
-        Engram rows are hashed here (natively, :mod:`.engram_rows`) from committed ids."""
-        counts = plan.num_scheduled.astype(np.int64)
-        first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        token_ids = plan.token_ids.astype(np.int64)
-        sample_rows, prompt_rows, rows = [], [], []
-        for a, n, p, seq, do, k in zip(first.tolist(), counts.tolist(), plan.start_pos.tolist(), seqs,
-                                       plan.do_sample.tolist(), plan.num_draft_tokens.tolist()):
-            sample_rows.append(list(range(a + n - 1 - k, a + n)) if do else None)
-            if do:
-                rows += sample_rows[-1]
-            if seq.prompt_logprobs is not None and p < len(seq.prompt_token_ids) - 1:
-                last = min(p + n, len(seq.prompt_token_ids) - 1)
-                prompt_rows.append(list(range(a, a + last - p)))
-                rows += prompt_rows[-1]
-            else:
-                prompt_rows.append(None)
-        engram = {}
-        if self.engram_rows is not None:
-            keep = self.engram_rows.keep
-            engram = self.engram_rows.rows(token_ids, counts, [seq.history(p, keep) for p, seq in
-                                                               zip(plan.start_pos.tolist(), seqs)])
-        step = HostStep(token_ids=token_ids, positions=plan.positions.astype(np.int64), num_scheduled=counts,
-                        start_pos=plan.start_pos.astype(np.int64), table_rows=plan.table_rows,
-                        table_diffs=dict(plan.table_diffs), max_blocks=dict(plan.max_blocks),
-                        slot_mapping=dict(plan.slot_mappings), state_rows=plan.state_rows,
-                        logits_rows=np.array(sorted(set(rows)), dtype=np.int64), engram_rows=engram)
-        now = time.time()
-        for seq, hit in zip(seqs, plan.prefix_hit_tokens.tolist()):
-            if not seq.scheduled:  # the hit of the first admission (vLLM): a preempted sequence that is
-                seq.num_cached_tokens, seq.scheduled = int(hit), True  # re-admitted hits its own pages
-                seq.first_scheduled_time = now
-        return step, sample_rows, prompt_rows
 
     def _commit_all(self, seq: Sequence, toks: list[int], lps: list, touched: set[str],
                     finished_now: list[Sequence]) -> None:

@@ -75,11 +75,17 @@ class CudaGraphRunner:
     def _size(self, r: int) -> int:
         return next(s for s in self.sizes if s >= r)
 
-    def run(self, step: HostStep) -> torch.Tensor:
-        """Logits [N, vocab] of ``step.logits_rows`` (in order)."""
+    def run(self, step: HostStep, before_replay=None) -> torch.Tensor:
+        """Logits [N, vocab] of ``step.logits_rows`` (in order). ``before_replay(token_ids, engram_rows)``, if
+        given, runs on the filled static inputs before the replay (async scheduling's pending rows,
+        :mod:`.pending`; token row i of the step is row i of the graph at one query token per request)."""
         size = self._size(step.num_requests)
-        self.inputs[size].fill(step)
-        return self.inputs[size].outputs(self._replay(size))
+        inputs = self.inputs[size]
+        inputs.fill(step)
+        if before_replay is not None:
+            assert inputs.q == 1, "pending rows are resolved in plain decode graphs only"
+            before_replay(inputs.views["token_ids"], inputs.views["engram_rows"])
+        return inputs.outputs(self._replay(size))
 
     def run_dummy(self, size: int, token_ids) -> torch.Tensor:
         """Replay graph ``size`` on all-padding inputs with ``token_ids`` [size·q] (the verify-cost profile of

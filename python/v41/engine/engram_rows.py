@@ -21,6 +21,7 @@ class StepRowHasher:
     Raises ValueError (from the crate) for a token id outside the tokenizer's token map."""
 
     def __init__(self, hasher: EngramHasher):
+        self.hasher = hasher  # the Python hasher: token map and constants (async scheduling, :mod:`.pending`)
         self.layer_ids = hasher.layer_ids
         self.vocab = hasher.token_map.size  # token ids the map covers
         self.keep = hasher.max_ngram_size - 1

@@ -48,9 +48,9 @@ class LocalExecutor:
         """Allocate the paged cache (``num_blocks`` per kind) and the input buffers."""
         self.runner.init_cache(num_blocks, num_state_rows, block_tokens, max_model_len)
 
-    def execute(self, step: HostStep):
-        """Logits [N, vocab] of ``step.logits_rows``."""
-        return self.runner.execute(step)
+    def execute(self, step: HostStep, pending=None):
+        """Logits [N, vocab] of ``step.logits_rows`` (``pending``: :meth:`ModelRunner.execute`)."""
+        return self.runner.execute(step, pending)
 
     def draft(self, table_rows, anchors, positions):
         """One DSpark draft pass (:meth:`ModelRunner.draft`)."""

@@ -5,10 +5,13 @@ buffers from it (:mod:`.input_buffers`), so no device tensor ever crosses proces
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import msgpack
 import numpy as np
+
+from .pending import PendingRows, pending_rows
 
 
 @dataclass
@@ -106,3 +109,48 @@ class HostStep:
                        engram_rows={int(k): arr(v) for k, v in d["engram_rows"].items()})
         except (KeyError, TypeError, ValueError, msgpack.UnpackException) as e:
             raise ValueError(f"malformed step message ({e})") from None
+
+
+def plan_host_step(plan, seqs, engram_rows=None, prev_rows: dict[int, int] | None = None, prev_sampled=None):
+    """The step's :class:`HostStep` from the scheduler's plan, plus per request the rows to sample (the last row, or
+    the k + 1 verify rows of k drafts; None) and the rows whose logits score prompt tokens (prompt_logprobs), and
+    the async-scheduling rows whose ids are the previous step's sampled ids (:mod:`.pending`; None if none).
+
+    seqs: the scheduled :class:`~.request.Sequence` s in plan order (their first admission is stamped here);
+    engram_rows: the :class:`~.engram_rows.StepRowHasher` (None without Engram), which hashes every row from
+    committed ids; prev_rows: seq id → its row of ``prev_sampled``, the previous step's sampled ids on the device.
+    """
+    counts = plan.num_scheduled.astype(np.int64)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    token_ids = plan.token_ids.astype(np.int64)
+    sample_rows, prompt_rows, rows = [], [], []
+    for a, n, p, seq, do, k in zip(first.tolist(), counts.tolist(), plan.start_pos.tolist(), seqs,
+                                   plan.do_sample.tolist(), plan.num_draft_tokens.tolist()):
+        sample_rows.append(list(range(a + n - 1 - k, a + n)) if do else None)
+        if do:
+            rows += sample_rows[-1]
+        if seq.prompt_logprobs is not None and p < len(seq.prompt_token_ids) - 1:
+            last = min(p + n, len(seq.prompt_token_ids) - 1)
+            prompt_rows.append(list(range(a, a + last - p)))
+            rows += prompt_rows[-1]
+        else:
+            prompt_rows.append(None)
+    histories = None
+    if engram_rows is not None:
+        histories = [seq.history(p, engram_rows.keep) for p, seq in zip(plan.start_pos.tolist(), seqs)]
+    pending: PendingRows | None = None
+    if prev_rows:
+        pending = pending_rows(token_ids, [prev_rows.get(s.seq_id) for s in seqs], counts, histories,
+                               engram_rows.hasher if engram_rows is not None else None, prev_sampled)
+    engram = engram_rows.rows(token_ids, counts, histories) if engram_rows is not None else {}
+    step = HostStep(token_ids=token_ids, positions=plan.positions.astype(np.int64), num_scheduled=counts,
+                    start_pos=plan.start_pos.astype(np.int64), table_rows=plan.table_rows,
+                    table_diffs=dict(plan.table_diffs), max_blocks=dict(plan.max_blocks),
+                    slot_mapping=dict(plan.slot_mappings), state_rows=plan.state_rows,
+                    logits_rows=np.array(sorted(set(rows)), dtype=np.int64), engram_rows=engram)
+    now = time.time()
+    for seq, hit in zip(seqs, plan.prefix_hit_tokens.tolist()):
+        if not seq.scheduled:  # the hit of the first admission (vLLM): a preempted sequence that is
+            seq.num_cached_tokens, seq.scheduled = int(hit), True  # re-admitted hits its own pages
+            seq.first_scheduled_time = now
+    return step, sample_rows, prompt_rows, pending

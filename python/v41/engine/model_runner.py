@@ -28,6 +28,7 @@ from .engram_pager import EngramPager
 from .graph_inputs import GraphInputs
 from .host_step import HostStep
 from .input_buffers import InputBuffers
+from .pending import PendingResolver, PendingRows
 
 log = logging.getLogger("v41.engine")
 CAPTURABLE_GROUPS = ("single", "torch-nccl")  # host shared memory and PCIe pull run host code in a collective
@@ -92,6 +93,7 @@ class ModelRunner:
         self.draft_graphs: DraftGraphs | None = None
         self.verify_costs: VerifyCosts | None = None
         self._static: dict[str, Tensor] | None = None
+        self.resolver: PendingResolver | None = None  # set by an engine core that schedules asynchronously
 
     def close(self) -> None:
         """Release what outlives a step: the Engram pager's threads and host tables (idempotent)."""
@@ -176,13 +178,21 @@ class ModelRunner:
         return True
 
     @torch.no_grad()
-    def execute(self, step: HostStep):
+    def execute(self, step: HostStep, pending: PendingRows | None = None):
+        """Run ``step``: float32 logits [N, vocab] of ``step.logits_rows``. ``pending``: async scheduling's input
+        rows that take the previous step's sampled ids on the device (:mod:`.pending`; needs :attr:`resolver`)."""
         if self.engram is not None:
             step = self.engram.prepare(step)
+        fill = None
+        if pending is not None:
+            fill = lambda ids, engram: self.resolver.resolve(pending, ids, engram)  # noqa: E731
         for graphs in (*self.narrow_graphs, self.graphs):
             if graphs is not None and graphs.fits(step):
-                return graphs.run(step)
-        return self.model.forward(self.buffers.load(step))
+                return graphs.run(step, fill)
+        batch = self.buffers.load(step)
+        if fill is not None:
+            fill(batch.token_ids, batch.engram_rows)
+        return self.model.forward(batch)
 
     @torch.no_grad()
     def draft(self, table_rows: np.ndarray, anchors: np.ndarray, positions: np.ndarray

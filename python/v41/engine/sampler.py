@@ -65,13 +65,16 @@ class SamplingState:
 
     ``prompt_token_ids`` / ``output_token_ids``: ids seen so far (penalties, min_tokens); the engine
     appends each committed token to ``output_token_ids``. ``seed``: the request's 64-bit sampling key
-    (``params.seed``, else drawn by the engine at admission).
+    (``params.seed``, else drawn by the engine at admission). ``pending``: tokens already sampled whose ids
+    have not reached the host (async scheduling, :mod:`.pending`): they count in :attr:`position` and in
+    ``min_tokens``.
     """
 
     params: SamplingParams
     prompt_token_ids: Sequence[int]
     seed: int
     output_token_ids: list[int] = field(default_factory=list)
+    pending: int = 0
     _prompt_ids_cpu: Tensor | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -86,12 +89,13 @@ class SamplingState:
     @property
     def position(self) -> int:
         """Position of the last known token: the row that samples the next one computes it."""
-        return len(self.prompt_token_ids) + len(self.output_token_ids) - 1
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.pending - 1
 
     def extended(self, token_ids: Sequence[int]) -> SamplingState:
         """This request with ``token_ids`` appended to its output: a hypothesised continuation, e.g. the drafts
         a verify row assumes (docs/speculative-decoding.md §3e). Shares the prompt's cached id tensor."""
-        view = SamplingState(self.params, self.prompt_token_ids, self.seed, [*self.output_token_ids, *token_ids])
+        view = SamplingState(self.params, self.prompt_token_ids, self.seed, [*self.output_token_ids, *token_ids],
+                             self.pending)
         view._prompt_ids_cpu = self._prompt_ids_cpu
         return view
 
@@ -176,10 +180,34 @@ def compute_prompt_logprobs(
 
 @dataclass(frozen=True, slots=True)
 class SamplerOutput:
-    """``sampled_token_ids`` [N] int64; ``logprobs``: all N rows, or None when no row asked for logprobs."""
+    """``sampled_token_ids`` [N] int64; ``logprobs``: all N rows, or None when no row asked for logprobs;
+    ``ready``: an event after which host copies (:meth:`to_host`) hold their values, None when they do now."""
 
     sampled_token_ids: Tensor
     logprobs: LogprobsTensors | None = None
+    ready: torch.cuda.Event | None = None
+
+    def to_host(self) -> SamplerOutput:
+        """This output copied into pinned host memory without waiting for the GPU (non-blocking copies queued
+        on the current stream, then an event): the host reads it after :meth:`wait`, which waits for this
+        step only, not for work queued after it. On a CPU device: itself."""
+        if self.sampled_token_ids.device.type != "cuda":
+            return self
+        def host(t: Tensor) -> Tensor:
+            return t.to("cpu", non_blocking=True)  # pinned destination (PyTorch pins non-blocking D2H copies)
+        lp = self.logprobs
+        if lp is not None:
+            lp = LogprobsTensors(host(lp.token_ids), host(lp.token_logprobs), host(lp.ranks), host(lp.top_token_ids),
+                                 host(lp.top_logprobs))
+        ready = torch.cuda.Event()
+        ids = host(self.sampled_token_ids)
+        ready.record()
+        return SamplerOutput(ids, lp, ready)
+
+    def wait(self) -> None:
+        """Block until the host copies of :meth:`to_host` are complete (no-op otherwise)."""
+        if self.ready is not None:
+            self.ready.synchronize()
 
     def row_logprobs(
         self, states: Sequence[SamplingState], decode: Decode | None = None
@@ -278,7 +306,7 @@ class Sampler:
         vocab = x.shape[1]
         for i, s in enumerate(states):
             p = s.params
-            if len(s.output_token_ids) >= p.min_tokens:
+            if len(s.output_token_ids) + s.pending >= p.min_tokens:
                 continue
             ids = set(p.stop_token_id_list)
             if not p.ignore_eos:
@@ -303,7 +331,7 @@ class Sampler:
 def has_processor(s: SamplingState) -> bool:
     """Whether any of steps 1-4 changes this row's logits."""
     p = s.params
-    return bool(p.logit_bias or len(s.output_token_ids) < p.min_tokens or p.repetition_penalty != 1.0
+    return bool(p.logit_bias or len(s.output_token_ids) + s.pending < p.min_tokens or p.repetition_penalty != 1.0
                 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0)
 
 

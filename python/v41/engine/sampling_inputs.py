@@ -71,37 +71,46 @@ def _rows(f: Tensor, i: Tensor, flags) -> SamplingRows:
 
 
 class SamplingInputs:
-    """Pinned host buffers (float32 [3, capacity], int64 [4, capacity]) and their device twins, grown on demand;
-    :meth:`load` fills the first n columns and copies them without blocking the host."""
+    """Pinned host buffers (float32 [3, capacity], int64 [4, capacity]; two pairs used in turn) and their device
+    twins, grown on demand; :meth:`load` fills the first n columns and copies them without blocking the host. A
+    pair is reused once its copy has finished, so the host can load step N + 1's rows while the copy of step N's
+    still waits behind that step's forward (async scheduling)."""
 
     def __init__(self, device: torch.device | str, capacity: int = 64):
         self.device = torch.device(device)
-        self._done: torch.cuda.Event | None = None
+        self._turn = 0
+        self._done: list[torch.cuda.Event | None] = [None, None]
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
+        for ev in self._done:
+            if ev is not None:
+                ev.synchronize()
         cuda = self.device.type == "cuda"
         self.capacity = capacity
-        self.host_f = torch.zeros(3, capacity, dtype=torch.float32, pin_memory=cuda)
-        self.host_i = torch.zeros(4, capacity, dtype=torch.int64, pin_memory=cuda)
-        self.dev_f = self.host_f.to(self.device) if cuda else self.host_f
-        self.dev_i = self.host_i.to(self.device) if cuda else self.host_i
+        self.host_f = [torch.zeros(3, capacity, dtype=torch.float32, pin_memory=cuda) for _ in range(2)]
+        self.host_i = [torch.zeros(4, capacity, dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
+        self.dev_f = self.host_f[0].to(self.device) if cuda else self.host_f[0]
+        self.dev_i = self.host_i[0].to(self.device) if cuda else self.host_i[0]
 
     def load(self, params: Sequence[SamplingParams], index: Sequence[int], seeds: Sequence[int],
              positions: Sequence[int], vocab: int) -> SamplingRows:
         """The rows ``index`` (their ``params``, ``seeds``, ``positions``) on the device: views of the device
         buffers, valid until the next call."""
         n = len(params)
-        if self._done is not None:  # the previous copy has left the pinned buffers
-            self._done.synchronize()
         if n > self.capacity:
             self._alloc(max(n, 2 * self.capacity))
+        cuda = self.device.type == "cuda"
+        turn = self._turn if cuda else 0
+        self._turn = 1 - self._turn
+        if self._done[turn] is not None:  # this pair's previous copy has left the pinned buffers
+            self._done[turn].synchronize()
         f, i, flags = _pack(params, vocab, index, seeds, positions)
-        self.host_f.numpy()[:, :n] = f
-        self.host_i.numpy()[:, :n] = i
-        if self.dev_f is not self.host_f:
-            self.dev_f[:, :n].copy_(self.host_f[:, :n], non_blocking=True)
-            self.dev_i[:, :n].copy_(self.host_i[:, :n], non_blocking=True)
-            self._done = torch.cuda.Event()
-            self._done.record()
+        self.host_f[turn].numpy()[:, :n] = f
+        self.host_i[turn].numpy()[:, :n] = i
+        if cuda:
+            self.dev_f[:, :n].copy_(self.host_f[turn][:, :n], non_blocking=True)
+            self.dev_i[:, :n].copy_(self.host_i[turn][:, :n], non_blocking=True)
+            self._done[turn] = torch.cuda.Event()
+            self._done[turn].record()
         return _rows(self.dev_f[:, :n], self.dev_i[:, :n], flags)

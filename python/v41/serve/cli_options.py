@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--async-output-proc", action=argparse.BooleanOptionalAction, default=True,
                    help="detokenize and report a step's tokens while the GPU runs the next step (default; outputs "
                         "one step later; ignored with --speculative-config)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                   help="plan and launch each step while the previous one runs on the GPU (default; needs "
+                        "--async-output-proc; one process without Engram offload; outputs one step later)")
     p.add_argument("--max-cudagraph-capture-size", type=int, default=None, metavar="N",
                    help="largest decode batch replayed from a CUDA graph (default min(--max-num-seqs, 512))")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
