@@ -105,7 +105,8 @@ def decode_headroom(batch: int, context: int, budget: int, steps: int = 50, warm
 
 def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10, after=None,
                prefill_ctx=contextlib.nullcontext) -> float:
-    """Median ms per engine step with ``batch`` requests decoding at ``context``; ``after(core)`` runs once the
+    """Median ms per engine step (the interval between consecutive step calls' returns) with ``batch`` requests
+    decoding at ``context``; ``after(core)`` runs once the
     timed steps are checked, before the requests are aborted; the prefill runs inside ``prefill_ctx()``
     (long_context.recent_index_selection with ``--recent-index-prefill``)."""
     from v41.engine.params import SamplingParams
@@ -127,14 +128,15 @@ def v41_decode(core, batch: int, context: int, steps: int = 50, warmup: int = 10
                 done = min(batch * context, n_steps * core.args.max_num_batched_tokens)
                 print(f"  prefill: about {done:,} of {batch * context:,} tokens in {tick - t0:.0f} s", flush=True)
     print(f"v41 decode B={batch} C={context}: prefilled in {time.perf_counter() - t0:.0f} s", flush=True)
-    times = []
+    times = []  # between consecutive step returns, no synchronisation in between: with async scheduling a call
+    torch.cuda.synchronize()  # returns with its step still running, and the interval is the steady-state period
+    t = time.perf_counter()
     for k in range(warmup + steps):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
         core.step()
-        torch.cuda.synchronize()
+        now = time.perf_counter()
         if k >= warmup:
-            times.append(time.perf_counter() - t)
+            times.append(now - t)
+        t = now
     live = [s for s in core.seqs.values() if not s.finished]
     if len(live) != batch:  # a shrinking batch would time a smaller cell (decode_headroom sizes max_model_len)
         raise RuntimeError(f"decode B={batch}: only {len(live)} requests were still running after the timed steps")
