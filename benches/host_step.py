@@ -1,7 +1,8 @@
 """Host time of an engine decode step outside the model: the tiny V4.1 engine on the CPU with B requests decoding,
 the forward replaced by stored logits, so what is timed is the Python / Rust host path (scheduling, the step's
 host plan, sampling on the CPU, committing and detokenizing tokens, building the outputs). Prints the median step
-and the mean of each part (its method wrapped in a timer).
+and the mean of each part (its method wrapped in a timer): ``_launch`` (the plan's host step, the executor call and
+the sampler, itself shown apart), ``_complete`` (committing the sampled ids), ``_read_out`` (text and outputs).
 
     python benches/host_step.py [--batch 64] [--steps 200]
 
@@ -24,7 +25,7 @@ from v41.engine.core import EngineCore
 from v41.engine.params import SamplingParams
 from v41.testing.tiny import make_tiny
 
-PARTS = ("_host_step", "sampler", "_commit_all", "_report")
+PARTS = ("_launch", "sampler", "_complete", "_read_out")  # sampler: inside _launch
 
 
 def main() -> None:
@@ -43,7 +44,7 @@ def main() -> None:
     while any(len(s.output_token_ids) == 0 for s in core.seqs.values()):
         core.step()
     logits = torch.randn(a.batch, core.cfg.vocab_size)
-    core.executor.execute = lambda step: logits[: len(step.logits_rows)]
+    core.executor.execute = lambda step, pending=None: logits[: len(step.logits_rows)]
     spent = dict.fromkeys(PARTS, 0.0)
     for name in PARTS:
         def timed(*args, _f=getattr(core, name), _n=name, **kw):
