@@ -195,3 +195,23 @@ def test_async_scheduling_aborts_a_request_whose_step_is_running(ckpt):
     assert sum(len(o.outputs[0].token_ids) for o in outs + after if o.request_id == "a") == 8
     assert core.stats()["running"] == 0
     core.scheduler.check_invariants()
+
+
+def test_async_scheduling_commits_the_running_step_when_the_next_launch_raises(ckpt):
+    """A launch that fails (e.g. out of memory in an eager prefill) still gives the running step's ids to their
+    sequences and the scheduler, so no placeholder outlives the call."""
+    core = _core(ckpt, True)
+    core.add_request("a", _prompts(1, 1)[0], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+    for _ in range(3):
+        core.step()
+    seq = next(iter(core.seqs.values()))
+    before = len(seq.output_token_ids)
+
+    def fail(*args, **kw):
+        raise RuntimeError("launch failed")
+
+    core.executor.execute = fail
+    with pytest.raises(RuntimeError, match="launch failed"):
+        core.step()
+    assert len(seq.output_token_ids) == before + 1 and seq.sampling.pending == 0
+    core.scheduler.check_invariants()

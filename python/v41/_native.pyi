@@ -143,7 +143,8 @@ class Scheduler:
         Ids no longer running are ignored. Raises ``ValueError`` if an entry contradicts the plan."""
     def set_last_token(self, request_id: int, token: int) -> bool:
         """Replace the last committed token (an async-scheduling placeholder reported to
-        ``update_from_output`` before the sampled id was known) with ``token``, before the next ``step``.
+        ``update_from_output`` before the sampled id was known; the step planned right after it feeds it as
+        an input) with ``token``, before the ``step`` after that one.
         False when the request has finished or was aborted. Raises ``ValueError`` when it has no output
         token or the token was already offered to the prefix cache."""
     def stats(self) -> _SchedulerStats:

@@ -313,9 +313,10 @@ impl Scheduler {
     /// Ends a request because Python decided so (EOS, stop string): its computed pages go to the
     /// prefix cache, its blocks are freed, and the next step reports it with reason `stop`. Call it
     /// once the last step's forward has run (its KV is written), as for `update_from_output`, or while a
-    /// later step that holds the request is still queued on the device (async output processing): its
-    /// freed blocks and cached pages are handed out only by a later `step`, which the engine calls after
-    /// that forward has run.
+    /// later step that holds the request is still queued on the device (async output processing, async
+    /// scheduling): its freed blocks and cached pages are handed out only by a later `step`, whose forward
+    /// the engine queues after that one on the same device stream (with async scheduling that stream order
+    /// is the only guard: the next step is launched before the earlier one has run).
     ///
     /// # Errors
     /// [`SchedError::UnknownRequest`] if the id is not waiting or running.

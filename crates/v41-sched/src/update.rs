@@ -7,10 +7,12 @@
 //! overwritten later. A partial prefill chunk reports nothing (or an empty entry).
 //!
 //! Async scheduling (the engine plans step N + 1 before step N's sampled ids reach the host) reports a
-//! placeholder id for each sampled token, then replaces it with [`Scheduler::set_last_token`] once the id
-//! is known — before the next step is planned, so the placeholder is never published to the prefix cache
-//! (pages are offered only up to `num_computed`, and the placeholder's position is computed by that next
-//! step) and never fed to a recompute after preemption (a step that preempts admits nobody).
+//! placeholder id for each sampled token, plans the next step (which feeds the placeholder as its input),
+//! then replaces it with [`Scheduler::set_last_token`] once the id is known — before the step after that
+//! is planned. A plan offers pages to the prefix cache only up to `num_computed` as the previous plan left
+//! it, which stops before the placeholder's position, so the placeholder is never published; and it is
+//! never fed to a recompute after preemption (a step that preempts admits nobody, and the id is in place
+//! before the next plan).
 
 use crate::error::SchedError;
 use crate::request::{FinishReason, RequestStatus};

@@ -53,7 +53,7 @@ class _Launched:
     req_ids: list[int]
     seqs: list[Sequence]
     sample_rows: list
-    logits: torch.Tensor
+    logits: torch.Tensor | None  # kept for the verify rows of a speculative step only (None otherwise)
     row_of: dict[int, int]
     sampling: list
     plain: list
@@ -218,10 +218,12 @@ class EngineCore:
         if prev is not None and not self._hold(prev):
             self._complete(prev)
             prev = None
-        plan = self.scheduler.step()
-        launched = self._launch(plan, prev) if plan.num_tokens else None
-        if prev is not None:
-            self._complete(prev, held=True)
+        try:
+            plan = self.scheduler.step()
+            launched = self._launch(plan, prev) if plan.num_tokens else None
+        finally:  # also when planning or launching raises: the held placeholders get their ids
+            if prev is not None:
+                self._complete(prev, held=True)
         for sid, reason in plan.finished:
             seq = self.seqs.get(sid)
             if seq is not None and not seq.finished:
@@ -284,7 +286,8 @@ class EngineCore:
             picked = logits if rows == list(range(logits.shape[0])) else logits[rows]  # a decode step: all rows
             out = self.sampler(picked, [s.sampling for _, s in plain])
             sampled, out = out.sampled_token_ids, out.to_host()
-        return _Launched(plan, req_ids, seqs, sample_rows, logits, row_of, sampling, plain, out, sampled)
+        keep = logits if self.spec is not None else None  # an in-flight step must not pin a prefill's logits
+        return _Launched(plan, req_ids, seqs, sample_rows, keep, row_of, sampling, plain, out, sampled)
 
     def _complete(self, l: _Launched, held: bool = False) -> None:
         """Wait for the step's sampled ids and commit them (with ``async_output_proc``: append them; their text is

@@ -121,7 +121,7 @@ class GraphInputs:
         if self.dev is not self.host:
             self.dev.copy_(self.host, non_blocking=True)
             self._done = torch.cuda.Event()
-            self._done.record()
+            self._done.record(torch.cuda.current_stream(self.dev.device))
 
     def _pack(self, host: np.ndarray, step: HostStep) -> None:
         r, q = step.num_requests, self.q

@@ -88,7 +88,7 @@ class InputBuffers:
         if self.dev is not host:
             self.dev[:off].copy_(host[:off], non_blocking=True)
             self._done[turn] = torch.cuda.Event()
-            self._done[turn].record()
+            self._done[turn].record(torch.cuda.current_stream(self.device))
         out: dict[str, object] = {"table_diffs": {}, "slot_mapping": {}, "engram_rows": {}, "segments": {},
                                   "engram_copies": {}}
         for name, key, o, shape in views:

@@ -136,7 +136,7 @@ class PendingResolver:
         staged.copy_(self.host[turn][:need], non_blocking=True)
         if self.device.type == "cuda":
             self._done[turn] = torch.cuda.Event()
-            self._done[turn].record()
+            self._done[turn].record(torch.cuda.current_stream(self.device))
         rows, src = staged[:k], staged[k:2 * k]
         ids = p.sampled.index_select(0, src)
         token_ids.index_copy_(0, rows, ids)

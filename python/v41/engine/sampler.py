@@ -201,7 +201,7 @@ class SamplerOutput:
                                  host(lp.top_logprobs))
         ready = torch.cuda.Event()
         ids = host(self.sampled_token_ids)
-        ready.record()
+        ready.record(torch.cuda.current_stream(self.sampled_token_ids.device))
         return SamplerOutput(ids, lp, ready)
 
     def wait(self) -> None:
@@ -297,8 +297,8 @@ class Sampler:
                 toks.append(t)
                 vals.append(float(b))
         if rows:
-            idx = (torch.tensor(rows, device=x.device), torch.tensor(toks, device=x.device))
-            x.index_put_(idx, torch.tensor(vals, dtype=x.dtype, device=x.device), accumulate=True)
+            idx = (_on_device(rows, x.device), _on_device(toks, x.device))
+            x.index_put_(idx, _on_device(vals, x.device, x.dtype), accumulate=True)
 
     def _apply_min_tokens(self, x: Tensor, states: Sequence[SamplingState]) -> None:
         rows: list[int] = []
@@ -316,13 +316,20 @@ class Sampler:
                     rows.append(i)
                     toks.append(t)
         if rows:
-            x[torch.tensor(rows, device=x.device), torch.tensor(toks, device=x.device)] = float("-inf")
+            x[_on_device(rows, x.device), _on_device(toks, x.device)] = float("-inf")
 
     def _inputs(self, device: torch.device) -> SamplingInputs:
         """The pinned parameter buffers for ``device`` (made on first use)."""
         if self._sampling_inputs is None or self._sampling_inputs.device != torch.device(device):
             self._sampling_inputs = SamplingInputs(device)
         return self._sampling_inputs
+
+
+def _on_device(values: list, device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
+    """``values`` as a tensor on ``device`` without a host synchronisation (a pinned copy, non-blocking: a copy
+    from pageable memory would wait for the stream, i.e. for the step the engine just launched)."""
+    t = torch.tensor(values, dtype=dtype)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
 # --------------------------------------------------------------------- steps 3-4

@@ -112,5 +112,5 @@ class SamplingInputs:
             self.dev_f[:, :n].copy_(self.host_f[turn][:, :n], non_blocking=True)
             self.dev_i[:, :n].copy_(self.host_i[turn][:, :n], non_blocking=True)
             self._done[turn] = torch.cuda.Event()
-            self._done[turn].record()
+            self._done[turn].record(torch.cuda.current_stream(self.device))
         return _rows(self.dev_f[:, :n], self.dev_i[:, :n], flags)
