@@ -202,15 +202,16 @@ def test_decode_step_makes_no_host_synchronisation(tmp_path, kv):
 
 def test_sampling_makes_no_host_synchronisation():
     """The sampler's parameters reach the device by non-blocking copies: a mixed batch (greedy, temperature,
-    top-k, top-p, min-p) samples under sync-debug mode "error" and gives the warm-up call's tokens."""
+    top-k, top-p, min-p, logit bias, min_tokens) samples under sync-debug mode "error" and gives the warm-up call's tokens."""
     from v41.engine.params import SamplingParams
     from v41.engine.sampler import Sampler, SamplingState
 
     sampler = Sampler()
-    logits = torch.randn(6, 129280, device="cuda") * 3
+    logits = torch.randn(8, 129280, device="cuda") * 3
     kinds = [dict(temperature=0.0), dict(temperature=0.7), dict(temperature=1.0, top_k=50),
              dict(temperature=0.9, top_p=0.9), dict(temperature=1.0, min_p=0.05),
-             dict(temperature=1.2, top_k=20, top_p=0.8)]
+             dict(temperature=1.2, top_k=20, top_p=0.8), dict(temperature=0.0, logit_bias={5: 3.0, 9: -2.0}),
+             dict(temperature=0.8, min_tokens=4, stop_token_ids=[7])]
     states = [SamplingState.create(SamplingParams(seed=i, **kw), [1, 2, 3]) for i, kw in enumerate(kinds)]
     want = sampler(logits, states).sampled_token_ids.clone()  # warm-up: buffers, kernel compilation
     torch.cuda.synchronize()
