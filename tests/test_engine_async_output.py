@@ -69,6 +69,20 @@ def _assert_same(got: list[tuple], want: list[tuple], rid: str) -> None:
         assert (g[6] is None) == (w[6] is None) and (g[6] is None or g[6] == pytest.approx(w[6], abs=1e-4)), rid
 
 
+def _assert_all_same_and_released(core: EngineCore, got: dict, want: dict, requests) -> None:
+    """Every request's outputs equal the synchronous engine's and end with one terminal output; nothing runs or
+    waits, the scheduler is consistent and, once the prefix cache is dropped, no block is held."""
+    for rid, *_ in requests:
+        _assert_same(_final(got[rid]), _final(want[rid]), rid)
+        assert sum(d.finished for d in got[rid]) == 1 and got[rid][-1].finished, rid
+    stats = core.stats()
+    assert stats["running"] == 0 and stats["waiting"] == 0
+    core.scheduler.check_invariants()
+    core.scheduler.reset_prefix_cache()
+    for name, pool in core.stats()["blocks"].items():
+        assert pool["used"] == 0, (name, pool)
+
+
 def _prompts(n: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [[0] + torch.randint(3, 1000, (int(t),), generator=g).tolist() for t in torch.randint(4, 30, (n,), generator=g)]
@@ -96,17 +110,9 @@ def test_async_output_gives_the_synchronous_outputs(ckpt, scheduling):
     core = _core(ckpt, True, scheduling)
     assert core._async_scheduling == scheduling
     got, async_calls = _run(core, requests)
-    for rid, *_ in requests:
-        _assert_same(_final(got[rid]), _final(want[rid]), rid)
-        assert sum(d.finished for d in got[rid]) == 1, rid  # one terminal output
-        assert got[rid][-1].finished
+    _assert_all_same_and_released(core, got, want, requests)
     assert want["stop-string"][-1].outputs[0].finish_reason == "stop"
     assert async_calls <= sync_calls + 1
-    stats = core.stats()
-    assert stats["running"] == 0 and stats["waiting"] == 0
-    core.scheduler.reset_prefix_cache()
-    for name, pool in core.stats()["blocks"].items():
-        assert pool["used"] == 0, (name, pool)
 
 
 def test_async_output_reports_a_step_one_call_later_and_aborts_cleanly(ckpt):
@@ -169,15 +175,9 @@ def test_async_scheduling_with_penalties_min_tokens_prefix_hits_and_preemption(c
     want, _ = _run(_core(ckpt, False, **small), requests)
     core = _core(ckpt, True, **small)
     got, _ = _run(core, requests)
-    for rid, *_ in requests:
-        _assert_same(_final(got[rid]), _final(want[rid]), rid)
-        assert sum(d.finished for d in got[rid]) == 1, rid
+    _assert_all_same_and_released(core, got, want, requests)
     assert core.stats()["num_preemptions"] > 0
     assert _final(got["repeat"]) == _final(got["greedy"])
-    core.scheduler.check_invariants()
-    core.scheduler.reset_prefix_cache()
-    for name, pool in core.stats()["blocks"].items():
-        assert pool["used"] == 0, (name, pool)
 
 
 def test_async_scheduling_aborts_a_request_whose_step_is_running(ckpt):
