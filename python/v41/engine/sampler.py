@@ -316,7 +316,9 @@ class Sampler:
                     rows.append(i)
                     toks.append(t)
         if rows:
-            x[_on_device(rows, x.device), _on_device(toks, x.device)] = float("-inf")
+            # -inf added (the logit-bias pattern): a plain indexed assignment of a number synchronises the stream
+            minus_inf = _on_device([float("-inf")] * len(rows), x.device, x.dtype)
+            x.index_put_((_on_device(rows, x.device), _on_device(toks, x.device)), minus_inf, accumulate=True)
 
     def _inputs(self, device: torch.device) -> SamplingInputs:
         """The pinned parameter buffers for ``device`` (made on first use)."""
