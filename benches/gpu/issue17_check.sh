@@ -4,6 +4,7 @@
 #   2. async scheduling on the GPU (tests/test_gpu_async_scheduling.py: the pipelined engine's tokens = the
 #      synchronous engine's, tiny V4 / V4.1, bf16 and fp8 caches; no host synchronisation while launching a step)
 #      and the engine's greedy tokens = the CPU engine's (tests/test_gpu_fast.py -k greedy, async scheduling on);
+#      no host synchronisation in a decode forward or in the sampler (logit-bias and min_tokens rows included);
 #   3. flash-slice-v41 decode at C = 2,048, B = 1 and 64, fp8 records, ~2.2 min each: ON = async scheduling
 #      (the default), OFF = --no-async-scheduling (async output processing only), then ON again (an interleaved
 #      A/B/A: the run-to-run spread is ~5 %).
