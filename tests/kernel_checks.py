@@ -234,8 +234,8 @@ def check_record_store(device: str, dtype: torch.dtype, g: torch.Generator):
 def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
     """The seam's mixes in one launch (split-K, the last program of a token block finishes it) at 37 tokens over 2
     K slices and one token over 16 (a decode step), twice (the arrival counters must be left zeroed), and in two
-    launches (mhc.ONE_LAUNCH off, or no counters: a CUDA-graph capture before any eager run); collapse and
-    expand."""
+    launches (mhc.ONE_LAUNCH off, or no counters: a CUDA-graph capture before any eager run); collapse, collapse
+    with the RMSNorm (equal to the two launches bit for bit), and expand."""
     out = []
     for t, d in ((37, 64), (1, 512)):
         h = torch.randn(t, 4, d, generator=g).to(device, dtype)
@@ -262,6 +262,13 @@ def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
     poison(device)
     out.append(("mhc/collapse", rel(mhc.hc_collapse(h, pre), mhc.hc_collapse_ref(h.double(), pre.double())),
                 tol(dtype)))
+    w = (1 + torch.randn(d, generator=g) * 0.1).to(device)
+    poison(device)
+    fused = mhc.hc_collapse_norm(h, pre, 1e-6, w)
+    out.append(("mhc/collapse_norm", rel(fused, mhc.hc_collapse_norm_ref(h.double(), pre.double(), 1e-6, w.double())),
+                tol(dtype)))
+    two = norm.rms_norm(mhc.hc_collapse(h, pre), 1e-6, w)  # the two launches it replaces, bit for bit
+    out.append(("mhc/collapse_norm = collapse, rms_norm", 0.0 if torch.equal(fused, two) else float("inf"), 0.0))
     poison(device)
     out.append(("mhc/expand", rel(mhc.hc_expand(h, y, post, comb),
                                   mhc.hc_expand_ref(h.double(), y.double(), post.double(), comb.double())), tol(dtype)))

@@ -8,7 +8,8 @@ partial dot products and sums of squares, then the finish: the sigmoids, the sof
 the partials summed in slice order. With :data:`ONE_LAUNCH` the last program of a token block to arrive (an arrival
 counter it resets, :func:`.wstream.split_counters`) finishes the block in the same launch; otherwise, or where the
 counters do not exist yet (a CUDA-graph capture before any eager run), a second kernel does. Collapse and expand
-are one launch each.
+are one launch each; :func:`hc_collapse_norm` joins the collapse with the sub-layer's RMSNorm, which is the only
+reader of its result (one launch per seam fewer; the same rounding as the two launches).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from torch import Tensor
 
 from . import wstream
 from .dispatch import triton, use_triton
+from .norm import rms_norm, rms_norm_ref
 
 # One launch per seam instead of two (a B = 1 step's profile: 36 launches of ~8 µs for 18 seams, benches/RESULTS.md
-# "2026-12-03 (night)"). It passes on the H200 (check_mhc, bf16 and float32); off until it is timed there.
+# "2026-12-03 (night)"). It passes on the H200 (check_mhc, bf16 and float32); timed there within noise of two
+# launches (benches/RESULTS.md "2026-12-03 (late night)"), so it stays off.
 ONE_LAUNCH = False
 
 
@@ -99,6 +102,26 @@ def hc_collapse(h: Tensor, pre: Tensor) -> Tensor:
     out = torch.empty(t, d, dtype=h.dtype, device=h.device)
     bd = min(1024, triton.next_power_of_2(d))
     _collapse_kernel[(t, triton.cdiv(d, bd))](hc_, pre.float().contiguous(), out, d, BD=bd)
+    return out
+
+
+def hc_collapse_norm_ref(h: Tensor, pre: Tensor, eps: float, weight: Tensor) -> Tensor:
+    """``rms_norm(collapse(H, pre))``: h [T, hc, D], pre [T, hc], weight [D] → [T, D] in h's dtype (the collapse
+    rounded to h's dtype first, as it is stored between the two launches; :mod:`.norm`)."""
+    return rms_norm_ref(hc_collapse_ref(h, pre), eps, weight)
+
+
+def hc_collapse_norm(h: Tensor, pre: Tensor, eps: float, weight: Tensor) -> Tensor:
+    """:func:`hc_collapse_norm_ref` as one Triton launch (a program per token, D ≤ 16384) where
+    :func:`.dispatch.use_triton` says so (hc = 4); its result equals :func:`hc_collapse` then :func:`.norm.rms_norm`
+    bit for bit (the same float32 sums in the same order)."""
+    t, _, d = h.shape
+    if h.dtype == torch.float64 or h.shape[1] != 4 or t == 0 or d > 16384 or not use_triton(h):
+        return rms_norm(hc_collapse(h, pre), eps, weight)
+    out = torch.empty(t, d, dtype=h.dtype, device=h.device)
+    bd = triton.next_power_of_2(d)
+    _collapse_norm_kernel[(t,)](h.contiguous(), pre.float().contiguous(), weight, out, d, float(eps), BD=bd,
+                                num_warps=8 if bd >= 4096 else 4)
     return out
 
 
@@ -202,6 +225,20 @@ if triton is not None:
         for i in tl.static_range(4):
             acc += tl.load(pre_ptr + t * 4 + i) * tl.load(h_ptr + base + i * D + rd, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + t.to(tl.int64) * D + rd, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _collapse_norm_kernel(h_ptr, pre_ptr, w_ptr, out_ptr, D, eps, BD: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        rd = tl.arange(0, BD)
+        mask = rd < D
+        base = t * 4 * D
+        acc = tl.zeros([BD], dtype=tl.float32)
+        for i in tl.static_range(4):  # _collapse_kernel's sum, term by term
+            acc += tl.load(pre_ptr + t * 4 + i) * tl.load(h_ptr + base + i * D + rd, mask=mask, other=0.0).to(tl.float32)
+        x = acc.to(out_ptr.dtype.element_ty).to(tl.float32)  # the collapse as stored, then _rms_kernel's math
+        y = x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+        y = y * tl.load(w_ptr + rd, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + t * D + rd, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _expand_kernel(h_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, D, BD: tl.constexpr):

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from ...config import ModelConfig
 from .attention import FastAttention
 from .layers import RMSNorm
-from .mhc import HcSeam, collapse, expand
+from .mhc import HcSeam, collapse_norm, expand
 from .moe import FastMoE
 
 
@@ -26,9 +26,9 @@ class FastBlock(nn.Module):
         """h [T, hc, D], pre_mix [T, hc] float32 (V4.1's carried pre-mix) → (h', the FFN pre-mix). ``ctx``: what
         the attention reads (a target step's :class:`~.attention.StepContext`, a draft pass's context)."""
         pre_a, post_a, comb_a = self.hc_attn(h)
-        x = collapse(h, pre_mix if self.delayed else pre_a)
-        h = expand(h, self.attn(self.attn_norm(x), ctx), post_a, comb_a)
+        x = collapse_norm(h, pre_mix if self.delayed else pre_a, self.attn_norm)  # the normed sub-layer input
+        h = expand(h, self.attn(x, ctx), post_a, comb_a)
         pre_f, post_f, comb_f = self.hc_ffn(h)
-        x = collapse(h, pre_a if self.delayed else pre_f)
-        h = expand(h, self.ffn(self.ffn_norm(x), token_ids), post_f, comb_f)
+        x = collapse_norm(h, pre_a if self.delayed else pre_f, self.ffn_norm)
+        h = expand(h, self.ffn(x, token_ids), post_f, comb_f)
         return h, pre_f

@@ -9,8 +9,15 @@ from torch import Tensor, nn
 
 from ...config import ModelConfig
 from ...kernels.mhc import hc_collapse as collapse
+from ...kernels.mhc import hc_collapse_norm
 from ...kernels.mhc import hc_expand as expand
 from ...kernels.mhc import hc_mixes
+
+
+def collapse_norm(h: Tensor, pre: Tensor, norm) -> Tensor:
+    """``norm(collapse(h, pre))`` in one launch where the kernels run (:func:`v41.kernels.mhc.hc_collapse_norm`);
+    ``norm``: the sub-layer's :class:`~.layers.RMSNorm`."""
+    return hc_collapse_norm(h, pre, norm.eps, norm.weight)
 
 
 class HcSeam(nn.Module):

@@ -24,7 +24,7 @@ from .engram import FastEngram
 from .heads import Embedding, LMHead
 from .layers import RMSNorm
 from .block import FastBlock
-from .mhc import HcHead, collapse
+from .mhc import HcHead, collapse_norm
 from .moe import FastMoE
 
 
@@ -138,8 +138,8 @@ class FastModel(nn.Module):
             self.drafter.write_context(torch.cat(aux, dim=-1), *ctx.rope["base"], self.cache,
                                        batch.slot_mapping["dspark"])
         sel = batch.logits_rows
-        x = collapse(h[sel], pre_mix[sel]) if cfg.is_v41 else self.hc_head(h[sel])
-        logits = self.head(self.norm(x))
+        x = collapse_norm(h[sel], pre_mix[sel], self.norm) if cfg.is_v41 else self.norm(self.hc_head(h[sel]))
+        logits = self.head(x)
         if return_aux:
             return logits, (torch.cat(aux, dim=-1) if aux else None)
         return logits
