@@ -26,6 +26,8 @@ from .norm import rms_norm, rms_norm_ref
 # "2026-12-03 (night)"). It passes on the H200 (check_mhc, bf16 and float32); timed there within noise of two
 # launches (benches/RESULTS.md "2026-12-03 (late night)"), so it stays off.
 ONE_LAUNCH = False
+# The collapse and the sub-layer's RMSNorm in one launch (hc_collapse_norm); False: the two launches (an A/B switch).
+FUSED_NORM = True
 
 
 def hc_mixes_ref(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
@@ -116,7 +118,7 @@ def hc_collapse_norm(h: Tensor, pre: Tensor, eps: float, weight: Tensor) -> Tens
     :func:`.dispatch.use_triton` says so (hc = 4); its result equals :func:`hc_collapse` then :func:`.norm.rms_norm`
     bit for bit (the same float32 sums in the same order)."""
     t, _, d = h.shape
-    if h.dtype == torch.float64 or h.shape[1] != 4 or t == 0 or d > 16384 or not use_triton(h):
+    if not FUSED_NORM or h.dtype == torch.float64 or h.shape[1] != 4 or t == 0 or d > 16384 or not use_triton(h):
         return rms_norm(hc_collapse(h, pre), eps, weight)
     out = torch.empty(t, d, dtype=h.dtype, device=h.device)
     bd = triton.next_power_of_2(d)
