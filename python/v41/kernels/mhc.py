@@ -122,8 +122,8 @@ def hc_collapse_norm(h: Tensor, pre: Tensor, eps: float, weight: Tensor) -> Tens
         return rms_norm(hc_collapse(h, pre), eps, weight)
     out = torch.empty(t, d, dtype=h.dtype, device=h.device)
     bd = triton.next_power_of_2(d)
-    _collapse_norm_kernel[(t,)](h.contiguous(), pre.float().contiguous(), weight, out, d, float(eps), BD=bd,
-                                num_warps=8 if bd >= 4096 else 4)
+    # _rms_kernel's launch shape (4 warps, one row of next_power_of_2(D)): the same reduction tree, the same bits
+    _collapse_norm_kernel[(t,)](h.contiguous(), pre.float().contiguous(), weight, out, d, float(eps), BD=bd)
     return out
 
 
