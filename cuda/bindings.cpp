@@ -46,7 +46,7 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
              const c10::optional<at::Tensor>& offsets, const c10::optional<at::Tensor>& active, at::Tensor& y,
              const c10::optional<at::Tensor>& partial, const c10::optional<at::Tensor>& counters, int64_t fmt,
              int64_t n_groups, int64_t b0, int64_t sk, int64_t slots, int64_t split,
-             int64_t chunks_per_split, bool x_prefetch, bool five_ctas) {
+             int64_t chunks_per_split, bool x_prefetch, bool five_ctas, bool pdl) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "x must be a 2-D bfloat16 CUDA tensor with unit inner stride");
   TORCH_CHECK(y.scalar_type() == at::kBFloat16 && y.dim() == 2 && y.stride(1) == 1 && y.device() == x.device(),
@@ -118,7 +118,7 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   prm.x_prefetch = x_prefetch;
   const dim3 grid{static_cast<unsigned>(slots), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split)};
   const cudaError_t err = v41::wstream_launch(prm, fmt == 0 ? v41::WFmt::kMxfp4 : v41::WFmt::kFp8,
-                                              five_ctas, grid, at::cuda::getCurrentCUDAStream());
+                                              five_ctas, grid, at::cuda::getCurrentCUDAStream(), pdl);
   TORCH_CHECK(launch_ok(err, "wstream launch failed"), "wstream launch failed (the CUDA error is on stderr)");
 }
 
@@ -169,7 +169,7 @@ void sparse_mqa(const at::Tensor& q, at::Tensor& out, const at::Tensor& sink, co
                 const at::Tensor& slots0, int64_t fmt0, int64_t rope0, const c10::optional<at::Tensor>& cache1,
                 const c10::optional<at::Tensor>& slots1, int64_t fmt1, int64_t rope1, double scale, int64_t splits,
                 int64_t tiles_per_split, const c10::optional<at::Tensor>& part_acc,
-                const c10::optional<at::Tensor>& part_ml) {
+                const c10::optional<at::Tensor>& part_ml, bool pdl) {
   TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.stride(2) == 1,
               "q must be a bfloat16 CUDA tensor [T, H, D] with unit inner stride");
   const int64_t t = q.size(0), h = q.size(1), d = q.size(2);
@@ -225,14 +225,15 @@ void sparse_mqa(const at::Tensor& q, at::Tensor& out, const at::Tensor& sink, co
   p.splits = int(splits);
   p.tiles_per_split = int(tiles_per_split);
   p.raw_stride = int(raw);
-  const cudaError_t err = v41::sparse_mqa_launch(p, int(d), at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = v41::sparse_mqa_launch(p, int(d), at::cuda::getCurrentCUDAStream(), pdl);
   TORCH_CHECK(launch_ok(err, "sparse_mqa launch failed"),
               "sparse_mqa launch failed (the CUDA error is on stderr; invalid configuration: the tiles do not fit "
               "this GPU's shared memory)");
 }
 
 // out[t] = the k best eligible entries of scores[t], ascending, -1 for ineligible picks (python/v41/kernels/topk.py).
-void select_topk(const at::Tensor& scores, const c10::optional<at::Tensor>& n_valid, int64_t k, at::Tensor& out) {
+void select_topk(const at::Tensor& scores, const c10::optional<at::Tensor>& n_valid, int64_t k, at::Tensor& out,
+                 bool pdl) {
   TORCH_CHECK(scores.is_cuda() && scores.scalar_type() == at::kFloat && scores.dim() == 2 && scores.stride(1) == 1,
               "scores must be a float32 CUDA tensor [T, N] with unit inner stride");
   const int64_t t = scores.size(0), n = scores.size(1);
@@ -262,7 +263,7 @@ void select_topk(const at::Tensor& scores, const c10::optional<at::Tensor>& n_va
     p.work = work.data_ptr<int>();
     p.cand = reinterpret_cast<unsigned long long*>(cand.data_ptr<int64_t>());
   }
-  const cudaError_t err = v41::select_topk_launch(p, sms, at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = v41::select_topk_launch(p, sms, at::cuda::getCurrentCUDAStream(), pdl);
   TORCH_CHECK(launch_ok(err, "select_topk launch failed"), "select_topk launch failed (the CUDA error is on stderr)");
 }
 
@@ -270,7 +271,7 @@ void select_topk(const at::Tensor& scores, const c10::optional<at::Tensor>& n_va
 // (python/v41/kernels/indexer.py).
 void index_scores(const at::Tensor& q, const at::Tensor& w, const at::Tensor& keys, const at::Tensor& block_table,
                   const at::Tensor& req_index, const at::Tensor& n_visible, at::Tensor& out, int64_t rows_per_block,
-                  int64_t fmt, int64_t queries_per_cta, int64_t entries_per_cta) {
+                  int64_t fmt, int64_t queries_per_cta, int64_t entries_per_cta, bool pdl) {
   TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.size(2) == v41::kIdxDim &&
                   q.stride(2) == 1,
               "q must be a bfloat16 CUDA tensor [T, H, 128] with unit inner stride");
@@ -333,7 +334,7 @@ void index_scores(const at::Tensor& q, const at::Tensor& w, const at::Tensor& ke
   p.fmt = int(fmt);
   p.queries_per_cta = int(queries_per_cta);
   p.entries_per_cta = int(entries_per_cta);
-  const cudaError_t err = v41::index_scores_launch(p, at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = v41::index_scores_launch(p, at::cuda::getCurrentCUDAStream(), pdl);
   TORCH_CHECK(launch_ok(err, "index_scores launch failed"),
               "index_scores launch failed (the CUDA error is on stderr; invalid argument: the queries per CTA do "
               "not fit this GPU's shared memory)");
@@ -347,17 +348,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("rows"), py::arg("w"), py::arg("s"), py::arg("offsets"), py::arg("active"),
         py::arg("y"), py::arg("partial"), py::arg("counters"), py::arg("fmt"), py::arg("n_groups"), py::arg("b0"),
         py::arg("sk"), py::arg("slots"), py::arg("split"), py::arg("chunks_per_split"),
-        py::arg("x_prefetch"), py::arg("five_ctas"));
+        py::arg("x_prefetch"), py::arg("five_ctas"), py::arg("pdl") = false);
   m.def("sparse_mqa", &sparse_mqa, "sparse MQA with sink over bf16 rows or records (python/v41/kernels/sparse_mqa.py)",
         py::arg("q"), py::arg("out"), py::arg("sink"), py::arg("cache0"), py::arg("slots0"), py::arg("fmt0"),
         py::arg("rope0"), py::arg("cache1"), py::arg("slots1"), py::arg("fmt1"), py::arg("rope1"), py::arg("scale"),
-        py::arg("splits"), py::arg("tiles_per_split"), py::arg("part_acc"), py::arg("part_ml"));
+        py::arg("splits"), py::arg("tiles_per_split"), py::arg("part_acc"), py::arg("part_ml"),
+        py::arg("pdl") = false);
   m.def("select_topk", &select_topk, "exact top-k ids of float32 score rows (python/v41/kernels/topk.py)",
-        py::arg("scores"), py::arg("n_valid"), py::arg("k"), py::arg("out"));
+        py::arg("scores"), py::arg("n_valid"), py::arg("k"), py::arg("out"), py::arg("pdl") = false);
   m.def("index_scores", &index_scores, "indexer scores over the paged index keys (python/v41/kernels/indexer.py)",
         py::arg("q"), py::arg("w"), py::arg("keys"), py::arg("block_table"), py::arg("req_index"),
         py::arg("n_visible"), py::arg("out"), py::arg("rows_per_block"), py::arg("fmt"), py::arg("queries_per_cta"),
-        py::arg("entries_per_cta"));
+        py::arg("entries_per_cta"), py::arg("pdl") = false);
   m.attr("TOPK_MAX_K") = v41::kTopkMaxK;
   m.attr("TOPK_MAX_N") = v41::kTopkMaxN;
   // the architectures cuda/build.py compiled for, e.g. "sm_90a" or "sm_90a,sm_100a"

@@ -18,6 +18,7 @@
 
 #include "../common/dequant.cuh"
 #include "../common/mma.cuh"
+#include "../common/pdl.cuh"
 #include "../common/smem.cuh"
 #include "sparse_mqa.h"
 
@@ -119,6 +120,8 @@ __device__ __forceinline__ void decode_tile(const MqaSource& s, int raw_stride, 
 
 template <int D, int HG>
 __global__ void __launch_bounds__(64 * HG, 1) sparse_mqa_kernel(const __grid_constant__ MqaParams p) {
+  pdl_wait();  // common/pdl.cuh: everything below may read the previous kernel's output
+  pdl_launch_dependents();
   constexpr int NW = 2 * HG, DW = D / 2, NDT = DW / 8, kRow = Smem<D>::kRow;
   extern __shared__ __align__(16) uint8_t smem[];
   __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -287,6 +290,8 @@ __global__ void __launch_bounds__(64 * HG, 1) sparse_mqa_kernel(const __grid_con
 // One CTA per (token, head), D / 4 threads of 4 dims: merges the splits in order.
 template <int D>
 __global__ void __launch_bounds__(D / 4) sparse_mqa_combine(const __grid_constant__ MqaParams p) {
+  pdl_wait();  // common/pdl.cuh: everything below may read the previous kernel's output
+  pdl_launch_dependents();
   const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x * 4;
   float mx = kNoMax;
   for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.part_ml[2 * ((int64_t(s) * p.T + t) * p.H + h)]);
@@ -312,7 +317,7 @@ __global__ void __launch_bounds__(D / 4) sparse_mqa_combine(const __grid_constan
 }
 
 template <int D, int HG>
-cudaError_t launch(MqaParams p, cudaStream_t stream) {
+cudaError_t launch(MqaParams p, cudaStream_t stream, bool pdl) {
   int dev = 0, optin = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
@@ -331,29 +336,27 @@ cudaError_t launch(MqaParams p, cudaStream_t stream) {
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
   if (err != cudaSuccess) return err;
   const dim3 grid{unsigned(p.T), unsigned(p.splits), unsigned((p.H + kMqaHeadsPerCta - 1) / kMqaHeadsPerCta)};
-  kernel<<<grid, 64 * HG, smem, stream>>>(p);
-  err = cudaGetLastError();
+  err = launch_kernel(kernel, grid, dim3(64 * HG), smem, stream, pdl, p);
   if (err != cudaSuccess || p.splits == 1) return err;
-  sparse_mqa_combine<D><<<dim3(unsigned(p.T), unsigned(p.H)), D / 4, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(sparse_mqa_combine<D>, dim3(unsigned(p.T), unsigned(p.H)), dim3(D / 4), 0, stream, pdl, p);
 }
 
 template <int D>
-cudaError_t launch_d(const MqaParams& p, cudaStream_t stream) {
+cudaError_t launch_d(const MqaParams& p, cudaStream_t stream, bool pdl) {
   const int heads = min(p.H, kMqaHeadsPerCta);
-  if (heads <= 16) return launch<D, 1>(p, stream);
-  if (heads <= 32) return launch<D, 2>(p, stream);
-  return launch<D, 4>(p, stream);
+  if (heads <= 16) return launch<D, 1>(p, stream, pdl);
+  if (heads <= 32) return launch<D, 2>(p, stream, pdl);
+  return launch<D, 4>(p, stream, pdl);
 }
 
 }  // namespace
 
-cudaError_t sparse_mqa_launch(MqaParams p, int D, cudaStream_t stream) {
+cudaError_t sparse_mqa_launch(MqaParams p, int D, cudaStream_t stream, bool pdl) {
   switch (D) {
-    case 64: return launch_d<64>(p, stream);
-    case 128: return launch_d<128>(p, stream);
-    case 256: return launch_d<256>(p, stream);
-    case 512: return launch_d<512>(p, stream);
+    case 64: return launch_d<64>(p, stream, pdl);
+    case 128: return launch_d<128>(p, stream, pdl);
+    case 256: return launch_d<256>(p, stream, pdl);
+    case 512: return launch_d<512>(p, stream, pdl);
     default: return cudaErrorInvalidValue;
   }
 }

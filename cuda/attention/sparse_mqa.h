@@ -48,7 +48,7 @@ constexpr int kMqaMaxTilesPerCta = 80;  // the CTA's slots are staged in shared 
 // Launches the split kernel on grid (T, splits, ceil(H / 64)) and, when splits > 1, the combine kernel; D is the
 // head dim (64, 128, 256 or 512), tiles_per_split at most kMqaMaxTilesPerCta. Picks the deepest pipeline (up to
 // 4 tiles in flight) that fits the device's shared memory per block; cudaErrorInvalidConfiguration when even 2
-// do not. Returns the first launch error.
-cudaError_t sparse_mqa_launch(MqaParams p, int D, cudaStream_t stream);
+// do not. pdl: programmatic dependent launches (common/pdl.cuh). Returns the first launch error.
+cudaError_t sparse_mqa_launch(MqaParams p, int D, cudaStream_t stream, bool pdl);
 
 }  // namespace v41

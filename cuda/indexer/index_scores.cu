@@ -16,6 +16,7 @@
 // Entries at or past the query's n_visible are -inf; unmapped blocks score as zero keys (the reference's gather).
 #include "../common/dequant.cuh"
 #include "../common/mma.cuh"
+#include "../common/pdl.cuh"
 #include "index_scores.h"
 
 namespace v41 {
@@ -62,6 +63,8 @@ __device__ __forceinline__ void load_key(const uint8_t* rec, bool valid, int t, 
 
 template <int FMT, int MT>
 __global__ void __launch_bounds__(32 * kIdxWarps) index_scores_kernel(const IdxScoreParams p) {
+  pdl_wait();  // common/pdl.cuh: everything below may read the previous kernel's output
+  pdl_launch_dependents();
   extern __shared__ __align__(16) uint8_t smem[];
   const int QB = p.queries_per_cta;
   uint4* a_frag = reinterpret_cast<uint4*>(smem);  // [QB][MT][8 steps][32 lanes]
@@ -172,7 +175,7 @@ __global__ void __launch_bounds__(32 * kIdxWarps) index_scores_kernel(const IdxS
 }
 
 template <int FMT>
-cudaError_t launch_fmt(const IdxScoreParams& p, cudaStream_t stream) {
+cudaError_t launch_fmt(const IdxScoreParams& p, cudaStream_t stream, bool pdl) {
   const dim3 grid((p.N + p.entries_per_cta - 1) / p.entries_per_cta, (p.T + p.queries_per_cta - 1) / p.queries_per_cta);
   const size_t smem = index_scores_smem(p.H, p.queries_per_cta);
   auto kernel = p.H == 16 ? index_scores_kernel<FMT, 1>
@@ -188,19 +191,18 @@ cudaError_t launch_fmt(const IdxScoreParams& p, cudaStream_t stream) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     if (err != cudaSuccess) return err;
   }
-  kernel<<<grid, 32 * kIdxWarps, smem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(kernel, grid, dim3(32 * kIdxWarps), smem, stream, pdl, p);
 }
 
 }  // namespace
 
-cudaError_t index_scores_launch(const IdxScoreParams& p, cudaStream_t stream) {
+cudaError_t index_scores_launch(const IdxScoreParams& p, cudaStream_t stream, bool pdl) {
   if (p.H % 16 != 0 || p.H < 16 || p.H > kIdxMaxHeads || p.queries_per_cta < 1 ||
       p.queries_per_cta > kIdxMaxQueries || p.entries_per_cta < 1 ||
       p.entries_per_cta % (kIdxWarps * kIdxEntriesPerWarp) != 0)
     return cudaErrorInvalidValue;
   if (p.T == 0 || p.N == 0) return cudaSuccess;
-  return p.fmt == 1 ? launch_fmt<1>(p, stream) : launch_fmt<0>(p, stream);
+  return p.fmt == 1 ? launch_fmt<1>(p, stream, pdl) : launch_fmt<0>(p, stream, pdl);
 }
 
 }  // namespace v41

@@ -39,7 +39,8 @@ inline size_t index_scores_smem(int heads, int queries) {
 }
 
 // Launches grid (ceil(N / entries_per_cta), ceil(T / queries_per_cta)) CTAs of kIdxWarps warps on `stream`;
-// returns the launch error (cudaErrorInvalidValue for a shared-memory size past this GPU's opt-in limit).
-cudaError_t index_scores_launch(const IdxScoreParams& p, cudaStream_t stream);
+// returns the launch error (cudaErrorInvalidValue for a shared-memory size past this GPU's opt-in limit). pdl: a
+// programmatic dependent launch (common/pdl.cuh).
+cudaError_t index_scores_launch(const IdxScoreParams& p, cudaStream_t stream, bool pdl);
 
 }  // namespace v41

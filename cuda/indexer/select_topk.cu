@@ -12,6 +12,7 @@
 // The output is sorted ascending; atomics only decide where an id is staged, so results are deterministic.
 #include <cub/block/block_scan.cuh>
 
+#include "../common/pdl.cuh"
 #include "select_topk.h"
 
 namespace v41 {
@@ -233,6 +234,8 @@ __device__ void finish_row(const float* row, int n, int k, const RowSel& sel, Ro
 
 // One CTA per row: both histograms, the collect and the finish in shared memory.
 __global__ void __launch_bounds__(kThreads) topk_row_kernel(const __grid_constant__ TopkParams p) {
+  pdl_wait();  // common/pdl.cuh: everything below may read the previous kernel's output
+  pdl_launch_dependents();
   __shared__ RowSmem s;
   const int t = blockIdx.x, n = row_len(p, t);
   const float* row = p.scores + int64_t(t) * p.stride;
@@ -290,6 +293,8 @@ __device__ bool flush_hist(PassSmem& s, int nbins, int* ghist, int* done, int n)
 // row's last CTA picks the bin holding the k-th key and records it in the row's work area.
 template <int kPass>
 __global__ void __launch_bounds__(kThreads) topk_hist_pass(const __grid_constant__ TopkParams p) {
+  pdl_wait();  // common/pdl.cuh: everything below may read the previous kernel's output
+  pdl_launch_dependents();
   constexpr int kBins = kPass == 1 ? kBins1 : kBins2;
   __shared__ PassSmem s;
   const int t = blockIdx.x, c = blockIdx.y, n = row_len(p, t);
@@ -314,6 +319,8 @@ __global__ void __launch_bounds__(kThreads) topk_hist_pass(const __grid_constant
 }
 
 __global__ void __launch_bounds__(kThreads) topk_collect_pass(const __grid_constant__ TopkParams p) {
+  pdl_wait();  // common/pdl.cuh: everything below may read the previous kernel's output
+  pdl_launch_dependents();
   __shared__ RowSmem s;
   const int t = blockIdx.x, c = blockIdx.y, n = row_len(p, t);
   if (!chunk_active(c, n)) return;
@@ -342,17 +349,15 @@ __global__ void __launch_bounds__(kThreads) topk_collect_pass(const __grid_const
 
 }  // namespace
 
-cudaError_t select_topk_launch(const TopkParams& p, int sms, cudaStream_t stream) {
+cudaError_t select_topk_launch(const TopkParams& p, int sms, cudaStream_t stream, bool pdl) {
   if (p.T == 0) return cudaSuccess;
-  if (select_topk_single(p.T, p.N, sms)) {
-    topk_row_kernel<<<p.T, kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
-  }
+  if (select_topk_single(p.T, p.N, sms))
+    return launch_kernel(topk_row_kernel, dim3(p.T), dim3(kThreads), 0, stream, pdl, p);
   const dim3 grid(p.T, (p.N + kTopkChunk - 1) / kTopkChunk);
-  topk_hist_pass<1><<<grid, kThreads, 0, stream>>>(p);
-  topk_hist_pass<2><<<grid, kThreads, 0, stream>>>(p);
-  topk_collect_pass<<<grid, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  cudaError_t err = launch_kernel(topk_hist_pass<1>, grid, dim3(kThreads), 0, stream, pdl, p);
+  if (err == cudaSuccess) err = launch_kernel(topk_hist_pass<2>, grid, dim3(kThreads), 0, stream, pdl, p);
+  if (err == cudaSuccess) err = launch_kernel(topk_collect_pass, grid, dim3(kThreads), 0, stream, pdl, p);
+  return err;
 }
 
 }  // namespace v41

@@ -30,7 +30,7 @@ inline bool select_topk_single(int T, int N, int sms) { return N <= kTopkSingleM
 
 // Launches the kernels on `stream`: one CTA per row when select_topk_single, else three passes over
 // (T, ceil(N / kTopkChunk)) CTAs (a 12-bit then a 10-bit key histogram, then the collect; the last CTA of a row
-// finishes it). No host synchronisation.
-cudaError_t select_topk_launch(const TopkParams& p, int sms, cudaStream_t stream);
+// finishes it). No host synchronisation. pdl: programmatic dependent launches (common/pdl.cuh).
+cudaError_t select_topk_launch(const TopkParams& p, int sms, cudaStream_t stream, bool pdl);
 
 }  // namespace v41

@@ -15,6 +15,7 @@
 // tile, reset by it) sums them in slice order, so results do not depend on timing.
 #include "../common/dequant.cuh"
 #include "../common/mma.cuh"
+#include "../common/pdl.cuh"
 #include "wstream.h"
 
 namespace v41 {
@@ -242,10 +243,20 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
   using Traits = Fmt<F>;
   constexpr int KP = Tile<F>::KP, CK = Tile<F>::CK, kUnroll = Traits::kUnroll;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  // Programmatic dependent launch (common/pdl.cuh): a dense linear's tile depends on nothing the previous kernel
+  // writes, so its first batch of weights is loaded before the wait and overlaps that kernel; an expert GEMM's
+  // tile comes from the routing (active, offsets, rows), so it waits first.
+  const bool routed = p.active != nullptr || p.offsets != nullptr || p.rows != nullptr;
+  if (routed) pdl_wait();
   Tile<F> tl;
   if (!tl.init(p, warp, g, t)) return;
   const uint8_t* w0 = p.w + tl.e * p.w_stride_e + int64_t(tl.r0) * p.w_stride_n + 16 * t;
   const uint8_t* w1 = w0 + 8 * p.w_stride_n;
+  Batch<kUnroll, KP / 2, XPRE> bt;
+  bool preloaded = !routed && tl.n_base < p.N;
+  if (preloaded) bt.load(w0, w1, tl.s0, tl.s1, tl.c_lo, tl.c_hi, t, CK, KP, p.sk_log2);
+  if (!routed) pdl_wait();
+  pdl_launch_dependents();
 
   // N is a whole number of 16-row warp tiles (the binding checks it): a warp past N only joins the split-K sum.
   for (int64_t m0 = tl.start; m0 < tl.end && tl.n_base < p.N; m0 += 8) {
@@ -254,8 +265,8 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
     // A batch of kUnroll chunks: its loads are all issued before the first is used. (Two batches in flight,
     // one loading while the other computes, measured slower on the H200: the registers cost CTAs per SM.)
     for (int c0 = tl.c_lo; c0 < tl.c_hi; c0 += kUnroll) {
-      Batch<kUnroll, KP / 2, XPRE> bt;
-      bt.load(w0, w1, tl.s0, tl.s1, c0, tl.c_hi, t, CK, KP, p.sk_log2);
+      if (!preloaded) bt.load(w0, w1, tl.s0, tl.s1, c0, tl.c_hi, t, CK, KP, p.sk_log2);
+      preloaded = false;
       if (XPRE) bt.load_x(xr, c0, tl.c_hi, CK);
       convert_and_mma<F>(bt, c0, tl.c_hi, xr, acc);
     }
@@ -265,21 +276,19 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
 }
 
 template <WFmt F>
-cudaError_t launch_fmt(const WStreamParams& p, bool five_ctas, dim3 grid, cudaStream_t stream) {
-  if (p.x_prefetch)
-    wstream_kernel<F, true, 1><<<grid, 32 * kWStreamWarps, 0, stream>>>(p);
-  else if (five_ctas)
-    wstream_kernel<F, false, 5><<<grid, 32 * kWStreamWarps, 0, stream>>>(p);
-  else
-    wstream_kernel<F, false, 1><<<grid, 32 * kWStreamWarps, 0, stream>>>(p);
-  return cudaGetLastError();
+cudaError_t launch_fmt(const WStreamParams& p, bool five_ctas, dim3 grid, cudaStream_t stream, bool pdl) {
+  auto kernel = p.x_prefetch ? wstream_kernel<F, true, 1>
+              : five_ctas    ? wstream_kernel<F, false, 5>
+                             : wstream_kernel<F, false, 1>;
+  return launch_kernel(kernel, grid, dim3(32 * kWStreamWarps), 0, stream, pdl, p);
 }
 
 }  // namespace
 
-cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, bool five_ctas, dim3 grid, cudaStream_t stream) {
-  return fmt == WFmt::kMxfp4 ? launch_fmt<WFmt::kMxfp4>(p, five_ctas, grid, stream)
-                             : launch_fmt<WFmt::kFp8>(p, five_ctas, grid, stream);
+cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, bool five_ctas, dim3 grid, cudaStream_t stream,
+                           bool pdl) {
+  return fmt == WFmt::kMxfp4 ? launch_fmt<WFmt::kMxfp4>(p, five_ctas, grid, stream, pdl)
+                             : launch_fmt<WFmt::kFp8>(p, five_ctas, grid, stream, pdl);
 }
 
 }  // namespace v41

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..cache.records import RecordFormat
 from .dispatch import TRITON_DTYPES, cuda_ext, dot_dtype, sm_count, triton, use_cuda, use_triton
+from .pdl import enabled as pdl_enabled, triton_kw
 from .paged import block_slots
 from .records import format_id
 from .sparse_attention import gather_keys
@@ -113,7 +114,7 @@ def _scores_cuda(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_in
     out = torch.empty(t, n_max, dtype=torch.float32, device=q.device)
     if t and n_max:
         ext.index_scores(q, w.float().contiguous(), keys, block_table.contiguous(), req_index.contiguous(),
-                         n_visible.contiguous(), out, rows_per_block, fmt, qb, entries)
+                         n_visible.contiguous(), out, rows_per_block, fmt, qb, entries, pdl_enabled(q.device))
     return out
 
 
@@ -130,6 +131,7 @@ def score_tiles(t: int, n_max: int, requests: int) -> tuple[int, int, int]:
 
 if triton is not None:
     import triton.language as tl
+    from .pdl import prologue
 
     from .records import load_rows
 
@@ -148,9 +150,10 @@ if triton is not None:
     def _scores_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, req_ptr, nvis_ptr, out_ptr, T, HI, N, RPB, NB,
                        stride_qt, stride_qh, stride_wt, stride_k, stride_bt, stride_ot,
                        BH: tl.constexpr, DI: tl.constexpr, BN: tl.constexpr, QB: tl.constexpr, DOT: tl.constexpr,
-                       IEEE: tl.constexpr, FMT: tl.constexpr):
+                       IEEE: tl.constexpr, FMT: tl.constexpr, PDL: tl.constexpr):
         """Program (tb, jb): queries tb·QB … +QB−1 against entries jb·BN … +BN−1. When the block's queries share a
         request (a prefill chunk) the key tile is gathered and decoded once for all of them."""
+        prologue(PDL)
         tb, jb = tl.program_id(0), tl.program_id(1)
         rj = jb * BN + tl.arange(0, BN)
         jmask = rj < N
@@ -202,5 +205,5 @@ def _scores_triton(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_
         q, w, keys, bt, req_index.contiguous(), n_visible.contiguous(), out, t, hi, n_max, rows_per_block,
         bt.shape[1], q.stride(0), q.stride(1), w.stride(0), keys.stride(0), bt.stride(0), out.stride(0),
         BH=bh, DI=di, BN=bn, QB=qb, DOT=dot_dtype(q.dtype), IEEE=q.dtype == torch.float32, FMT=format_id(record),
-        num_warps=warps)
+        num_warps=warps, **triton_kw(q.device))
     return out

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from . import wstream
 from .dispatch import TRITON_DTYPES, dot_dtype, triton, use_cuda, use_triton
+from .pdl import triton_kw
 from .packed import PackedWeight
 
 # Above this many rows the dequantize + BLAS path wins (compute-bound prefill chunks). 512, not 256: speculative
@@ -67,6 +68,7 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, gro
 
 if triton is not None:
     import triton.language as tl
+    from .pdl import prologue
 
     from .wtile import FMT_CODES, TILE_K, scale_k, tile_dot
 
@@ -74,7 +76,8 @@ if triton is not None:
     def _linear_kernel(x_ptr, w_ptr, s_ptr, y_ptr, part_ptr, count_ptr, M, N, K, NG, K_SPLIT, stride_xm, stride_wn,
                        stride_sn, stride_ym, B0: tl.constexpr, SK: tl.constexpr, FMT: tl.constexpr,
                        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
-                       SPLIT_K: tl.constexpr):
+                       SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         # SPLIT_K: 0 one slice (store the output), 1 store the slice's float32 partial, 2 also sum in the kernel
         pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rm = pid_m * BM + tl.arange(0, BM)
@@ -161,5 +164,5 @@ def _linear_triton(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: i
         x, w.data, scale, y if y is not None else part, part, counters if counters is not None else part, m, n, k_g,
         ng, k_split, x.stride(0), w.data.stride(0), scale.stride(0), n, B0=w.block[0], SK=scale_k(w.fmt, w.block),
         FMT=FMT_CODES[w.fmt], BM=bm, BN=bn, BK=bk, DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32,
-        SPLIT_K=mode, num_warps=warps, num_stages=stages)
+        SPLIT_K=mode, num_warps=warps, num_stages=stages, **triton_kw(x.device))
     return y if y is not None else part.sum(0).to(out_dtype)

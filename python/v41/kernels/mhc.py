@@ -20,6 +20,7 @@ from torch import Tensor
 
 from . import wstream
 from .dispatch import triton, use_triton
+from .pdl import triton_kw
 from .norm import rms_norm, rms_norm_ref
 
 # One launch per seam instead of two (a B = 1 step's profile: 36 launches of ~8 µs for 18 seams, benches/RESULTS.md
@@ -76,9 +77,11 @@ def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters:
     scale, base = scale.float().contiguous(), base.float().contiguous()
     _mix_partial_kernel[(n_tb, split)](flat, fn.float().contiguous(), part, part if counters is None else counters,
                                        scale, base, pre, post, comb, t, k, k_split, flat.stride(0), float(norm_eps),
-                                       iters, hc_eps, BT=bt, BK=bk, PREC=prec, FUSED=counters is not None)
+                                       iters, hc_eps, BT=bt, BK=bk, PREC=prec, FUSED=counters is not None,
+                                       **triton_kw(flat.device))
     if counters is None:
-        _finish_kernel[(n_tb,)](part, scale, base, pre, post, comb, t, split, k, float(norm_eps), iters, hc_eps, BT=bt)
+        _finish_kernel[(n_tb,)](part, scale, base, pre, post, comb, t, split, k, float(norm_eps), iters, hc_eps, BT=bt,
+                                **triton_kw(part.device))
     return pre, post, comb
 
 
@@ -103,7 +106,7 @@ def hc_collapse(h: Tensor, pre: Tensor) -> Tensor:
     hc_ = h.contiguous()
     out = torch.empty(t, d, dtype=h.dtype, device=h.device)
     bd = min(1024, triton.next_power_of_2(d))
-    _collapse_kernel[(t, triton.cdiv(d, bd))](hc_, pre.float().contiguous(), out, d, BD=bd)
+    _collapse_kernel[(t, triton.cdiv(d, bd))](hc_, pre.float().contiguous(), out, d, BD=bd, **triton_kw(out.device))
     return out
 
 
@@ -123,7 +126,8 @@ def hc_collapse_norm(h: Tensor, pre: Tensor, eps: float, weight: Tensor) -> Tens
     out = torch.empty(t, d, dtype=h.dtype, device=h.device)
     bd = triton.next_power_of_2(d)
     # _rms_kernel's launch shape (4 warps, one row of next_power_of_2(D)): the same reduction tree, the same bits
-    _collapse_norm_kernel[(t,)](h.contiguous(), pre.float().contiguous(), weight, out, d, float(eps), BD=bd)
+    _collapse_norm_kernel[(t,)](h.contiguous(), pre.float().contiguous(), weight, out, d, float(eps), BD=bd,
+                                **triton_kw(out.device))
     return out
 
 
@@ -136,19 +140,21 @@ def hc_expand(h: Tensor, y: Tensor, post: Tensor, comb: Tensor) -> Tensor:
     out = torch.empty_like(hc_)
     bd = min(1024, triton.next_power_of_2(d))
     _expand_kernel[(t, triton.cdiv(d, bd))](hc_, y.contiguous(), post.float().contiguous(),
-                                            comb.float().contiguous(), out, d, BD=bd)
+                                            comb.float().contiguous(), out, d, BD=bd, **triton_kw(out.device))
     return out
 
 
 if triton is not None:
     import triton.language as tl
+    from .pdl import prologue
 
     @triton.jit
     def _mix_partial_kernel(h_ptr, fn_ptr, part_ptr, count_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, K,
                             K_SPLIT, stride_h, NORM_EPS, ITERS, EPS, BT: tl.constexpr, BK: tl.constexpr,
-                            PREC: tl.constexpr, FUSED: tl.constexpr):
+                            PREC: tl.constexpr, FUSED: tl.constexpr, PDL: tl.constexpr):
         """partial[s, t, 0:24] = Σ_{k in split s} fn[:, k]·h[t, k]; partial[s, t, 24] = Σ h[t, k]² (float32).
         FUSED: the token block's last program to arrive (``count_ptr``, reset by it) also finishes the block."""
+        prologue(PDL)
         pid_t, pid_s = tl.program_id(0), tl.program_id(1)
         rt = pid_t * BT + tl.arange(0, BT)
         r32 = tl.arange(0, 32)
@@ -176,7 +182,8 @@ if triton is not None:
 
     @triton.jit
     def _finish_kernel(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, SPLIT, K, NORM_EPS, ITERS, EPS,
-                       BT: tl.constexpr):
+                       BT: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         rt = tl.program_id(0) * BT + tl.arange(0, BT)
         _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, SPLIT, K, NORM_EPS, ITERS, EPS,
                      BT, "")
@@ -218,7 +225,8 @@ if triton is not None:
         tl.store(comb_ptr + rt[:, None] * 16 + r16[None, :], tl.reshape(c, (BT, 16)), mask=tmask[:, None])
 
     @triton.jit
-    def _collapse_kernel(h_ptr, pre_ptr, out_ptr, D, BD: tl.constexpr):
+    def _collapse_kernel(h_ptr, pre_ptr, out_ptr, D, BD: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         t, db = tl.program_id(0), tl.program_id(1)
         rd = db * BD + tl.arange(0, BD)
         mask = rd < D
@@ -229,7 +237,8 @@ if triton is not None:
         tl.store(out_ptr + t.to(tl.int64) * D + rd, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _collapse_norm_kernel(h_ptr, pre_ptr, w_ptr, out_ptr, D, eps, BD: tl.constexpr):
+    def _collapse_norm_kernel(h_ptr, pre_ptr, w_ptr, out_ptr, D, eps, BD: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         t = tl.program_id(0).to(tl.int64)
         rd = tl.arange(0, BD)
         mask = rd < D
@@ -243,7 +252,8 @@ if triton is not None:
         tl.store(out_ptr + t * D + rd, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _expand_kernel(h_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, D, BD: tl.constexpr):
+    def _expand_kernel(h_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, D, BD: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         t, db = tl.program_id(0), tl.program_id(1)
         rd = db * BD + tl.arange(0, BD)
         mask = rd < D

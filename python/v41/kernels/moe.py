@@ -16,6 +16,7 @@ from torch import Tensor
 
 from . import wstream
 from .dispatch import TRITON_DTYPES, dot_dtype, interpreting, triton, use_cuda, use_triton
+from .pdl import triton_kw
 from .moe_align import active_experts
 from .packed import PackedWeight
 
@@ -39,7 +40,8 @@ def combine_pairs(y: Tensor, inv: Tensor, top_k: int, extra: Tensor | None = Non
     block = min(1024, triton.next_power_of_2(d))
     yc = y.contiguous()
     _combine_kernel[(t, triton.cdiv(d, block))](yc, inv, yc if extra is None else extra.contiguous(), out, d,
-                                                K=top_k, HAS_EXTRA=extra is not None, BLOCK=block)
+                                                K=top_k, HAS_EXTRA=extra is not None, BLOCK=block,
+                                                **triton_kw(out.device))
     return out
 
 
@@ -78,6 +80,7 @@ def grouped_linear(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | N
 
 if triton is not None:
     import triton.language as tl
+    from .pdl import prologue
 
     from .wtile import FMT_CODES, TILE_K, scale_k, tile_dot
 
@@ -86,7 +89,8 @@ if triton is not None:
                         stride_wn, stride_se, stride_sn, stride_ys, stride_ym, GATHER: tl.constexpr,
                         B0: tl.constexpr, SK: tl.constexpr, FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                         BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr,
-                        LHS_FMT: tl.constexpr):
+                        LHS_FMT: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         e = tl.load(act_ptr + tl.program_id(0))
         if e < 0:
             return
@@ -126,7 +130,8 @@ if triton is not None:
 
     @triton.jit
     def _combine_kernel(y_ptr, inv_ptr, extra_ptr, out_ptr, D, K: tl.constexpr, HAS_EXTRA: tl.constexpr,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         t, db = tl.program_id(0), tl.program_id(1)
         cols = db * BLOCK + tl.arange(0, BLOCK)
         mask = cols < D
@@ -180,5 +185,5 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
         y.stride(1), GATHER=rows is not None, B0=w.block[0], SK=scale_k(w.fmt, w.block), FMT=FMT_CODES[w.fmt],
         BM=c["bm"], BN=c["bn"], BK=TILE_K, DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32,
         SCALED=c["scaled"], LHS_FMT="fp16" if x.dtype == torch.float16 else "bf16",
-        num_warps=c["warps"], num_stages=c["stages"])
+        num_warps=c["warps"], num_stages=c["stages"], **triton_kw(x.device))
     return y[0] if split == 1 else y.sum(0).to(x.dtype)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import triton, use_triton
+from .pdl import triton_kw
 
 ALIGN_MAX_PAIRS = 4096  # one program sorts this many keys (a bitonic sort in registers)
 ALIGN_MAX_EXPERTS = 4095
@@ -89,16 +90,19 @@ def route_pairs(ids: Tensor, n_experts: int) -> PairRouting:
     offsets = torch.empty(n_experts + 1, dtype=torch.int64, device=dev)
     active = torch.empty(slots, dtype=torch.int64, device=dev)
     _align_kernel[(1,)](ids.reshape(-1).contiguous(), order, inv, rows, offsets, active, p, n_experts, slots,
-                        K=k, BP=triton.next_power_of_2(p), BE=triton.next_power_of_2(n_experts + 1))
+                        K=k, BP=triton.next_power_of_2(p), BE=triton.next_power_of_2(n_experts + 1),
+                        **triton_kw(ids.device))
     return PairRouting(order, offsets, active, inv, rows)
 
 
 if triton is not None:
     import triton.language as tl
+    from .pdl import prologue
 
     @triton.jit
     def _align_kernel(ids_ptr, order_ptr, inv_ptr, rows_ptr, offs_ptr, act_ptr, P, E, SLOTS, K: tl.constexpr,
-                      BP: tl.constexpr, BE: tl.constexpr):
+                      BP: tl.constexpr, BE: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         i = tl.arange(0, BP)
         valid = i < P
         ids = tl.load(ids_ptr + i, mask=valid, other=0)

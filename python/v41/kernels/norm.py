@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import TRITON_DTYPES, triton, use_triton
+from .pdl import triton_kw
 
 
 def rms_norm_ref(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
@@ -28,15 +29,17 @@ def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
     out = torch.empty_like(xc)
     rows = xc.numel() // n
     _rms_kernel[(rows,)](xc, out, xc if weight is None else weight, n, float(eps), HAS_W=weight is not None,
-                         BLOCK=triton.next_power_of_2(n))
+                         BLOCK=triton.next_power_of_2(n), **triton_kw(xc.device))
     return out
 
 
 if triton is not None:
     import triton.language as tl
+    from .pdl import prologue
 
     @triton.jit
-    def _rms_kernel(x_ptr, y_ptr, w_ptr, N, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+    def _rms_kernel(x_ptr, y_ptr, w_ptr, N, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < N

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from .dispatch import triton, use_triton
+from .pdl import triton_kw
 
 
 def write_slots(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
@@ -57,7 +58,8 @@ def scatter_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, d
     src = rows.reshape(n, width).contiguous()
     block = min(1024, triton.next_power_of_2(width))
     _scatter_kernel[(n, triton.cdiv(width, block))](cache, slots, slots if index is None else index, src, width,
-                                                  cache.stride(0), INDEXED=index is not None, BLOCK=block)
+                                                  cache.stride(0), INDEXED=index is not None, BLOCK=block,
+                                                  **triton_kw(cache.device))
 
 
 def table_slots(block_table: torch.Tensor, req: torch.Tensor, index: torch.Tensor, rows_per_block: int) -> torch.Tensor:
@@ -72,16 +74,18 @@ def table_slots(block_table: torch.Tensor, req: torch.Tensor, index: torch.Tenso
     idx = index.contiguous()
     block = min(1024, triton.next_power_of_2(k))
     _table_slots_kernel[(t, triton.cdiv(k, block))](bt, req.contiguous(), idx, out, k, bt.shape[1], bt.stride(0),
-                                                   rows_per_block, BLOCK=block)
+                                                   rows_per_block, BLOCK=block, **triton_kw(bt.device))
     return out
 
 
 if triton is not None:
     import triton.language as tl
+    from .pdl import prologue
 
     @triton.jit
     def _scatter_kernel(cache_ptr, slots_ptr, index_ptr, src_ptr, W, stride_c, INDEXED: tl.constexpr,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         i, cb = tl.program_id(0), tl.program_id(1)
         j = tl.load(index_ptr + i) if INDEXED else i
         slot = tl.load(slots_ptr + j)
@@ -92,7 +96,9 @@ if triton is not None:
             tl.store(cache_ptr + slot * stride_c + cols, v.to(cache_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _table_slots_kernel(bt_ptr, req_ptr, idx_ptr, out_ptr, K, NB, stride_bt, RPB, BLOCK: tl.constexpr):
+    def _table_slots_kernel(bt_ptr, req_ptr, idx_ptr, out_ptr, K, NB, stride_bt, RPB, BLOCK: tl.constexpr,
+                            PDL: tl.constexpr):
+        prologue(PDL)
         t, kb = tl.program_id(0), tl.program_id(1)
         cols = kb * BLOCK + tl.arange(0, BLOCK)
         mask = cols < K

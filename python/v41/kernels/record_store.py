@@ -25,6 +25,7 @@ from torch import Tensor
 from .. import quant
 from ..cache.records import RecordFormat
 from .dispatch import TRITON_DTYPES, triton, use_triton
+from .pdl import triton_kw
 from .paged import scatter_rows
 from .records import format_id
 
@@ -45,7 +46,8 @@ def store_records(cache: Tensor, slots: Tensor, rows: Tensor, record: RecordForm
     _encode_kernel[(n,)](cache, slots, slots if index is None else index, src, cache.stride(0), src.stride(0),
                          INDEXED=index is not None, FMT=format_id(record), CODED=coded, ROPE=record.rope,
                          BS=record.block, NB=triton.next_power_of_2(nb),
-                         RP=triton.next_power_of_2(max(record.rope, 1)), SCALES=record.code_bytes + 2 * record.rope)
+                         RP=triton.next_power_of_2(max(record.rope, 1)), SCALES=record.code_bytes + 2 * record.rope,
+                         **triton_kw(cache.device))
 
 
 def mxfp4_qdq_rows(x: Tensor) -> Tensor:
@@ -56,12 +58,14 @@ def mxfp4_qdq_rows(x: Tensor) -> Tensor:
         return quant.mxfp4_qdq(x, 32)
     src = x.reshape(-1, d).contiguous()
     out = torch.empty_like(src)
-    _mxfp4_qdq_kernel[(src.shape[0],)](src, out, NB=triton.next_power_of_2(d // 32), NBLK=d // 32)
+    _mxfp4_qdq_kernel[(src.shape[0],)](src, out, NB=triton.next_power_of_2(d // 32), NBLK=d // 32,
+                                       **triton_kw(src.device))
     return out.view(x.shape)
 
 
 if triton is not None:
     import triton.language as tl
+    from .pdl import prologue
 
     from .records import e2m1_value
 
@@ -92,7 +96,8 @@ if triton is not None:
     @triton.jit
     def _encode_kernel(cache_ptr, slots_ptr, index_ptr, src_ptr, stride_c, stride_s, INDEXED: tl.constexpr,
                        FMT: tl.constexpr, CODED: tl.constexpr, ROPE: tl.constexpr, BS: tl.constexpr,
-                       NB: tl.constexpr, RP: tl.constexpr, SCALES: tl.constexpr):
+                       NB: tl.constexpr, RP: tl.constexpr, SCALES: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         i = tl.program_id(0)
         j = tl.load(index_ptr + i) if INDEXED else i
         slot = tl.load(slots_ptr + j)
@@ -134,7 +139,8 @@ if triton is not None:
                 tl.store(dst + nbytes_codes + 2 * r + 1, ((hi16 >> 8) & 255).to(tl.uint8), mask=rok)
 
     @triton.jit
-    def _mxfp4_qdq_kernel(src_ptr, out_ptr, NB: tl.constexpr, NBLK: tl.constexpr):
+    def _mxfp4_qdq_kernel(src_ptr, out_ptr, NB: tl.constexpr, NBLK: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         i = tl.program_id(0).to(tl.int64)
         blk = tl.arange(0, NB)
         col = blk[:, None] * 32 + tl.arange(0, 32)[None, :]

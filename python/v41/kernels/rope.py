@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import TRITON_DTYPES, triton, use_triton
+from .pdl import triton_kw
 
 
 def rope_ref(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
@@ -35,15 +36,18 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
     t, d = xc.shape[0], xc.shape[-1]
     rows_per_t = xc.numel() // (t * d)
     _rope_kernel[(t, rows_per_t)](xc, out, cos.float().contiguous(), sin.float().contiguous(), rows_per_t, d,
-                                  cos.shape[-1], -1.0 if inverse else 1.0, BLOCK=triton.next_power_of_2(d))
+                                  cos.shape[-1], -1.0 if inverse else 1.0, BLOCK=triton.next_power_of_2(d),
+                                  **triton_kw(xc.device))
     return out
 
 
 if triton is not None:
     import triton.language as tl
+    from .pdl import prologue
 
     @triton.jit
-    def _rope_kernel(x_ptr, y_ptr, cos_ptr, sin_ptr, ROWS, D, HALF, sign, BLOCK: tl.constexpr):
+    def _rope_kernel(x_ptr, y_ptr, cos_ptr, sin_ptr, ROWS, D, HALF, sign, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         t, h = tl.program_id(0), tl.program_id(1)
         base = (t.to(tl.int64) * ROWS + h) * D
         cols = tl.arange(0, BLOCK)

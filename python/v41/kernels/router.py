@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .dispatch import triton, use_triton
+from .pdl import triton_kw
 from .topk import stable_topk
 
 
@@ -45,12 +46,14 @@ def route(logits: Tensor, bias: Tensor | None, hash_ids: Tensor | None, top_k: i
     logits = logits.contiguous()
     _route_kernel[(t,)](logits, logits if bias is None else bias, ids if hash_ids is None else hash_ids.contiguous(),
                         ids, weights, e, float(gate_temp), float(scaling), K=top_k, KP=triton.next_power_of_2(top_k),
-                        BE=triton.next_power_of_2(e), HASH=hash_ids is not None, RENORM=renorm)
+                        BE=triton.next_power_of_2(e), HASH=hash_ids is not None, RENORM=renorm,
+                        **triton_kw(logits.device))
     return ids, weights
 
 
 if triton is not None:
     import triton.language as tl
+    from .pdl import prologue
 
     @triton.jit
     def _log_sqrt_softplus(x):
@@ -61,7 +64,8 @@ if triton is not None:
 
     @triton.jit
     def _route_kernel(l_ptr, bias_ptr, hash_ptr, ids_ptr, w_ptr, E, temp, scaling, K: tl.constexpr,
-                      KP: tl.constexpr, BE: tl.constexpr, HASH: tl.constexpr, RENORM: tl.constexpr):
+                      KP: tl.constexpr, BE: tl.constexpr, HASH: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         t = tl.program_id(0)
         re = tl.arange(0, BE)
         emask = re < E

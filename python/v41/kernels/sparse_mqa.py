@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..cache.records import RecordFormat
 from .dispatch import cuda_ext, sm_count
+from .pdl import enabled as pdl_enabled
 from .records import format_id
 
 HEAD_DIMS = (64, 128, 256, 512)
@@ -90,5 +91,5 @@ def sparse_mqa(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, sc
     c1, f1 = (sources[1][0], records[1]) if len(sources) == 2 else (None, None)
     cuda_ext().sparse_mqa(q, out, sink.contiguous(), c0, slots[0], format_id(f0), f0.rope if f0 else 0, c1,
                           slots[1] if c1 is not None else None, format_id(f1), f1.rope if f1 else 0, float(scale),
-                          splits, per, part_acc, part_ml)
+                          splits, per, part_acc, part_ml, pdl_enabled(q.device))
     return out

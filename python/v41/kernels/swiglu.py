@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .dispatch import TRITON_DTYPES, triton, use_triton
+from .pdl import triton_kw
 
 
 def swiglu_ref(h13: Tensor, limit: float, weight: Tensor | None = None) -> Tensor:
@@ -30,15 +31,18 @@ def swiglu(h13: Tensor, limit: float, weight: Tensor | None = None) -> Tensor:
     out = torch.empty(p, inter, dtype=h.dtype, device=h.device)
     block = 1024
     _swiglu_kernel[(p, triton.cdiv(inter, block))](h, out, h if weight is None else weight.float().contiguous(),
-                                                   inter, float(limit), HAS_W=weight is not None, BLOCK=block)
+                                                   inter, float(limit), HAS_W=weight is not None, BLOCK=block,
+                                                   **triton_kw(h.device))
     return out
 
 
 if triton is not None:
     import triton.language as tl
+    from .pdl import prologue
 
     @triton.jit
-    def _swiglu_kernel(h_ptr, y_ptr, w_ptr, INTER, limit, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+    def _swiglu_kernel(h_ptr, y_ptr, w_ptr, INTER, limit, HAS_W: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
         r, cb = tl.program_id(0), tl.program_id(1)
         cols = cb * BLOCK + tl.arange(0, BLOCK)
         mask = cols < INTER

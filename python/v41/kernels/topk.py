@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import cuda_ext, triton, use_cuda, use_triton
+from .pdl import enabled as pdl_enabled
 
 _LOW32 = 0xFFFFFFFF
 
@@ -65,7 +66,8 @@ def select_topk(scores: Tensor, k: int, n_valid: Tensor | None = None) -> Tensor
             and use_cuda(scores, *extra, family="attention")
             and k <= getattr(cuda_ext(), "TOPK_MAX_K", 0) and n <= getattr(cuda_ext(), "TOPK_MAX_N", 0)):
         out = torch.empty((t, k), dtype=torch.int64, device=scores.device)
-        cuda_ext().select_topk(scores, None if n_valid is None else n_valid.contiguous(), k, out)
+        cuda_ext().select_topk(scores, None if n_valid is None else n_valid.contiguous(), k, out,
+                               pdl_enabled(scores.device))
         return out
     return select_topk_ref(scores, k, n_valid)
 

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from . import side_stream
 from .dispatch import cuda_ext, sm_count
+from .pdl import enabled as pdl_enabled
 from .packed import PackedWeight
 
 MAX_ROWS = 8              # dense linears: above this the Triton / BLAS paths win (benches/RESULTS.md)
@@ -92,7 +93,7 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        counters, FMT_CODES[w.fmt], n_group, w.block[0],
                        32 if w.fmt == "mxfp4" else w.block[1], slots, split, per,
-                       x_prefetch, FIVE_CTAS)
+                       x_prefetch, FIVE_CTAS, pdl_enabled(x.device))
     return y
 
 
