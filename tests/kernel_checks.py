@@ -16,8 +16,8 @@ import torch
 
 from v41 import quant
 from v41.cache.records import RecordFormat
-from v41.kernels import (indexer, linear, mhc, moe, moe_align, norm, paged, record_store, rope, router, sampling,
-                         sparse_attention, swiglu, topk, window_pool, wstream)
+from v41.kernels import (engram_gate, engram_rows, indexer, linear, mhc, moe, moe_align, norm, paged, record_store,
+                         rope, router, sampling, sparse_attention, swiglu, topk, window_pool, wstream)
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
 
@@ -311,7 +311,49 @@ def check_norm_rope_swiglu(device: str, dtype: torch.dtype, g: torch.Generator):
         y = swiglu.swiglu(h13, 7.0, weight)
         r = swiglu.swiglu_ref(h13.double(), 7.0, None if weight is None else weight.double())
         out.append((f"swiglu/{'weighted' if weight is not None else 'plain'}", rel(y, r), tol(dtype)))
+    pair_w = torch.rand(5, 3, generator=g).to(device)  # routing weights [T, k], read through the pairs' order
+    order = torch.randperm(15, generator=g)[:9].to(device)
+    poison(device)
+    y = swiglu.swiglu(h13, 7.0, pair_w.reshape(-1), order)
+    r = swiglu.swiglu_ref(h13.double(), 7.0, pair_w.reshape(-1).double()[order])
+    out.append(("swiglu/ordered", rel(y, r), tol(dtype)))
     return out
+
+
+def check_engram_gate(device: str, dtype: torch.dtype, g: torch.Generator):
+    """The gate in one launch: D within one block and over two (1,100 > 1,024), keys and value read from a wider
+    row (a strided kv), copies whose score is 0 (h = 0: sign 0, g = 1/2) and negative."""
+    out = []
+    for t, hc, d in ((3, 4, 96), (2, 2, 1100)):
+        h = torch.randn(t, hc, d, generator=g).to(device, dtype)
+        h[0, 1] = 0
+        kv = torch.randn(t, (hc + 1) * d + 7, generator=g).to(device, dtype)[:, 3:3 + (hc + 1) * d]
+        qw, kw = (torch.rand(hc, d, generator=g) + 0.5).to(device), (torch.randn(hc, d, generator=g)).to(device)
+        poison(device)
+        y = engram_gate.engram_gate(h, kv, qw, kw, 1e-6, 1e-6)
+        r = engram_gate.engram_gate_ref(h.double(), kv.double(), qw.double(), kw.double(), 1e-6, 1e-6)
+        out.append((f"engram_gate/{t}x{hc}x{d}", rel(y, r), tol(dtype)))
+    return out
+
+
+def check_engram_rows(device: str, dtype: torch.dtype, g: torch.Generator):
+    """Gathered and dequantized FP8 table rows equal the PyTorch gather + dequantize bit for bit (0 = equal, inf =
+    not): every E4M3 code but NaN, scale bytes 0 (a subnormal factor) .. 254, a column range past column 0 and a
+    rank's first row past row 0, row_ids with a row stride wider than their columns."""
+    rows_local, hd, block, row0 = 40, 64, 32, 100
+    codes = torch.randint(0, 256, (rows_local, hd), generator=g, dtype=torch.int32)
+    codes = torch.where((codes & 0x7F) == 0x7F, codes - 1, codes).to(torch.uint8)
+    codes.view(-1)[:254] = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    scale = torch.randint(0, 255, (rows_local, hd // block), generator=g, dtype=torch.int32).to(torch.uint8)
+    scale[0, 0], scale[1, 0] = 0, 254
+    table = PackedWeight(codes.view(torch.float8_e4m3fn).to(device), scale.to(device), "fp8", (1, block))
+    ids = torch.randint(row0, row0 + rows_local, (5, 9), generator=g).to(device)[:, 1:7]  # 6 columns, stride 9
+    ids[0, 1:4] = torch.tensor([row0, row0 + 1, row0 + rows_local - 1])
+    poison(device)
+    got = engram_rows.gather_table_rows(table, ids, 1, 4, row0, dtype)
+    want = engram_rows.gather_table_rows_ref(table, ids, 1, 4, row0, dtype)
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    return [("engram_rows", 0.0 if torch.equal(got.view(bits), want.view(bits)) else float("inf"), 0.0)]
 
 
 def check_table_slots(device: str, dtype: torch.dtype, g: torch.Generator):
@@ -379,7 +421,7 @@ def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
 
 CHECKS = [check_linear, check_grouped, check_route_pairs, check_window_pool, check_attention, check_index_scores,
           check_record_store, check_mhc, check_uniforms, check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
-          check_order_keys]
+          check_order_keys, check_engram_gate, check_engram_rows]
 
 
 def run(check_name: str, device: str, dtype: torch.dtype):

@@ -54,6 +54,16 @@ class StepContext:
     topk: dict[int, Tensor] = field(default_factory=dict)
     cand: Tensor | None = None
     _closed: dict[str, Tensor] = field(default_factory=dict)
+    _closed_rope: dict[tuple[str, int], tuple[Tensor, Tensor]] = field(default_factory=dict)
+
+    def closed_rope(self, key: str, ratio: int) -> tuple[Tensor, Tensor]:
+        """(cos, sin) [S, rd/2] of rope variant ``key`` at the positions ``j·ratio`` of the entries that the ratio's
+        segments close (``segments[ratio].window``); computed once per step, shared by the layers of that ratio."""
+        got = self._closed_rope.get((key, ratio))
+        if got is None:
+            got = self.ropes[key].cos_sin(self.segments[ratio].window * ratio)
+            self._closed_rope[(key, ratio)] = got
+        return got
 
     def entry_slots(self, kind: str, entry_ids: Tensor) -> Tensor:
         """Cache slots [T, K] of per-query entry ids [T, K] (−1 = none) of ``kind`` through the requests' tables."""

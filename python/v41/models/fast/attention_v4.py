@@ -101,7 +101,7 @@ class V4Attention(FastAttention):
             ctx.write_closed(f"cov{r}", lid, seg, torch.stack([m[:, :c], s[:, :c], a[:, :c]], dim=1))
             m, s, a = combine_triples((m[:, c:], s[:, c:], a[:, c:]), self._prev_a(ctx, seg, c))
         pooled = finish(m, s, a)
-        cos, sin = ctx.ropes[self.rope_key].cos_sin(seg.window * r)
+        cos, sin = ctx.closed_rope(self.rope_key, r)
         main = self.compressor.norm(pooled[:, :hd].to(x.dtype))
         ctx.write_closed(f"ckv{r}", lid, seg, rope(main, cos, sin))
         if self.csa:

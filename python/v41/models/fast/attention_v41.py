@@ -86,7 +86,7 @@ class CSA2Attention(FastAttention):
         m, s, a = pool_step(seg, comp.wkv(x, ct), comp.wgate(x, ct), ctx.cache.state[lid])
         pooled = finish(m, s, a)
         latent = comp.norm((pooled.to(torch.bfloat16) if comp.deployed else pooled).to(x.dtype))
-        cos, sin = ctx.ropes[self.rope_key].cos_sin(seg.window * r)
+        cos, sin = ctx.closed_rope(self.rope_key, r)
         ctx.write_closed(f"idx{r}", lid, seg, rope(ix.k_norm(ix.wk(latent)), cos, sin))
         ctx.write_closed(f"ckv{r}", lid, seg, rope(latent, cos, sin))
 

@@ -18,6 +18,8 @@ from torch import Tensor, nn
 from ...config import ModelConfig
 from ...distributed.group import SINGLE, TPGroup, split_range
 from ...kernels.engram_fill import fill_slots_reference, fill_slots_uva
+from ...kernels.engram_gate import engram_gate
+from ...kernels.engram_rows import gather_table_rows
 from ...kernels.packed import PackedWeight
 from ..engram_host import HostTable
 from ..sharding import engram_rows
@@ -82,24 +84,11 @@ class FastEngram(nn.Module):
                 torch.cuda.current_stream(self.slots.device).wait_stream(self.fill_stream)
             rows = self.host.fmt.decode(self.slots[row_ids.reshape(-1)]).dequantize(dtype)
             return rows.view(row_ids.shape[0], -1)
-        local = row_ids[:, self.col0:self.col1] - self.row0
-        flat = local.reshape(-1)
-        scale = None if self.table_scale is None else self.table_scale[flat]
-        rows = PackedWeight(self.table[flat], scale, self.table_fmt, self.table_block).dequantize(dtype)
-        return rows.view(row_ids.shape[0], -1)
+        table = PackedWeight(self.table, self.table_scale, self.table_fmt, self.table_block)
+        return gather_table_rows(table, row_ids, self.col0, self.col1, self.row0, dtype)
 
     def forward(self, h: Tensor, row_ids: Tensor) -> Tensor:
         """h [T, hc, D] residual copies → ``H + g ⊙ value`` with ``g = sigmoid(sign(s)·sqrt(max(|s|, 1e-6)))``,
         ``s = Σ_d H·w·key / (rms(H)·rms(key)·sqrt(D))`` per copy (float32 math, h's dtype out)."""
-        t = h.shape[0]
         kv = self.tp.all_reduce(self.wkv(self.lookup(row_ids, h.dtype)))
-        ct = torch.promote_types(h.dtype, torch.float32)
-        key = kv[:, : self.hc * self.dim].view(t, self.hc, self.dim).to(ct)
-        value = kv[:, self.hc * self.dim:].to(ct)
-        w = (self.q_weight.to(ct) * self.k_weight.to(ct))
-        hf = h.to(ct)
-        rms_h = torch.sqrt(hf.pow(2).mean(-1) + self.eps)
-        rms_k = torch.sqrt(key.pow(2).mean(-1) + self.eps)
-        s = (hf * w * key).sum(-1) / (rms_h * rms_k * self.dim ** 0.5)
-        g = torch.sigmoid(torch.sign(s) * torch.sqrt(s.abs().clamp(min=GATE_FLOOR)))
-        return (hf + g.unsqueeze(-1) * value.unsqueeze(1)).to(h.dtype)
+        return engram_gate(h, kv, self.q_weight, self.k_weight, self.eps, GATE_FLOOR)

@@ -88,6 +88,6 @@ class FastMoE(nn.Module):
         pairs = route_pairs(ids, self.n_experts)
         xq = quant.fp8_act_qdq(x, 32) if self.deployed else x
         h = grouped_linear(xq, self.w13.packed, pairs.offsets, rows=pairs.rows, active=pairs.active)
-        h = self._w2_input(swiglu(h, self.limit, weights.reshape(-1)[pairs.order]))
+        h = self._w2_input(swiglu(h, self.limit, weights.reshape(-1), pairs.order))
         y = grouped_linear(h, self.w2.packed, pairs.offsets, active=pairs.active)
         return self.tp.all_reduce(combine_pairs(y, pairs.inv, k, None if shared is None else shared.wait()))
