@@ -6,7 +6,8 @@
 #      launches changed (weight-streaming GEMM, sparse MQA, index scores, top-k); then stops;
 #   3. otherwise (~4 min): the kernel checks on the GPU (Engram gate and rows, ordered SwiGLU, the collapse joined
 #      with the RMSNorm among them), the engine's greedy tokens = the CPU engine's on tiny V4.1, no host
-#      synchronisation in a decode forward or in the sampler; TESTS_ONLY=2 stops here;
+#      synchronisation in a decode forward or in the sampler (K1, T1: another -k and time limit); PROFILE=1 then
+#      profiles a B = 1 step (benches/gpu/profile_step.py); TESTS_ONLY=2 stops here;
 #   4. flash-slice-v41 decode at C = 2,048, fp8 records (~110 s each), interleaved: 1 PDL on, 2 off, 3 on at B = 1
 #      and 64, then 4 B = 1 with the collapse and the RMSNorm in two launches (mhc.FUSED_NORM=0); RUNS="1 2"
 #      runs only those.
@@ -28,9 +29,14 @@ if [ "${TESTS_ONLY:-0}" = 1 ]; then
 fi
 # the kernel checks (Engram gate and rows, ordered SwiGLU, collapse + RMSNorm among them), the engine's greedy
 # tokens = the CPU engine's on tiny V4.1 (eager and graph replays), no host synchronisation; ~4 min
-timeout 250 python3 -m pytest -q -p no:cacheprovider --durations=8 tests/test_gpu_fast.py \
-  -k "triton_kernel_equals or (greedy and deepseek_v41) or host_synchronisation" > "$OUT/tests1.txt" 2>&1
+timeout "${T1:-250}" python3 -m pytest -q -p no:cacheprovider --durations=8 tests/test_gpu_fast.py \
+  -k "${K1:-triton_kernel_equals or (greedy and deepseek_v41) or host_synchronisation}" > "$OUT/tests1.txt" 2>&1
 tail -12 "$OUT/tests1.txt"
+if [ "${PROFILE:-0}" = 1 ]; then  # where a B = 1 step goes (torch.profiler over graph replays; ~100 s)
+  timeout 150 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 2048 --prefill 0 \
+    --kv-cache-dtype fp8 --top 60 > "$OUT/profile_b1.txt" 2>&1
+  grep -A12 "== decode" "$OUT/profile_b1.txt"
+fi
 [ "${TESTS_ONLY:-0}" = 2 ] && exit 0
 i=0
 for v in "pdl_on|1|1|1x2048,64x2048" "pdl_off|0|1|1x2048,64x2048" "pdl_on|1|1|1x2048,64x2048" "fused_off|1|0|1x2048"; do
