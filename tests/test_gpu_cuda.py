@@ -113,6 +113,30 @@ def test_long_rows_in_one_slice_and_several_row_groups(fmt, m, monkeypatch):
     assert rel(y, linear.linear_ref(x.double(), w, torch.float64)) < 4e-3
 
 
+@pytest.mark.parametrize("ahead", [1, 3])
+def test_l2_prefetch_leaves_every_result_unchanged(ahead, monkeypatch):
+    """wstream.L2_AHEAD only asks L2 for weights early: the dense (one slice of 16 batches; split K) and expert
+    results are bit-identical to those without it, including slices whose last batch is short."""
+    g = _gen()
+    dense = packed(torch.randn(80, 4096 + 192, generator=g) / 64, "fp8").to(DEV)  # 67 chunks: a short last batch
+    experts = stack_experts([packed(torch.randn(288, 512, generator=g) / 23, "mxfp4") for _ in range(16)]).to(DEV)
+    pairs = moe_align.route_pairs(torch.randint(0, 16, (8, 6), generator=g).to(DEV), 16)
+    x = torch.randn(8, 4096 + 192, generator=g).to(DEV, torch.bfloat16)
+    xe = torch.randn(8, 512, generator=g).to(DEV, torch.bfloat16)
+
+    def run():
+        out = [wstream.linear(x[:m], dense, torch.bfloat16) for m in (1, 8)]
+        return out + [wstream.grouped(xe, experts, pairs.offsets, pairs.rows, pairs.active)]
+
+    for cta in (0, wstream.CTAS_PER_SM):  # one slice per CTA, then split K
+        monkeypatch.setattr(wstream, "CTAS_PER_SM", cta)
+        monkeypatch.setattr(wstream, "L2_AHEAD", 0)
+        want = run()
+        monkeypatch.setattr(wstream, "L2_AHEAD", ahead)
+        for got, ref in zip(run(), want):
+            assert got is not None and torch.equal(got, ref)
+
+
 def test_linear_declines_what_it_does_not_take():
     g = _gen()
     w = packed(torch.randn(64, 256, generator=g), "fp8").to(DEV)
