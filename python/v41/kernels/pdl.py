@@ -12,13 +12,17 @@ Every kernel launched this way runs :func:`prologue` (Triton) or ``pdl_wait(); p
 (``cuda/``) before its first dependent access, so the results do not change: only when a kernel may start does.
 Kernels that PyTorch launches, and any kernel launched without the attribute, still wait for the whole previous
 kernel. :data:`ENABLED` (default on) switches the attribute for every launch: ``--set
-v41.kernels.pdl.ENABLED=0`` in the GPU benchmarks.
+v41.kernels.pdl.ENABLED=0`` in the GPU benchmarks. It is off while :mod:`.side_stream` is on: the programmatic
+relaxation is meant for the previous kernel on the same stream, and a step with cross-stream joins is not worth
+the doubt. A dense weight-streaming GEMM reads its weight before the wait, so a weight must not be written by a
+kernel of the same step (weights are constants loaded at start-up).
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import side_stream
 from .dispatch import interpreting, tl, triton
 
 ENABLED = True
@@ -26,9 +30,9 @@ _CAPABLE: dict[int, bool] = {}
 
 
 def enabled(device: torch.device) -> bool:
-    """Whether launches on ``device`` use PDL: :data:`ENABLED`, a CUDA device of compute capability ≥ 9.0, and not
-    Triton's interpreter."""
-    if not ENABLED or device.type != "cuda" or interpreting():
+    """Whether launches on ``device`` use PDL: :data:`ENABLED`, :data:`.side_stream.ENABLED` off, a CUDA device of
+    compute capability ≥ 9.0, and not Triton's interpreter."""
+    if not ENABLED or side_stream.ENABLED or device.type != "cuda" or interpreting():
         return False
     index = torch.cuda.current_device() if device.index is None else device.index
     if index not in _CAPABLE:

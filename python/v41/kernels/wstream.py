@@ -103,7 +103,9 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
 
 def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int = 1) -> Tensor | None:
     """x ``[M, G·K_g]`` bf16 → ``[M, N]`` bf16 for a 2-D fp8 or mxfp4 weight; None when not taken (M outside
-    1..MAX_ROWS, another dtype, unaligned operands, K_g not a whole number of chunks)."""
+    1..MAX_ROWS, another dtype, unaligned operands, K_g not a whole number of chunks). With programmatic dependent
+    launch (:mod:`.pdl`) the kernel loads its first weights before it waits for the previous kernel: ``w`` must not
+    be written by the kernels queued before it (weights are constants)."""
     m = x.shape[0]
     n, k = w.out_features, w.in_features
     if (not 0 < m <= MAX_ROWS or out_dtype != torch.bfloat16 or w.data.dim() != 2 or n % groups
