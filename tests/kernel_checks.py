@@ -339,7 +339,8 @@ def check_engram_gate(device: str, dtype: torch.dtype, g: torch.Generator):
 def check_engram_rows(device: str, dtype: torch.dtype, g: torch.Generator):
     """Gathered and dequantized FP8 table rows equal the PyTorch gather + dequantize bit for bit (0 = equal, inf =
     not): every E4M3 code but NaN, scale bytes 0 (a subnormal factor) .. 254, a column range past column 0 and a
-    rank's first row past row 0, row_ids with a row stride wider than their columns."""
+    rank's first row past row 0, padding rows outside the rank's table (wrapped and clamped into it), row_ids with a
+    row stride wider than their columns."""
     rows_local, hd, block, row0 = 40, 64, 32, 100
     codes = torch.randint(0, 256, (rows_local, hd), generator=g, dtype=torch.int32)
     codes = torch.where((codes & 0x7F) == 0x7F, codes - 1, codes).to(torch.uint8)
@@ -349,6 +350,7 @@ def check_engram_rows(device: str, dtype: torch.dtype, g: torch.Generator):
     table = PackedWeight(codes.view(torch.float8_e4m3fn).to(device), scale.to(device), "fp8", (1, block))
     ids = torch.randint(row0, row0 + rows_local, (5, 9), generator=g).to(device)[:, 1:7]  # 6 columns, stride 9
     ids[0, 1:4] = torch.tensor([row0, row0 + 1, row0 + rows_local - 1])
+    ids[1, 1:3] = torch.tensor([0, row0 - 7])  # padding rows on a rank past the first: outside the table
     poison(device)
     got = engram_rows.gather_table_rows(table, ids, 1, 4, row0, dtype)
     want = engram_rows.gather_table_rows_ref(table, ids, 1, 4, row0, dtype)

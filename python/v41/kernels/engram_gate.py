@@ -37,6 +37,7 @@ def engram_gate(h: Tensor, kv: Tensor, q_weight: Tensor, k_weight: Tensor, eps: 
     """:func:`engram_gate_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
     t, hc, d = h.shape
     if (h.dtype not in TRITON_DTYPES or kv.dtype not in TRITON_DTYPES or h.numel() == 0 or kv.stride(-1) != 1
+            or kv.shape != (t, (hc + 1) * d) or q_weight.shape != (hc, d) or k_weight.shape != (hc, d)
             or not use_triton(h, kv, q_weight, k_weight)):
         return engram_gate_ref(h, kv, q_weight, k_weight, eps, floor)
     hc_ = h.contiguous()
@@ -77,6 +78,7 @@ if triton is not None:
         s = tl.sum(hk, axis=0) / (rms_h * rms_k * sqrt_d)
         sign = tl.where(s > 0, 1.0, tl.where(s < 0, -1.0, 0.0))
         g = tl.sigmoid(sign * tl.sqrt(tl.maximum(tl.abs(s), floor)))
+        g = tl.where(s != s, s, g)  # a NaN score stays NaN, as in the reference (sign(NaN) = NaN)
         for d0 in range(0, D, BD):
             rd = d0 + tl.arange(0, BD)
             m = rd < D

@@ -12,10 +12,10 @@ Every kernel launched this way runs :func:`prologue` (Triton) or ``pdl_wait(); p
 (``cuda/``) before its first dependent access, so the results do not change: only when a kernel may start does.
 Kernels that PyTorch launches, and any kernel launched without the attribute, still wait for the whole previous
 kernel. :data:`ENABLED` (default on) switches the attribute for every launch: ``--set
-v41.kernels.pdl.ENABLED=0`` in the GPU benchmarks. It is off while :mod:`.side_stream` is on: the programmatic
-relaxation is meant for the previous kernel on the same stream, and a step with cross-stream joins is not worth
-the doubt. A dense weight-streaming GEMM reads its weight before the wait, so a weight must not be written by a
-kernel of the same step (weights are constants loaded at start-up).
+v41.kernels.pdl.ENABLED=0`` in the GPU benchmarks. Work joined from another stream (an event wait) is complete
+before a kernel passes its wait as well, but the side stream (:mod:`.side_stream`, off by default) has not been
+tested with PDL, so PDL is off while it is on. A dense weight-streaming GEMM reads its weight before the wait, so a
+weight must not be written by a kernel of the same step (weights are constants loaded at start-up).
 """
 
 from __future__ import annotations
