@@ -100,3 +100,45 @@ class StepDriver:
 
     def execute(self, runs, all_rows: bool = True, return_aux: bool = False):
         return self.model.forward(self.buffers.load(self.step(runs, all_rows)), return_aux)
+
+
+def assert_switch_keeps_logits(path, module, attr: str, monkeypatch, replays: int = 3) -> None:
+    """CUDA GPU tests of a switch that must not change results (``module.attr``, e.g. the side stream or PDL): two
+    model runners of the checkpoint at ``path``, their graphs captured with the switch off and on, give bit-equal
+    logits for an eager prefill of five prompts and for ``replays`` decode steps replayed from the graphs."""
+    from v41.engine.args import EngineArgs
+    from v41.engine.model_runner import ModelRunner
+    from v41.models.engram_loader import engram_hasher
+
+    runners = {}
+    for enabled in (False, True):
+        monkeypatch.setattr(module, attr, enabled)
+        args = EngineArgs(model=str(path), device="cuda", dtype="bfloat16", max_num_seqs=8,
+                          max_cudagraph_capture_size=8)
+        runner = ModelRunner(args, "cuda")
+        runner.init_cache(num_blocks=8 * 8, num_state_rows=8, block_tokens=16, max_model_len=128)
+        assert runner.graphs is not None
+        runners[enabled] = runner
+
+    def execute(step):
+        outs = []
+        for enabled, runner in runners.items():
+            monkeypatch.setattr(module, attr, enabled)  # eager (prefill) steps read it at launch time
+            outs.append(runner.execute(step).float())
+        return outs
+
+    layout = runners[True].cache_layout(16)
+    hasher = engram_hasher(runners[True].cfg, path / "tokenizer.json")
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 1000, (int(n),), generator=gen).tolist() for n in torch.randint(4, 30, (5,))]
+    outs = execute(host_step(layout, [(s, p, 0, []) for s, p in enumerate(prompts)], 8, False, hasher))
+    assert torch.equal(outs[0], outs[1])
+    for _ in range(replays):
+        nxt = outs[0].argmax(-1).tolist()
+        step = host_step(layout, [(s, [nxt[s]], len(p), p) for s, p in enumerate(prompts)], 8, False, hasher,
+                         send_tables=False)
+        assert runners[True].graphs.fits(step)
+        for s, p in enumerate(prompts):
+            p.append(nxt[s])
+        outs = execute(step)
+        assert torch.equal(outs[0], outs[1])

@@ -67,43 +67,8 @@ def test_a_chain_of_dependent_launches_gives_the_serial_results(monkeypatch):
 
 @pytest.mark.parametrize("arch", ["deepseek_v41", "deepseek_v4"])
 def test_engine_logits_with_pdl_equal_those_without(tmp_path, arch, monkeypatch):
-    from v41.engine.args import EngineArgs
-    from v41.engine.model_runner import ModelRunner
-    from v41.models.engram_loader import engram_hasher
     from v41.testing.tiny import make_tiny
 
-    from engine_helpers import host_step
+    from engine_helpers import assert_switch_keeps_logits
 
-    path = make_tiny(tmp_path / arch, arch)
-    runners = {}
-    for enabled in (False, True):  # graphs captured with and without PDL
-        monkeypatch.setattr(pdl, "ENABLED", enabled)
-        args = EngineArgs(model=str(path), device="cuda", dtype="bfloat16", max_num_seqs=8,
-                          max_cudagraph_capture_size=8)
-        runner = ModelRunner(args, "cuda")
-        runner.init_cache(num_blocks=8 * 8, num_state_rows=8, block_tokens=16, max_model_len=128)
-        assert runner.graphs is not None
-        runners[enabled] = runner
-
-    def execute(step):
-        outs = []
-        for enabled, runner in runners.items():
-            monkeypatch.setattr(pdl, "ENABLED", enabled)  # eager (prefill) steps read it at launch time
-            outs.append(runner.execute(step).float())
-        return outs
-
-    layout = runners[True].cache_layout(16)
-    hasher = engram_hasher(runners[True].cfg, path / "tokenizer.json")
-    gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 1000, (int(n),), generator=gen).tolist() for n in torch.randint(4, 30, (5,))]
-    outs = execute(host_step(layout, [(s, p, 0, []) for s, p in enumerate(prompts)], 8, False, hasher))
-    assert torch.equal(outs[0], outs[1])
-    for _ in range(4):  # graph replays
-        nxt = outs[0].argmax(-1).tolist()
-        step = host_step(layout, [(s, [nxt[s]], len(p), p) for s, p in enumerate(prompts)], 8, False, hasher,
-                         send_tables=False)
-        assert runners[True].graphs.fits(step)
-        for s, p in enumerate(prompts):
-            p.append(nxt[s])
-        outs = execute(step)
-        assert torch.equal(outs[0], outs[1])
+    assert_switch_keeps_logits(make_tiny(tmp_path / arch, arch), pdl, "ENABLED", monkeypatch, replays=4)
