@@ -1,11 +1,13 @@
 """Where a flash-slice step's time goes (torch.profiler on the GPU machine; nsys cannot make reports there).
 
     python3 benches/gpu/profile_step.py --slice v4 --batch 1 --context 2048 [--prefill 2048] [--top 25]
-        [--kv-cache-dtype fp8]
+        [--kv-cache-dtype fp8] [--set v41.kernels.pdl.ENABLED=0]
 
 Builds the engine as ``flash_slice.py`` does, prefills ``batch`` requests to ``context``, then profiles 5 decode
 steps (and one prefill of ``--prefill`` tokens) and prints the kernels by CUDA time, the launches per step and the
-host time per step.
+host time per step. With programmatic dependent launch on (``kernels/pdl.py``, the default on sm_90) a kernel's
+time includes its programs' wait for the kernel before it, so the times overlap: ``--set
+v41.kernels.pdl.ENABLED=0`` gives the per-kernel breakdown.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from flash_slice import decode_headroom, v41_engine, write_config
+from flash_slice import apply_overrides, decode_headroom, v41_engine, write_config
 
 
 def show(prof, steps: int, top: int, title: str) -> None:
@@ -41,7 +43,10 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.ATTR=VALUE",
+                    help="a kernel switch, as flash_slice.py's (e.g. v41.kernels.pdl.ENABLED=0)")
     a = ap.parse_args()
+    apply_overrides(a.set)
     from v41.engine.params import SamplingParams
 
     path = write_config(Path(tempfile.mkdtemp()), a.slice)
