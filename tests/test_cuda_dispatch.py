@@ -80,6 +80,7 @@ def test_the_start_up_log_names_each_op_familys_path(monkeypatch):
     assert "sparse attention: CUDA for bf16, else Triton" in line, line
     assert "indexer scores: CUDA over long contexts, else Triton" in line and "other ops: Triton" in line, line
     assert "MoE experts: CUDA at decode sizes, else Triton" in line, line
+    assert "launches: " in line, line  # programmatic dependent (PDL) on sm_90+, else serial
     monkeypatch.setenv("V41_ATTENTION_KERNELS", "triton")
     assert "sparse attention: Triton;" in dispatch.describe_paths("cuda")
     monkeypatch.setenv("V41_KERNELS", "torch")

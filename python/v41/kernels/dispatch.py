@@ -129,6 +129,10 @@ def describe_paths(device: str) -> str:
         if where is not None and mode in ("auto", "cuda") and cuda_runs_on(dev):
             path = f"CUDA {where}, else {path}"
         parts.append(f"{op}: {path}")
+    from .pdl import enabled as pdl_enabled  # pdl imports this module
+
+    pdl = torch.cuda.is_available() and pdl_enabled(dev)
+    parts.append("launches: " + ("programmatic dependent (PDL)" if pdl else "serial"))
     return "; ".join(parts) + f" (CUDA kernels {cuda_status(dev)})"
 
 
