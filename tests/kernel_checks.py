@@ -17,7 +17,7 @@ import torch
 from v41 import quant
 from v41.cache.records import RecordFormat
 from v41.kernels import (engram_gate, engram_rows, indexer, linear, mhc, moe, moe_align, norm, paged, record_store,
-                         rope, router, sampling, sparse_attention, swiglu, topk, window_pool, wstream)
+                         rope, router, sampling, segments, sparse_attention, swiglu, topk, window_pool, wstream)
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
 
@@ -358,6 +358,29 @@ def check_engram_rows(device: str, dtype: torch.dtype, g: torch.Generator):
     return [("engram_rows", 0.0 if torch.equal(got.view(bits), want.view(bits)) else float("inf"), 0.0)]
 
 
+def check_segments(device: str, dtype: torch.dtype, g: torch.Generator):
+    """The window segments' facts equal the reference exactly (0 = equal, inf = not), at ratios 2 and 4, with and
+    without a ring of state slots: segments that continue, close, both and neither, an all-padding segment (CUDA-
+    graph padding), one of length L, requests whose seq_len is 0 (padding)."""
+    out = []
+    t, r_count = 23, 4
+    positions = torch.randint(0, 200, (t,), generator=g)
+    req_index = torch.randint(0, r_count, (t,), generator=g)
+    state_rows = torch.randperm(9, generator=g)[:r_count]
+    seq_lens = torch.tensor([0, 5, 130, 64])
+    seg = torch.full((7, 5), -1, dtype=torch.int64)
+    for i, n in enumerate((5, 1, 3, 0, 2, 4, 1)):  # segment 3 is all padding
+        seg[i, :n] = torch.randperm(t, generator=g)[:n]
+    args = [x.to(device) for x in (seg, positions, req_index, state_rows, seq_lens)]
+    for ratio, ring in ((2, 0), (4, 0), (2, 3), (4, 2)):
+        poison(device)
+        got = segments.segment_facts(*args, ratio, 11, ring)
+        want = segments.segment_facts_ref(*args, ratio, 11, ring)
+        same = all(torch.equal(got[k], want[k]) for k in segments.FIELDS)
+        out.append((f"segments/r{ratio}-ring{ring}", 0.0 if same else float("inf"), 0.0))
+    return out
+
+
 def check_table_slots(device: str, dtype: torch.dtype, g: torch.Generator):
     bt = torch.randint(-1, 50, (3, 7), generator=g).to(device)
     req = torch.tensor([0, 2, 2, 1, 0], device=device)
@@ -423,7 +446,7 @@ def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
 
 CHECKS = [check_linear, check_grouped, check_route_pairs, check_window_pool, check_attention, check_index_scores,
           check_record_store, check_mhc, check_uniforms, check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
-          check_order_keys, check_engram_gate, check_engram_rows]
+          check_order_keys, check_engram_gate, check_engram_rows, check_segments]
 
 
 def run(check_name: str, device: str, dtype: torch.dtype):

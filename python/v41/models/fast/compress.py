@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ...kernels.segments import segment_facts
 from ...kernels.window_pool import pool_windows
 from ..protocol import StepBatch
 
@@ -51,29 +52,10 @@ class Segments:
 
     @classmethod
     def build(cls, batch: StepBatch, ratio: int, dummy_state_row: int, ring: int = 0) -> "Segments":
-        seg = batch.segments[ratio]
-        valid = seg >= 0
-        rows = seg.clamp(min=0)
-        count = valid.sum(1)
-        first = rows[:, 0]
-        last = rows.gather(1, (count - 1).clamp(min=0)[:, None])[:, 0]
-        pos_first = batch.positions[first]
-        req = batch.req_index[first]
-        seg_ok = valid[:, 0]
-        closes = seg_ok & (batch.positions[last] % ratio == ratio - 1)
-        state_row = batch.state_rows[req]
-        dummy = torch.full_like(state_row, dummy_state_row * max(1, ring))
-        window = pos_first // ratio
-        continues = seg_ok & (pos_first % ratio != 0)
-        if ring:
-            slot = state_row * ring + window % ring
-            recent = window > (batch.seq_lens[req] - 1) // ratio - ring  # one writer per ring slot
-            return cls(ratio=ratio, rows=rows, valid=valid, req=req, window=window, continues=continues,
-                       closes=closes, last_row=last, state_row=torch.where(seg_ok, slot, dummy),
-                       keep_row=torch.where(seg_ok & ~continues & recent, slot, dummy), ring=ring)
-        return cls(ratio=ratio, rows=rows, valid=valid, req=req, window=window, continues=continues,
-                   closes=closes, last_row=last, state_row=torch.where(seg_ok, state_row, dummy),
-                   keep_row=torch.where(seg_ok & ~closes, state_row, dummy))
+        """The facts of ``batch.segments[ratio]`` (:func:`v41.kernels.segments.segment_facts`: one launch)."""
+        f = segment_facts(batch.segments[ratio], batch.positions, batch.req_index, batch.state_rows, batch.seq_lens,
+                          ratio, dummy_state_row, ring)
+        return cls(ratio=ratio, ring=ring, **f)
 
 
 def pool_step(seg: Segments, value: Tensor, gate: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
