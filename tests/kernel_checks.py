@@ -311,6 +311,17 @@ def check_norm_rope_swiglu(device: str, dtype: torch.dtype, g: torch.Generator):
         y = swiglu.swiglu(h13, 7.0, weight)
         r = swiglu.swiglu_ref(h13.double(), 7.0, None if weight is None else weight.double())
         out.append((f"swiglu/{'weighted' if weight is not None else 'plain'}", rel(y, r), tol(dtype)))
+    for d, half in ((96, 16), (512, 32)):  # the cache-write prologue: RMSNorm then RoPE in one launch
+        x = (torch.randn(5, d, generator=g) * 3).to(device, dtype)
+        w = (1 + torch.randn(d, generator=g) * 0.1).to(device, dtype)
+        ang = torch.rand(5, half, generator=g, dtype=torch.float64) * 100
+        cos, sin = ang.cos().float().to(device), ang.sin().float().to(device)
+        poison(device)
+        y = rope.rms_norm_rope(x, 1e-6, w, cos, sin)
+        r = rope.rms_norm_rope_ref(x.double(), 1e-6, w.double(), cos.double(), sin.double())
+        out.append((f"rms_norm_rope/{d}", rel(y, r), tol(dtype)))
+        two = rope.rope(norm.rms_norm(x, 1e-6, w), cos, sin)  # the two launches it replaces: the same bits
+        out.append((f"rms_norm_rope/{d}/bits", 0.0 if torch.equal(y, two) else float("inf"), 0.0))
     pair_w = torch.rand(5, 3, generator=g).to(device)  # routing weights [T, k], read through the pairs' order
     order = torch.randperm(15, generator=g)[:9].to(device)
     poison(device)

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import TRITON_DTYPES, triton, use_triton
+from .norm import rms_norm_ref
 from .pdl import triton_kw
 
 
@@ -41,9 +42,58 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
     return out
 
 
+def rms_norm_rope_ref(x: Tensor, eps: float, weight: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``rope_ref(rms_norm_ref(x, eps, weight), cos, sin)``: x [T, D]; weight [D]; cos, sin [T, rd/2] → [T, D] in
+    x's dtype (the normalized row is rounded to x's dtype before it is rotated, as the two ops do)."""
+    return rope_ref(rms_norm_ref(x, eps, weight), cos, sin)
+
+
+def rms_norm_rope(x: Tensor, eps: float, weight: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """:func:`rms_norm_rope_ref` in one Triton launch (one program per row: the RMSNorm's reduction as
+    :func:`.norm.rms_norm` runs it, the rotation as :func:`rope` does, so the bits are those of the two launches)
+    where :func:`.dispatch.use_triton` says so; a cache write's prologue (kv_norm, the index keys' k_norm)."""
+    if (x.dim() != 2 or x.dtype not in TRITON_DTYPES or x.numel() == 0 or x.shape[-1] > 16384
+            or not use_triton(x, weight)):
+        return rms_norm_rope_ref(x, eps, weight, cos, sin)
+    xc = x.contiguous()
+    out = torch.empty_like(xc)
+    t, d = xc.shape
+    _norm_rope_kernel[(t,)](xc, out, weight, cos.float().contiguous(), sin.float().contiguous(), d, cos.shape[-1],
+                            float(eps), BLOCK=triton.next_power_of_2(d), **triton_kw(xc.device))
+    return out
+
+
 if triton is not None:
     import triton.language as tl
     from .pdl import prologue
+
+    @triton.jit
+    def _rotate(x, xp, c, s, odd, rot):
+        """Channel values x with their pair partners xp (float32) rotated where ``rot``; shared by both kernels, so
+        the compiler forms the same products and sums in each."""
+        return tl.where(rot, x * c + tl.where(odd, xp * s, -xp * s), x)
+
+    @triton.jit
+    def _norm_rope_kernel(x_ptr, y_ptr, w_ptr, cos_ptr, sin_ptr, D, HALF, eps, BLOCK: tl.constexpr,
+                          PDL: tl.constexpr):
+        prologue(PDL)
+        t = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < D
+        x = tl.load(x_ptr + t * D + cols, mask=mask, other=0.0).to(tl.float32)
+        r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)  # norm.py's _rms_kernel: the same reduction, the same bits
+        y = (x * r * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)).to(y_ptr.dtype.element_ty)
+        start = D - 2 * HALF
+        rot = (cols >= start) & mask
+        pair = tl.where(rot, cols ^ 1, cols)
+        xp = tl.load(x_ptr + t * D + pair, mask=rot, other=0.0).to(tl.float32)
+        yp = (xp * r * tl.load(w_ptr + pair, mask=rot, other=0.0).to(tl.float32)).to(y_ptr.dtype.element_ty)
+        i = tl.where(rot, (cols - start) // 2, 0)
+        c = tl.load(cos_ptr + t * HALF + i, mask=rot, other=1.0)
+        s = tl.load(sin_ptr + t * HALF + i, mask=rot, other=0.0)
+        odd = (cols - start) % 2 == 1
+        out = _rotate(y.to(tl.float32), yp.to(tl.float32), c, s, odd, rot)
+        tl.store(y_ptr + t * D + cols, out.to(y_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _rope_kernel(x_ptr, y_ptr, cos_ptr, sin_ptr, ROWS, D, HALF, sign, BLOCK: tl.constexpr, PDL: tl.constexpr):
@@ -61,5 +111,5 @@ if triton is not None:
         c = tl.load(cos_ptr + t * HALF + i, mask=rot, other=1.0)
         s = tl.load(sin_ptr + t * HALF + i, mask=rot, other=0.0) * sign
         odd = (cols - start) % 2 == 1
-        y = tl.where(rot, x * c + tl.where(odd, xp * s, -xp * s), x)
+        y = _rotate(x, xp, c, s, odd, rot)
         tl.store(y_ptr + base + cols, y.to(y_ptr.dtype.element_ty), mask=mask)

@@ -149,7 +149,7 @@ class FastAttention(nn.Module):
         the compressed entries and index keys the step closes (:meth:`write_entries`). Queued on the side stream,
         where :mod:`v41.kernels.side_stream` is enabled, while the queries are projected."""
         cos, sin = ctx.rope[self.rope_key]
-        kv = rope(self.kv_norm(self.wkv(x)), cos, sin)
+        kv = self.kv_norm.with_rope(self.wkv(x), cos, sin)
         ctx.cache.store("swa", self.plan.layer_id, ctx.batch.slot_mapping["swa"], kv)
         self.write_entries(x, ctx)
 

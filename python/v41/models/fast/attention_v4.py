@@ -102,11 +102,10 @@ class V4Attention(FastAttention):
             m, s, a = combine_triples((m[:, c:], s[:, c:], a[:, c:]), self._prev_a(ctx, seg, c))
         pooled = finish(m, s, a)
         cos, sin = ctx.closed_rope(self.rope_key, r)
-        main = self.compressor.norm(pooled[:, :hd].to(x.dtype))
-        ctx.write_closed(f"ckv{r}", lid, seg, rope(main, cos, sin))
+        ctx.write_closed(f"ckv{r}", lid, seg, self.compressor.norm.with_rope(pooled[:, :hd].to(x.dtype), cos, sin))
         if self.csa:
-            keys = self.indexer.compressor.norm(pooled[:, hd:].to(x.dtype))
-            ctx.write_closed(f"idx{r}", lid, seg, rope(keys, cos, sin))
+            keys = self.indexer.compressor.norm.with_rope(pooled[:, hd:].to(x.dtype), cos, sin)
+            ctx.write_closed(f"idx{r}", lid, seg, keys)
 
     def _prev_a(self, ctx: StepContext, seg, c: int):
         """The A triple of window w−1 of every segment from ``cov{r}`` (empty for window 0)."""

@@ -78,7 +78,7 @@ class CSA2Attention(FastAttention):
             latent = comp.norm(comp.wkv(x))
             cos, sin = ctx.rope[self.rope_key]
             rows = torch.arange(x.shape[0], device=x.device)
-            ctx.write(f"idx{r}", lid, rows, rope(ix.k_norm(ix.wk(latent)), cos, sin))
+            ctx.write(f"idx{r}", lid, rows, ix.k_norm.with_rope(ix.wk(latent), cos, sin))
             ctx.write(f"ckv{r}", lid, rows, rope(latent, cos, sin))
             return
         seg = ctx.segments[r]
@@ -87,7 +87,7 @@ class CSA2Attention(FastAttention):
         pooled = finish(m, s, a)
         latent = comp.norm((pooled.to(torch.bfloat16) if comp.deployed else pooled).to(x.dtype))
         cos, sin = ctx.closed_rope(self.rope_key, r)
-        ctx.write_closed(f"idx{r}", lid, seg, rope(ix.k_norm(ix.wk(latent)), cos, sin))
+        ctx.write_closed(f"idx{r}", lid, seg, ix.k_norm.with_rope(ix.wk(latent), cos, sin))
         ctx.write_closed(f"ckv{r}", lid, seg, rope(latent, cos, sin))
 
     def _select(self, x: Tensor, qr: Tensor, ctx: StepContext) -> Tensor:
