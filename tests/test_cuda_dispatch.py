@@ -142,3 +142,27 @@ def test_side_work_runs_inline_on_cpu_tensors():
     pending = side_stream.beside(lambda: (side_stream.lane(), x + 1), x, "shared_expert")
     lane, y = pending.wait()
     assert lane == 0 and torch.equal(y, torch.full((3,), 2.0))
+
+
+def test_programmatic_dependent_launch_switches(monkeypatch):
+    """PDL is used on sm_90+ CUDA devices only, never under Triton's interpreter or on the CPU, off with
+    pdl.ENABLED = False, and off while the side stream is on (kernels/pdl.py); Triton launches get its keywords."""
+    from v41.kernels import pdl, side_stream
+
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(pdl, "_CAPABLE", {0: True})
+    monkeypatch.setattr(pdl, "interpreting", lambda: False)
+    monkeypatch.setattr(side_stream, "ENABLED", False)
+    assert pdl.enabled(dev) and pdl.triton_kw(dev) == {"PDL": True, "launch_pdl": True}
+    assert not pdl.enabled(torch.device("cpu")) and pdl.triton_kw(torch.device("cpu")) == {"PDL": False}
+    monkeypatch.setattr(side_stream, "ENABLED", True)
+    assert not pdl.enabled(dev)
+    monkeypatch.setattr(side_stream, "ENABLED", False)
+    monkeypatch.setattr(pdl, "ENABLED", False)
+    assert not pdl.enabled(dev)
+    monkeypatch.setattr(pdl, "ENABLED", True)
+    monkeypatch.setattr(pdl, "_CAPABLE", {0: False})  # an sm_80 device
+    assert not pdl.enabled(dev)
+    monkeypatch.setattr(pdl, "interpreting", lambda: True)
+    monkeypatch.setattr(pdl, "_CAPABLE", {0: True})
+    assert not pdl.enabled(dev)

@@ -4,7 +4,9 @@ row0]`` of an FP8 (E4M3) table with E8M0 scales per ``block`` inputs, ``code · 
 then cast to ``dtype`` → [T, (c1 − c0)·hd]. A local row outside the table (a CUDA-graph padding row's id 0 on a rank
 past the first) is wrapped once and clamped into it, so it reads a real row; its result is never used. The Triton
 kernel does it in one launch (one program per token and column) instead of ~14 index, elementwise and decode
-kernels.
+kernels, decoding with the cache records' bit-level helpers (:mod:`.records`): the same values for finite codes and
+scale bytes 0..254, which is all a checkpoint holds (the NaN codes 0x7F / 0xFF and byte 255 are not reproduced;
+a −0 code gives +0).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def gather_table_rows(table: PackedWeight, row_ids: Tensor, c0: int, c1: int, ro
 if triton is not None:
     import triton.language as tl
     from .pdl import prologue
+    from .records import e4m3_value, e8m0_value
 
     @triton.jit
     def _rows_kernel(ids_ptr, data_ptr, scale_ptr, out_ptr, stride_ids, c0, row0, ROWS, COLS, stride_d, stride_s,
@@ -58,15 +61,6 @@ if triton is not None:
         row = tl.minimum(tl.maximum(tl.where(row < 0, row + ROWS, row), 0), ROWS - 1)  # never outside the table
         rd = tl.arange(0, BH)
         m = rd < HD
-        x = tl.load(data_ptr + row * stride_d + rd, mask=m, other=0).to(tl.int32)
-        # E4M3 → float32 exactly, from the bits (the same in Triton's interpreter): normal codes rebias the
-        # exponent (7 → 127), zero-exponent codes are m·2^-9, 0x7F / 0xFF are NaN
-        sign, e, mt = (x >> 7) & 1, (x >> 3) & 15, x & 7
-        normal = ((sign << 31) | ((e + 120) << 23) | (mt << 20)).to(tl.float32, bitcast=True)
-        code = tl.where(e == 0, (1 - 2 * sign).to(tl.float32) * mt.to(tl.float32) * 0.001953125, normal)
-        code = tl.where((x & 0x7F) == 0x7F, float("nan"), code)
-        b = tl.load(scale_ptr + row * stride_s + rd // BLOCK, mask=m, other=127).to(tl.int32)
-        bits = tl.where(b == 0, 1 << 22, b << 23)  # quant.e8m0_to_float: 2^(b − 127), byte 0 a subnormal
-        bits = tl.where(b == 255, 0x7FC00000, bits)
-        v = code * bits.to(tl.float32, bitcast=True)
+        code = e4m3_value(tl.load(data_ptr + row * stride_d + rd, mask=m, other=0).to(tl.int32))
+        v = code * e8m0_value(tl.load(scale_ptr + row * stride_s + rd // BLOCK, mask=m, other=127).to(tl.int32))
         tl.store(out_ptr + (t * COLS + c) * HD + rd, v.to(out_ptr.dtype.element_ty), mask=m)
