@@ -8,7 +8,7 @@
 #            tiny V4.1, no host synchronisation in a decode forward or in the sampler (K1, T1: another -k and time
 #            limit); PROFILE=1 then profiles a B = 1 step with PDL off (with it on, kernel times overlap);
 #   kernels  (~3 min) kernel_bench.py: the weight-streaming GEMMs (V4.1 / V4 linears and experts) at B = 1, 8, 64,
-#            with wstream.L2_AHEAD 0, 1, 2;
+#            with wstream.L2_AHEAD 0, 1, 2 (PDL on: consecutive launches may overlap, unlike earlier cells);
 #   slices   (~4 min) flash-slice-v41 (C = 2,048, fp8 records, B = 1 and 64) and flash-slice-v4 (B = 1, 8, 64).
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail

@@ -7,7 +7,9 @@ shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel tabl
 Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
 rotate over enough copies of the weight that none is still in L2 (≥ 256 MB in all), and each MoE launch routes
 afresh (uniform top-6). Floor = the bytes read (weights and scales; the experts a routing touches) over the copy
-bandwidth measured in the same call (sparse-MQA cells: attention_bench.py; indexer top-k: topk_bench.py). Each cell also checks the CUDA output against the Triton one. Prints one
+bandwidth measured in the same call (sparse-MQA cells: attention_bench.py; indexer top-k: topk_bench.py).
+Since 2026-12-04 the launches are programmatic dependents (``kernels/pdl.py``, on by default): a launch's first
+weight loads may overlap the launch before it, which earlier figures did not have. Each cell also checks the CUDA output against the Triton one. Prints one
 table last.
 """
 
