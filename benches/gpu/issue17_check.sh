@@ -9,7 +9,11 @@
 #            limit); PROFILE=1 then profiles a B = 1 step with PDL off (with it on, kernel times overlap);
 #   kernels  (~3 min) kernel_bench.py: the weight-streaming GEMMs (V4.1 / V4 linears and experts) at B = 1, 8, 64,
 #            with wstream.L2_AHEAD 0, 1, 2 (PDL on: consecutive launches may overlap, unlike earlier cells);
-#   slices   (~4 min) flash-slice-v41 (C = 2,048, fp8 records, B = 1 and 64) and flash-slice-v4 (B = 1, 8, 64).
+#   slices   (~4 min) flash-slice-v41 (C = 2,048, fp8 records, B = 1 and 64) and flash-slice-v4 (B = 1, 8, 64);
+#   glue     (~5 min) the mHC and Triton linear kernel checks and the L2-prefetch test, glue_bench.py (mHC mixes,
+#            bf16 linears with float32 outputs, at their switches), kernel_bench.py linears at B = 1, 8 with
+#            wstream.L2_AHEAD 0, 1, 2.
+# The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -18,16 +22,17 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 rm -f python/v41/_cuda.so
 timeout 100 python3 cuda/build.py > "$OUT/build.txt" 2>&1; tail -1 "$OUT/build.txt"
 PT="python3 -m pytest -q -p no:cacheprovider --durations=8"
+rc=0
 case "${MODE:-tests}" in
   tests)
-    timeout 150 $PT tests/test_gpu_pdl.py tests/test_gpu_side_stream.py > "$OUT/tests0.txt" 2>&1
+    timeout 150 $PT tests/test_gpu_pdl.py tests/test_gpu_side_stream.py > "$OUT/tests0.txt" 2>&1 || rc=1
     tail -8 "$OUT/tests0.txt"
     timeout 300 $PT tests/test_gpu_cuda.py tests/test_gpu_cuda_attention.py tests/test_gpu_cuda_topk.py \
-      tests/test_gpu_cuda_indexer.py > "$OUT/tests1.txt" 2>&1
+      tests/test_gpu_cuda_indexer.py > "$OUT/tests1.txt" 2>&1 || rc=1
     tail -12 "$OUT/tests1.txt" ;;
   engine)
     timeout "${T1:-280}" $PT tests/test_gpu_fast.py \
-      -k "${K1:-triton_kernel_equals or (greedy and deepseek_v41) or host_synchronisation}" > "$OUT/tests2.txt" 2>&1
+      -k "${K1:-triton_kernel_equals or (greedy and deepseek_v41) or host_synchronisation}" > "$OUT/tests2.txt" 2>&1 || rc=1
     tail -12 "$OUT/tests2.txt"
     if [ "${PROFILE:-0}" = 1 ]; then
       timeout 150 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 2048 --prefill 0 \
@@ -45,5 +50,15 @@ case "${MODE:-tests}" in
     timeout 200 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048,8x2048,64x2048 --prefill , \
       --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
     tail -5 "$OUT/fs_v4.txt" ;;
-  *) echo "MODE must be tests, engine, kernels or slices"; exit 2 ;;
+  glue)
+    timeout 200 $PT tests/test_gpu_fast.py tests/test_gpu_cuda.py \
+      -k "(triton_kernel_equals and (mhc or linear)) or l2_prefetch" > "$OUT/tests3.txt" 2>&1 || rc=1
+    tail -6 "$OUT/tests3.txt"
+    timeout 150 python3 benches/gpu/glue_bench.py > "$OUT/glue.txt" 2>&1
+    tail -14 "$OUT/glue.txt"
+    timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --l2-ahead 1,2 \
+      > "$OUT/kernels.txt" 2>&1
+    tail -20 "$OUT/kernels.txt" ;;
+  *) echo "MODE must be tests, engine, kernels, slices or glue"; exit 2 ;;
 esac
+exit $rc

@@ -106,12 +106,32 @@ if triton is not None:
             tl.debug_barrier()
             tile = pid_m * tl.num_programs(1) + pid_n
             if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu") == n_split - 1:
-                total = tl.zeros([BM, BN], dtype=tl.float32)
-                for z in range(0, n_split):
-                    total += tl.load(part_ptr + z * plane + rm[:, None] * N + rn[None, :], mask=omask, other=0.0,
-                                     cache_modifier=".cg")
-                tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], total.to(y_ptr.dtype.element_ty), mask=omask)
+                _sum_planes(part_ptr, y_ptr, pid_m * BM, pid_n * BN, M, N, n_split, plane, stride_ym, BM, BN)
                 tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+    @triton.jit
+    def _sum_planes(part_ptr, y_ptr, m0, n0, M, N, n_split, plane, stride_ym, BM: tl.constexpr, BN: tl.constexpr):
+        """y[m0:m0+BM, n0:n0+BN] = Σ_z part[z] over the tile's rows present: 8 slices in one load (one L2
+        round trip per 8 slices; a plain loop waited on every slice's load, benches/RESULTS.md
+        "2026-12-04 (afternoon)"), summed by a fixed tree, chunks in slice order; .cg loads: past L1, which does
+        not see other SMs' writes."""
+        CH: tl.constexpr = min(BM * BN, 1024)
+        ZB: tl.constexpr = 8
+        n_el = tl.minimum(M - m0, BM) * BN
+        rz = tl.arange(0, ZB)
+        for c0 in range(0, n_el, CH):
+            e = c0 + tl.arange(0, CH)
+            rm = m0 + e // BN
+            rn = n0 + e % BN
+            emask = (e < n_el) & (rn < N)
+            at = rm.to(tl.int64) * N + rn
+            total = tl.zeros([CH], dtype=tl.float32)
+            for z0 in range(0, n_split, ZB):
+                z = z0 + rz
+                v = tl.load(part_ptr + z[:, None] * plane + at[None, :], mask=(z < n_split)[:, None] & emask[None, :],
+                            other=0.0, cache_modifier=".cg")
+                total += tl.sum(v, 0)
+            tl.store(y_ptr + rm * stride_ym + rn, total.to(y_ptr.dtype.element_ty), mask=emask)
 
 
 def _pow2_divisor(n: int, cap: int) -> int:

@@ -1,0 +1,109 @@
+"""The small Triton kernels between a decode step's GEMMs, at V4.1-Flash shapes: the mHC seam's mixes
+(``kernels/mhc.py``: split-K pass + finish) and the bf16 linears with float32 outputs that the CUDA kernel does not
+take (router gate, compressor, indexer weights; ``kernels/linear.py``), each at its switches' settings.
+
+    python3 benches/gpu/glue_bench.py [--tokens 1,8,64] [--reps 24]
+
+Each cell captures ``reps`` calls in one CUDA graph and times its replay with events (median; event_timing.py);
+linears rotate over copies of the weight (≥ 256 MB) so that none is in L2. Floor = bytes read over the copy
+bandwidth of the same call. Columns other than "default" set a switch for that cell only (the module attribute
+named). Prints one table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from event_timing import graph_us, median_ms, rel
+from v41.kernels import linear, mhc
+from v41.kernels.packed import from_dense
+
+D, HC = 5120, 4
+# (name, N, K): V4.1-Flash bf16 weights with float32 outputs (the CUDA weight-streaming kernel takes fp8 / mxfp4)
+LINEARS = [("router gate", 384, D), ("compressor wkv", 512, D), ("indexer weights_proj", 32, D)]
+ROTATE_BYTES = 256 << 20
+
+
+def copy_bandwidth() -> float:
+    src = torch.randn(1 << 29, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / (median_ms(lambda: dst.copy_(src), 10) / 1e3)
+
+
+def switched(module, settings: dict, fn):
+    """``fn()`` with ``module``'s attributes set to ``settings``, restored after."""
+    old = {k: getattr(module, k) for k in settings}
+    for k, v in settings.items():
+        setattr(module, k, v)
+    try:
+        return fn()
+    finally:
+        for k, v in old.items():
+            setattr(module, k, v)
+
+
+MHC_VARIANTS = {"default": {}, "finish 1 load": {"FINISH_LOADS": 1}, "one launch": {"ONE_LAUNCH": True},
+                "split ≤ 16": {"MIX_SPLIT_MAX": 16}, "split ≤ 64": {"MIX_SPLIT_MAX": 64},
+                "split ≤ 160": {"MIX_SPLIT_MAX": 160}}
+LINEAR_VARIANTS = {"default": {}, "sum after": {"SPLIT_REDUCE_BYTES": 0}}
+
+
+def mhc_cells(tokens, reps, bw):
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n_mix = (2 + HC) * HC
+    fn = torch.randn(n_mix, HC * D, device="cuda", generator=g) * 0.01
+    scale = torch.ones(3, device="cuda")
+    base = torch.zeros(n_mix, device="cuda")
+    for t in tokens:
+        hs = [torch.randn(t, HC, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
+        call = lambda i: mhc.hc_mixes(hs[i % 4], fn, scale, base, HC, 20, 1e-6, 1e-6)  # noqa: E731
+        want = mhc.hc_mixes_ref(hs[0].double(), fn.double(), scale.double(), base.double(), HC, 20, 1e-6, 1e-6)
+        err = max(rel(a, b) for a, b in zip(call(0), want))
+        us = {name: switched(mhc, s, lambda: graph_us([lambda i=i: call(i) for i in range(reps)]))
+              for name, s in MHC_VARIANTS.items()}
+        floor = (fn.numel() * 4 + hs[0].numel() * 2) / bw * 1e6
+        rows.append(("mhc mixes", f"T={t}", us, floor, err))
+    return rows
+
+
+def linear_cells(tokens, reps, bw):
+    rows = []
+    for name, n, k in LINEARS:
+        w0 = from_dense(torch.randn(n, k, device="cuda").to(torch.bfloat16) / k ** 0.5)
+        copies = [w0] + [from_dense(torch.randn(n, k, device="cuda").to(torch.bfloat16))
+                         for _ in range(max(1, ROTATE_BYTES // w0.nbytes) - 1)]
+        for t in tokens:
+            xs = [torch.randn(t, k, device="cuda").to(torch.bfloat16) for _ in range(4)]
+            call = lambda i: linear._linear_triton(xs[i % 4], copies[i % len(copies)], torch.float32, 1)  # noqa
+            err = rel(call(0), linear.linear_ref(xs[0].double(), w0, torch.float64))
+            us = {v: switched(linear, s, lambda: graph_us([lambda i=i: call(i) for i in range(reps)]))
+                  for v, s in LINEAR_VARIANTS.items()}
+            rows.append((f"linear {name} [{n}, {k}] bf16 → fp32", f"T={t}", us, w0.nbytes / bw * 1e6, err))
+        del copies
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", default="1,8,64")
+    ap.add_argument("--reps", type=int, default=24)
+    args = ap.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",")]
+    print(torch.cuda.get_device_name(), flush=True)
+    bw = copy_bandwidth()
+    rows = mhc_cells(tokens, args.reps, bw) + linear_cells(tokens, args.reps, bw)
+    print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; µs per call (graph replay)")
+    cols = list(dict.fromkeys(c for r in rows for c in r[2]))
+    print("| op | tokens | floor µs | default / floor | rel. diff | " + "".join(f"{c} µs | " for c in cols))
+    print("|---" * (5 + len(cols)) + "|")
+    for name, cell, us, floor, err in rows:
+        print(f"| {name} | {cell} | {floor:.1f} | {us['default'] / floor:.1f}× | {err:.1e} | "
+              + "".join(f"{us[c]:.1f} | " if c in us else "— | " for c in cols))
+
+
+if __name__ == "__main__":
+    main()
