@@ -286,6 +286,29 @@ def check_uniforms(device: str, dtype: torch.dtype, g: torch.Generator):
     return [("uniforms/bitwise", 0.0 if torch.equal(got.cpu(), want) and below_one else float("inf"), 0.0)]
 
 
+def check_race(device: str, dtype: torch.dtype, g: torch.Generator):
+    """The keyed race in two launches picks what the five PyTorch launches pick, bit for bit: softmax rows of
+    4,099 columns (two blocks and a short one), a row of exact ties (lowest id), a row with a NaN (wins, as in
+    torch.argmax), a zero row but one column, slots and purposes."""
+    v = 2 * sampling.RACE_BLOCK + 3
+    w = torch.softmax(torch.randn(7, v, generator=g) * 3, dim=-1)
+    w[3] = 0.5  # ties everywhere: the draws decide, as in the reference
+    w[4, 2 * sampling.RACE_BLOCK + 1] = float("nan")
+    w[5] = 0.0
+    w[5, v - 1] = 1.0
+    w = w.to(device)
+    seeds = torch.randint(-2 ** 62, 2 ** 62, (7,), generator=g).to(device)
+    pos = torch.randint(0, 1 << 31, (7,), generator=g).to(device)
+    slots = torch.randint(0, 5, (7,), generator=g).to(device)
+    out = []
+    for purpose, sl in ((sampling.PURPOSE_SAMPLE, None), (sampling.PURPOSE_DRAFT, slots)):
+        poison(device)
+        got = sampling.keyed_race(w, seeds, pos, purpose, sl)
+        want = sampling.keyed_race_ref(w, seeds, pos, purpose, sl)  # PyTorch on the same device
+        out.append((f"race/purpose {purpose}", 0.0 if torch.equal(got, want) else float("inf"), 0.0))
+    return out
+
+
 def check_norm_rope_swiglu(device: str, dtype: torch.dtype, g: torch.Generator):
     out = []
     for shape, weighted in (((7, 96), True), ((3, 5, 64), False)):
@@ -455,7 +478,7 @@ def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
 
 
 CHECKS = [check_linear, check_grouped, check_route_pairs, check_window_pool, check_attention, check_index_scores,
-          check_record_store, check_mhc, check_uniforms, check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
+          check_record_store, check_mhc, check_uniforms, check_race, check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
           check_order_keys, check_engram_gate, check_engram_rows, check_segments]
 
 

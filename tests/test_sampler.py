@@ -260,13 +260,13 @@ def test_greedy_rows_draw_nothing_and_sampled_rows_one_keyed_vector(monkeypatch)
     import v41.engine.sampler as sampler_mod
 
     calls = []
-    real = sampler_mod.uniforms
+    real = sampler_mod.keyed_race
 
-    def spy(seeds, positions, vocab, purpose):
-        calls.append((seeds.tolist(), positions.tolist(), vocab, purpose))
-        return real(seeds, positions, vocab, purpose)
+    def spy(weights, seeds, positions, purpose):
+        calls.append((seeds.tolist(), positions.tolist(), weights.shape[1], purpose))
+        return real(weights, seeds, positions, purpose)
 
-    monkeypatch.setattr(sampler_mod, "uniforms", spy)
+    monkeypatch.setattr(sampler_mod, "keyed_race", spy)
     Sampler()(torch.randn(3, 10), [_state(temperature=0.0, seed=5), _state(temperature=0.0), _state(temperature=0.0)])
     assert calls == []
     st = _state(prompt=[3, 4, 5], temperature=1.0, seed=42, top_k=3)

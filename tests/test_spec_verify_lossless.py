@@ -29,8 +29,8 @@ from spec_helpers import (
 )
 
 from v41.engine.adaptive_verify import AdaptivePlanner, VerifyCosts, survivals
-from v41.engine.spec_verify import SpecVerifier, accept, accept_uniforms, race
-from v41.kernels.sampling import PURPOSE_DRAFT, PURPOSE_SAMPLE, uniforms
+from v41.engine.spec_verify import SpecVerifier, accept, accept_uniforms
+from v41.kernels.sampling import PURPOSE_DRAFT, PURPOSE_SAMPLE, keyed_race_ref, uniforms
 
 CI_CHAINS, SLOW_CHAINS = 20_000, 1_000_000
 
@@ -137,7 +137,7 @@ def _plain_residual_in_block_mode(sv, p, d, q, nd, states):
     res = (p[at, a] - q_a).clamp(min=0.0)
     res = torch.where(res.sum(-1, keepdim=True) > 0, res, p[at, a])
     w = torch.where((a < ndt)[:, None], res, w)
-    return a, race(w, uniforms(seeds, pos, V, PURPOSE_SAMPLE, a))
+    return a, keyed_race_ref(w, seeds, pos, PURPOSE_SAMPLE, a)
 
 
 def _residual_on_draft_noise(sv, p, d, q, nd, states):
@@ -145,13 +145,13 @@ def _residual_on_draft_noise(sv, p, d, q, nd, states):
     seeds, pos = keys(states)
     m, k = d.shape
     a, w = accept("token", p, d, q, torch.tensor(nd), torch.zeros(m, dtype=torch.bool), accept_uniforms(seeds, pos, k))
-    return a, race(w, uniforms(seeds, pos, V, PURPOSE_DRAFT, a))
+    return a, keyed_race_ref(w, seeds, pos, PURPOSE_DRAFT, a)
 
 
 def _position_keyed_draft(sv, logits, states, anchors, slot):
     """Draft slot j keyed by its row's position n + j alone (purpose sample, slot 0)."""
     _, q = sv.draft(logits, states, anchors, slot)
-    return race(q, uniforms(keys(states)[0], torch.tensor(anchors) + slot, V, PURPOSE_SAMPLE)), q
+    return keyed_race_ref(q, keys(states)[0], torch.tensor(anchors) + slot, PURPOSE_SAMPLE), q
 
 
 def _position_keyed_block(sv, p, d, q, nd, states):
@@ -162,7 +162,7 @@ def _position_keyed_block(sv, p, d, q, nd, states):
     eta = uniforms(seeds.repeat_interleave(k), pos.repeat_interleave(k) + torch.arange(k).repeat(m), 1,
                    PURPOSE_SAMPLE).view(m, k)
     a, w = accept("block", p, d, q, torch.tensor(nd), torch.zeros(m, dtype=torch.bool), eta)
-    return a, race(w, uniforms(seeds, pos + a, V, PURPOSE_SAMPLE))
+    return a, keyed_race_ref(w, seeds, pos + a, PURPOSE_SAMPLE)
 
 
 CONTROLS = {

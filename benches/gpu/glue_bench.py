@@ -1,6 +1,7 @@
 """The small Triton kernels between a decode step's GEMMs, at V4.1-Flash shapes: the mHC seam's mixes
-(``kernels/mhc.py``: split-K pass + finish) and the bf16 linears with float32 outputs that the CUDA kernel does not
-take (router gate, compressor, indexer weights; ``kernels/linear.py``), each at its switches' settings.
+(``kernels/mhc.py``: split-K pass + finish), the bf16 linears with float32 outputs that the CUDA kernel does not
+take (router gate, compressor, indexer weights; ``kernels/linear.py``), each at its switches' settings, and the
+sampler's keyed race over 129,280 columns (``kernels/sampling.py``; column "five launches": its PyTorch form).
 
     python3 benches/gpu/glue_bench.py [--tokens 1,8,64] [--reps 24]
 
@@ -17,7 +18,7 @@ import argparse
 import torch
 
 from event_timing import graph_us, median_ms, rel
-from v41.kernels import linear, mhc
+from v41.kernels import linear, mhc, sampling
 from v41.kernels.packed import from_dense
 
 D, HC = 5120, 4
@@ -87,6 +88,22 @@ def linear_cells(tokens, reps, bw):
     return rows
 
 
+def race_cells(tokens, reps, bw):
+    rows = []
+    vocab = 129280
+    for t in tokens:
+        ws = [torch.softmax(torch.randn(t, vocab, device="cuda"), -1) for _ in range(4)]
+        seeds = torch.arange(t, device="cuda") * 7919 + 1
+        pos = torch.arange(t, device="cuda") + 4096
+        same = all(torch.equal(sampling.keyed_race(w, seeds, pos), sampling.keyed_race_ref(w, seeds, pos)) for w in ws)
+        us = {"default": graph_us([lambda i=i: sampling.keyed_race(ws[i % 4], seeds, pos) for i in range(reps)]),
+              "five launches": graph_us([lambda i=i: sampling.keyed_race_ref(ws[i % 4], seeds, pos)
+                                         for i in range(reps)])}
+        rows.append(("sampler keyed race, 129,280 columns", f"T={t}", us, t * vocab * 4 / bw * 1e6,
+                     0.0 if same else float("inf")))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", default="1,8,64")
@@ -95,7 +112,7 @@ def main() -> None:
     tokens = [int(t) for t in args.tokens.split(",")]
     print(torch.cuda.get_device_name(), flush=True)
     bw = copy_bandwidth()
-    rows = mhc_cells(tokens, args.reps, bw) + linear_cells(tokens, args.reps, bw)
+    rows = mhc_cells(tokens, args.reps, bw) + linear_cells(tokens, args.reps, bw) + race_cells(tokens, args.reps, bw)
     print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; µs per call (graph replay)")
     cols = list(dict.fromkeys(c for r in rows for c in r[2]))
     print("| op | tokens | floor µs | default / floor | rel. diff | " + "".join(f"{c} µs | " for c in cols))

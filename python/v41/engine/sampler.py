@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from v41.engine.params import Logprob, PromptLogprobs, SamplingParams
-from v41.kernels.sampling import PURPOSE_SAMPLE, uniforms
+from v41.kernels.sampling import PURPOSE_SAMPLE, keyed_race
 
 from .sampling_inputs import SamplingInputs, SamplingRows
 
@@ -250,16 +250,13 @@ class Sampler:
         rand = [i for i, s in enumerate(states) if not s.params.is_greedy]
         if len(rand) < n_rows:
             sampled = x.argmax(dim=-1)
-        else:
-            sampled = torch.empty(n_rows, dtype=torch.int64, device=device)
         if rand:
             r_states = [states[i] for i in rand]
             rows = self._inputs(device).load([s.params for s in r_states], rand, [s.seed for s in r_states],
                                              [s.position for s in r_states], vocab)
             sub = x if len(rand) == n_rows else x.index_select(0, rows.index)
-            probs = probs_from_rows(sub, rows)
-            q = uniforms(rows.seed, rows.position, vocab, PURPOSE_SAMPLE).log_().neg_()
-            sampled.index_copy_(0, rows.index, (probs / q).argmax(dim=-1))
+            picked = keyed_race(probs_from_rows(sub, rows), rows.seed, rows.position, PURPOSE_SAMPLE)
+            sampled = picked if len(rand) == n_rows else sampled.index_copy_(0, rows.index, picked)
 
         asked = [s.params.logprobs for s in states if s.params.logprobs is not None]
         lp = None

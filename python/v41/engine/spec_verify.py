@@ -42,18 +42,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from v41.kernels.sampling import PURPOSE_ACCEPT, PURPOSE_DRAFT, PURPOSE_SAMPLE, uniforms
+from v41.kernels.sampling import PURPOSE_ACCEPT, PURPOSE_DRAFT, PURPOSE_SAMPLE, keyed_race, uniforms
 
 from .sampler import Sampler, SamplingState, has_processor, probs_from_rows
 from .sampling_inputs import SamplingInputs
 
 METHODS = ("greedy", "token", "block")
-
-
-def race(weights: Tensor, u: Tensor) -> Tensor:
-    """Exponential race ``argmax(w / −log u)``: [R, V] weights (>= 0, any positive scale), [R, V] uniforms in
-    (0, 1) -> [R] int64, id ``t`` with probability ``w[t] / Σ w`` (the plain sampler's step 10)."""
-    return (weights / u.log().neg()).argmax(dim=-1)
 
 
 def accept_uniforms(seeds: Tensor, positions: Tensor, num_rows: int) -> Tensor:
@@ -182,10 +176,10 @@ class SpecVerifier:
             rows = self._inputs(x.device).load([states[i].params for i in rand], rand, [states[i].seed for i in rand],
                                                [anchor_positions[i] for i in rand], vocab)
             q = probs_from_rows(x if len(rand) == n_rows else x.index_select(0, rows.index), rows)
-            u = uniforms(rows.seed, rows.position, vocab, PURPOSE_DRAFT, torch.full_like(rows.position, slot))
+            picked = keyed_race(q, rows.seed, rows.position, PURPOSE_DRAFT, torch.full_like(rows.position, slot))
             if len(rand) == n_rows:
-                return race(q, u), q
-            ids.index_copy_(0, rows.index, race(q, u))
+                return picked, q
+            ids.index_copy_(0, rows.index, picked)
             probs.index_copy_(0, rows.index, q)
         return ids, probs
 
@@ -254,7 +248,7 @@ class SpecVerifier:
         seeds, positions = keys[2], keys[3]
         eta = accept_uniforms(seeds, positions, k) if method != "greedy" else None
         a, w = accept(method, target, drafts, draft_probs, keys[0], keys[1].bool(), eta)
-        return a, race(w, uniforms(seeds, positions, vocab, PURPOSE_SAMPLE, a))
+        return a, keyed_race(w, seeds, positions, PURPOSE_SAMPLE, a)
 
     def _inputs(self, device: torch.device) -> SamplingInputs:
         if self._sampling_inputs is None or self._sampling_inputs.device != torch.device(device):

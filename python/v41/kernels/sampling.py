@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import triton, use_triton
+from .pdl import triton_kw
 
 PURPOSE_SAMPLE, PURPOSE_DRAFT, PURPOSE_ACCEPT = 0, 1, 2  # the resample / bonus draw is PURPOSE_SAMPLE
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57  # round multipliers
@@ -71,19 +72,54 @@ def uniforms(seeds: Tensor, positions: Tensor, vocab: int, purpose: int = PURPOS
     return out
 
 
+def keyed_race_ref(weights: Tensor, seeds: Tensor, positions: Tensor, purpose: int = PURPOSE_SAMPLE,
+                   slots: Tensor | None = None) -> Tensor:
+    """The exponential race over keyed draws: weights [R, V] float32 (>= 0, any positive scale per row) → [R]
+    int64 ``argmax_t weights[r, t] / −log u[r, t]`` with ``u = uniforms(seeds, positions, V, purpose, slots)``;
+    id ``t`` wins with probability ``weights[r, t] / Σ weights[r]`` (docs/speculative-decoding.md §3d). Ties go to
+    the lowest id; a NaN weight wins, as in ``torch.argmax``."""
+    q = uniforms(seeds, positions, weights.shape[1], purpose, slots).log_().neg_()
+    return (weights / q).argmax(dim=-1)
+
+
+def keyed_race(weights: Tensor, seeds: Tensor, positions: Tensor, purpose: int = PURPOSE_SAMPLE,
+               slots: Tensor | None = None) -> Tensor:
+    """:func:`keyed_race_ref` in two Triton launches where :func:`.dispatch.use_triton` says so (float32
+    weights): a program per row and ``RACE_BLOCK`` columns draws its uniforms in registers and keeps its best
+    column, a program per row picks the best block. Bit for bit the reference's choice: the same draws, the
+    same correctly rounded logarithm (libdevice's ``logf``, as PyTorch's) and division (``div.rn``), lowest id on
+    ties. Five launches before, of which the single-row argmax alone took 28 µs at B = 1 (benches/RESULTS.md
+    "2026-12-04 (afternoon)")."""
+    r, vocab = weights.shape
+    if weights.dtype != torch.float32 or r == 0 or vocab == 0 or not use_triton(weights):
+        return keyed_race_ref(weights, seeds, positions, purpose, slots)
+    w = weights if weights.stride(1) == 1 else weights.contiguous()
+    nb = triton.cdiv(vocab, RACE_BLOCK)
+    best = torch.empty(r, nb, dtype=torch.float32, device=w.device)
+    at = torch.empty(r, nb, dtype=torch.int64, device=w.device)
+    out = torch.empty(r, dtype=torch.int64, device=w.device)
+    slot = torch.zeros_like(positions) if slots is None else slots
+    _race_block_kernel[(r, nb)](w, seeds.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous(),
+                                slot.to(torch.int64).contiguous(), best, at, vocab, w.stride(0), purpose, nb,
+                                BLOCK=RACE_BLOCK, **triton_kw(w.device))
+    _race_pick_kernel[(r,)](best, at, out, nb, NB=triton.next_power_of_2(nb), **triton_kw(w.device))
+    return out
+
+
 BLOCK = 1024
+RACE_BLOCK = 2048  # vocab columns per program of the race (129,280 columns: 64 programs per row)
 
 if triton is not None:
     import triton.language as tl
+    from .pdl import prologue
 
     @triton.jit
     def _umulhilo(a, b):
         return tl.umulhi(a, b), a * b
 
     @triton.jit
-    def _uniform_kernel(out_ptr, seed_ptr, pos_ptr, slot_ptr, V, purpose, BLOCK: tl.constexpr):
-        r, vb = tl.program_id(0), tl.program_id(1)
-        cols = vb * BLOCK + tl.arange(0, BLOCK)
+    def _philox_u(seed_ptr, pos_ptr, slot_ptr, r, cols, purpose, BLOCK: tl.constexpr):
+        """Row r's uniforms at vocab columns ``cols`` [BLOCK] (module docstring; :func:`uniforms_ref`'s bits)."""
         seed = tl.load(seed_ptr + r)
         k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
         k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
@@ -101,5 +137,37 @@ if triton is not None:
             c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
             k0 = k0 + 0x9E3779B9
             k1 = k1 + 0xBB67AE85
-        u = tl.minimum(((c0 >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08, 0.99999994039535522)  # U_MAX
+        return tl.minimum(((c0 >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08, 0.99999994039535522)  # U_MAX
+
+    @triton.jit
+    def _uniform_kernel(out_ptr, seed_ptr, pos_ptr, slot_ptr, V, purpose, BLOCK: tl.constexpr):
+        r, vb = tl.program_id(0), tl.program_id(1)
+        cols = vb * BLOCK + tl.arange(0, BLOCK)
+        u = _philox_u(seed_ptr, pos_ptr, slot_ptr, r, cols, purpose, BLOCK)
         tl.store(out_ptr + r * V + cols, u, mask=cols < V)
+
+    @triton.jit
+    def _race_block_kernel(w_ptr, seed_ptr, pos_ptr, slot_ptr, best_ptr, at_ptr, V, stride_w, purpose, NB,
+                           BLOCK: tl.constexpr, PDL: tl.constexpr):
+        """best[r, b], at[r, b]: the largest w / −log u of row r's block b and its lowest column (NaN counts as
+        the largest, as in torch.argmax; columns past V never win)."""
+        prologue(PDL)
+        r, vb = tl.program_id(0), tl.program_id(1)
+        cols = vb * BLOCK + tl.arange(0, BLOCK)
+        q = -tl.log(_philox_u(seed_ptr, pos_ptr, slot_ptr, r, cols, purpose, BLOCK))
+        w = tl.load(w_ptr + r.to(tl.int64) * stride_w + cols, mask=cols < V, other=0.0)
+        score = tl.math.div_rn(w, q)
+        score = tl.where(score != score, float("inf"), score)
+        score = tl.where(cols < V, score, float("-inf"))
+        i = tl.argmax(score, 0, tie_break_left=True)
+        tl.store(best_ptr + r * NB + vb, tl.max(score, 0))
+        tl.store(at_ptr + r * NB + vb, (vb * BLOCK + i).to(tl.int64))
+
+    @triton.jit
+    def _race_pick_kernel(best_ptr, at_ptr, out_ptr, NB_RUN, NB: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
+        r = tl.program_id(0)
+        b = tl.arange(0, NB)
+        best = tl.load(best_ptr + r * NB_RUN + b, mask=b < NB_RUN, other=float("-inf"))
+        i = tl.argmax(best, 0, tie_break_left=True)  # the first block holding the row's best: its lowest column
+        tl.store(out_ptr + r, tl.load(at_ptr + r * NB_RUN + i))
