@@ -45,10 +45,10 @@ def switched(module, settings: dict, fn):
             setattr(module, k, v)
 
 
-MHC_VARIANTS = {"default": {}, "finish 1 load": {"FINISH_LOADS": 1}, "one launch": {"ONE_LAUNCH": True},
-                "split ≤ 16": {"MIX_SPLIT_MAX": 16}, "split ≤ 64": {"MIX_SPLIT_MAX": 64},
-                "split ≤ 160": {"MIX_SPLIT_MAX": 160}}
-LINEAR_VARIANTS = {"default": {}, "sum after": {"SPLIT_REDUCE_BYTES": 0}}
+MHC_VARIANTS = {"default": {}, "finish 4 warps": {"FINISH_WARPS": 4}, "finish 8 loads": {"FINISH_LOADS": 8},
+                "one launch": {"ONE_LAUNCH": True}, "split ≤ 16": {"MIX_SPLIT_MAX": 16}}
+LINEAR_VARIANTS = {"default": {}, "sum after": {"SPLIT_REDUCE_BYTES": 0}, "slices ≥ 8 KB": {"MIN_SLICE_BYTES": 8 << 10},
+                   "slices ≥ 256 KB": {"MIN_SLICE_BYTES": 256 << 10}}
 
 
 def mhc_cells(tokens, reps, bw):

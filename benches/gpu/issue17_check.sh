@@ -13,6 +13,8 @@
 #   glue     (~5 min) the mHC and Triton linear kernel checks and the L2-prefetch test, glue_bench.py (mHC mixes,
 #            bf16 linears with float32 outputs, at their switches), kernel_bench.py linears at B = 1, 8 with
 #            wstream.L2_AHEAD 0, 1, 2.
+#   final    (~8 min) the race, uniforms, mHC and linear checks, host synchronisation, greedy tokens (fp8 records)
+#            and speculation's graphs vs eager; glue_bench.py; flash-slice-v41 B = 1, 64 and flash-slice-v4 B = 1.
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
@@ -59,6 +61,18 @@ case "${MODE:-tests}" in
     timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --l2-ahead 1,2 \
       > "$OUT/kernels.txt" 2>&1
     tail -20 "$OUT/kernels.txt" ;;
-  *) echo "MODE must be tests, engine, kernels, slices or glue"; exit 2 ;;
+  final)
+    timeout 240 $PT tests/test_gpu_fast.py -k "(triton_kernel_equals and (race or uniforms or mhc or linear)) or \
+      host_synchronisation or (greedy and deepseek_v41 and fp8) or speculation_replays" > "$OUT/tests4.txt" 2>&1 || rc=1
+    tail -8 "$OUT/tests4.txt"
+    timeout 120 python3 benches/gpu/glue_bench.py > "$OUT/glue.txt" 2>&1
+    tail -16 "$OUT/glue.txt"
+    timeout 170 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
+      --kv-cache-dtype fp8 --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
+    tail -4 "$OUT/fs_v41.txt"
+    timeout 90 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
+      --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
+    tail -3 "$OUT/fs_v4.txt" ;;
+  *) echo "MODE must be tests, engine, kernels, slices, glue or final"; exit 2 ;;
 esac
 exit $rc

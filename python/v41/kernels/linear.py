@@ -34,6 +34,10 @@ TARGET_PROGRAMS = 264  # ~2 waves of an H200's 132 SMs
 # after the kernel (measured on the H200 at 64 rows: 208–528 KB per tile summed in the kernel lost 1.5–5 µs to the
 # sum after; 32–64 KB won)
 SPLIT_REDUCE_BYTES = 128 << 10
+# Weight bytes per split-K program at least: on the H200 the indexer's weights_proj [32, 5120] (one tile, 40 slices
+# of 8 KB) took 9.4 µs with the sum in the kernel, 5.6 µs summed after it (glue_bench.py, benches/RESULTS.md
+# "2026-12-04 (afternoon)"): slices that read little leave the tile's last program a long sum.
+MIN_SLICE_BYTES = 64 << 10
 
 
 def linear_ref(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, groups: int = 1) -> Tensor:
@@ -170,7 +174,7 @@ def _linear_triton(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: i
         raise ValueError(f"tiles: BN {bn} must divide the {ng} output features of a group")
     grid_mn = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     n_kb = triton.cdiv(k_g, bk)
-    split = max(1, min(n_kb, TARGET_PROGRAMS // grid_mn))
+    split = max(1, min(n_kb, TARGET_PROGRAMS // grid_mn, bn * k_g * w.data.element_size() // MIN_SLICE_BYTES))
     k_split = triton.cdiv(n_kb, split) * bk
     split = triton.cdiv(k_g, k_split)
     mode = 0 if split == 1 else 2 if split * min(m, bm) * bn * 4 <= SPLIT_REDUCE_BYTES else 1

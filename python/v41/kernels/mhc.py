@@ -29,11 +29,14 @@ from .norm import rms_norm, rms_norm_ref
 ONE_LAUNCH = False
 # The collapse and the sub-layer's RMSNorm in one launch (hc_collapse_norm); False: the two launches (an A/B switch).
 FUSED_NORM = True
-# K slices of the mixes' split-K pass at most (fewer where the token blocks already give ~2 waves of programs), and
-# the slices' partials the finish loads at once. A B = 1 step's profile had the finish at ~6.8 µs per seam while it
-# summed 32 slices one load round trip after another (benches/RESULTS.md "2026-12-04 (afternoon)").
+# K slices of the mixes' split-K pass at most (fewer where the token blocks already give ~2 waves of programs); the
+# slices' partials the finish loads at once; the finish's warps. On the H200 (glue_bench.py, benches/RESULTS.md
+# "2026-12-04 (afternoon)") a seam's mixes took ~15 µs at any batch, 16 or 160 slices slower than 32, and 8 slices
+# per load slower than 1 (a reduction over a tile spread across warps): the finish's work is ~40 small reductions
+# (the Sinkhorn rounds), which one warp does with shuffles instead of shared memory and barriers.
 MIX_SPLIT_MAX = 32
-FINISH_LOADS = 8
+FINISH_LOADS = 1
+FINISH_WARPS = 1
 
 
 def hc_mixes_ref(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
@@ -86,7 +89,7 @@ def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters:
                                        **triton_kw(flat.device))
     if counters is None:
         _finish_kernel[(n_tb,)](part, scale, base, pre, post, comb, t, split, k, float(norm_eps), iters, hc_eps, BT=bt,
-                                LOADS=FINISH_LOADS, **triton_kw(part.device))
+                                LOADS=FINISH_LOADS, num_warps=FINISH_WARPS, **triton_kw(part.device))
     return pre, post, comb
 
 
