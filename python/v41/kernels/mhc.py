@@ -23,20 +23,19 @@ from .dispatch import triton, use_triton
 from .pdl import triton_kw
 from .norm import rms_norm, rms_norm_ref
 
-# One launch per seam instead of two (a B = 1 step's profile: 36 launches of ~8 µs for 18 seams, benches/RESULTS.md
-# "2026-12-03 (night)"). It passes on the H200 (check_mhc, bf16 and float32); timed there within noise of two
-# launches (benches/RESULTS.md "2026-12-03 (late night)"), so it stays off.
-ONE_LAUNCH = False
+# One launch per seam instead of two: the last program of a token block to arrive finishes it. On the H200
+# (glue_bench.py, benches/RESULTS.md "2026-12-04 (afternoon)") 14.4 / 14.7 / 16.3 µs per seam at 1 / 8 / 64 tokens
+# against 15.2 / 15.8 / 17.6 µs in two launches (within noise in an earlier call, "2026-12-03 (late night)").
+ONE_LAUNCH = True
 # The collapse and the sub-layer's RMSNorm in one launch (hc_collapse_norm); False: the two launches (an A/B switch).
 FUSED_NORM = True
 # K slices of the mixes' split-K pass at most (fewer where the token blocks already give ~2 waves of programs); the
-# slices' partials the finish loads at once; the finish's warps. On the H200 (glue_bench.py, benches/RESULTS.md
-# "2026-12-04 (afternoon)") a seam's mixes took ~15 µs at any batch, 16 or 160 slices slower than 32, and 8 slices
-# per load slower than 1 (a reduction over a tile spread across warps): the finish's work is ~40 small reductions
-# (the Sinkhorn rounds), which one warp does with shuffles instead of shared memory and barriers.
+# slices' partials the finish loads at once; the two-launch finish's warps. On the H200 (glue_bench.py,
+# benches/RESULTS.md "2026-12-04 (afternoon)"): 16 or 160 slices slower than 32, 8 slices per load slower than 1
+# (15.2 -> 19-46 µs per seam at B = 1), one warp slower than 4 (20.2 µs).
 MIX_SPLIT_MAX = 32
 FINISH_LOADS = 1
-FINISH_WARPS = 1
+FINISH_WARPS = 4
 
 
 def hc_mixes_ref(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
