@@ -29,13 +29,9 @@ from .norm import rms_norm, rms_norm_ref
 ONE_LAUNCH = True
 # The collapse and the sub-layer's RMSNorm in one launch (hc_collapse_norm); False: the two launches (an A/B switch).
 FUSED_NORM = True
-# K slices of the mixes' split-K pass at most (fewer where the token blocks already give ~2 waves of programs); the
-# slices' partials the finish loads at once; the two-launch finish's warps. On the H200 (glue_bench.py,
-# benches/RESULTS.md "2026-12-04 (afternoon)"): 16 or 160 slices slower than 32, 8 slices per load slower than 1
-# (15.2 -> 19-46 µs per seam at B = 1), one warp slower than 4 (20.2 µs).
+# K slices of the mixes' split-K pass at most (fewer where the token blocks already give ~2 waves of programs). On
+# the H200 (glue_bench.py, benches/RESULTS.md "2026-12-04 (afternoon)") 16 or 160 slices were slower than 32.
 MIX_SPLIT_MAX = 32
-FINISH_LOADS = 1
-FINISH_WARPS = 4
 
 
 def hc_mixes_ref(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
@@ -84,11 +80,11 @@ def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters:
     scale, base = scale.float().contiguous(), base.float().contiguous()
     _mix_partial_kernel[(n_tb, split)](flat, fn.float().contiguous(), part, part if counters is None else counters,
                                        scale, base, pre, post, comb, t, k, k_split, flat.stride(0), float(norm_eps),
-                                       iters, hc_eps, BT=bt, BK=bk, PREC=prec, FUSED=counters is not None, LOADS=FINISH_LOADS,
+                                       iters, hc_eps, BT=bt, BK=bk, PREC=prec, FUSED=counters is not None,
                                        **triton_kw(flat.device))
     if counters is None:
         _finish_kernel[(n_tb,)](part, scale, base, pre, post, comb, t, split, k, float(norm_eps), iters, hc_eps, BT=bt,
-                                LOADS=FINISH_LOADS, num_warps=FINISH_WARPS, **triton_kw(part.device))
+                                **triton_kw(part.device))
     return pre, post, comb
 
 
@@ -158,7 +154,7 @@ if triton is not None:
     @triton.jit
     def _mix_partial_kernel(h_ptr, fn_ptr, part_ptr, count_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, K,
                             K_SPLIT, stride_h, NORM_EPS, ITERS, EPS, BT: tl.constexpr, BK: tl.constexpr,
-                            PREC: tl.constexpr, FUSED: tl.constexpr, LOADS: tl.constexpr, PDL: tl.constexpr):
+                            PREC: tl.constexpr, FUSED: tl.constexpr, PDL: tl.constexpr):
         """partial[s, t, 0:24] = Σ_{k in split s} fn[:, k]·h[t, k]; partial[s, t, 24] = Σ h[t, k]² (float32).
         FUSED: the token block's last program to arrive (``count_ptr``, reset by it) also finishes the block."""
         prologue(PDL)
@@ -184,21 +180,21 @@ if triton is not None:
             tl.debug_barrier()
             if tl.atomic_add(count_ptr + pid_t, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
                 _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, tl.num_programs(1), K,
-                             NORM_EPS, ITERS, EPS, BT, LOADS, ".cg")
+                             NORM_EPS, ITERS, EPS, BT, ".cg")
                 tl.atomic_xchg(count_ptr + pid_t, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
     def _finish_kernel(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, SPLIT, K, NORM_EPS, ITERS, EPS,
-                       BT: tl.constexpr, LOADS: tl.constexpr, PDL: tl.constexpr):
+                       BT: tl.constexpr, PDL: tl.constexpr):
         prologue(PDL)
         rt = tl.program_id(0) * BT + tl.arange(0, BT)
         _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, SPLIT, K, NORM_EPS, ITERS, EPS,
-                     BT, LOADS, "")
+                     BT, "")
 
     @triton.jit
     def _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, SPLIT, K, NORM_EPS, ITERS, EPS,
-                     BT: tl.constexpr, LOADS: tl.constexpr, CACHE: tl.constexpr):
-        """pre, post, comb of the tokens ``rt`` from the SPLIT partial planes, LOADS slices at a time (CACHE ".cg":
+                     BT: tl.constexpr, CACHE: tl.constexpr):
+        """pre, post, comb of the tokens ``rt`` from the SPLIT partial planes, summed in slice order (CACHE ".cg":
         loads past L1, which does not see other SMs' writes)."""
         tmask = rt < T
         r4 = tl.arange(0, 4)
@@ -207,20 +203,12 @@ if triton is not None:
         post_w = tl.zeros([BT, 4], dtype=tl.float32)
         comb_w = tl.zeros([BT, 16], dtype=tl.float32)
         ss = tl.zeros([BT], dtype=tl.float32)
-        rl = tl.arange(0, LOADS)
-        for s0 in range(0, SPLIT, LOADS):
-            # LOADS slices' planes in one load each (one L2 round trip per LOADS slices, not per slice as a plain
-            # loop's dependent adds made it), summed over the slices by a fixed tree, chunks in slice order
-            sl = s0 + rl
-            m3 = (sl < SPLIT)[:, None, None] & tmask[None, :, None]
-            row = ((sl[:, None] * T + rt[None, :]) * 32)[:, :, None]
-            pre_w += tl.sum(tl.load(part_ptr + row + r4[None, None, :], mask=m3, other=0.0, cache_modifier=CACHE), 0)
-            post_w += tl.sum(tl.load(part_ptr + row + 4 + r4[None, None, :], mask=m3, other=0.0, cache_modifier=CACHE),
-                             0)
-            comb_w += tl.sum(tl.load(part_ptr + row + 8 + r16[None, None, :], mask=m3, other=0.0,
-                                     cache_modifier=CACHE), 0)
-            ss += tl.sum(tl.load(part_ptr + (sl[:, None] * T + rt[None, :]) * 32 + 24,
-                                 mask=(sl < SPLIT)[:, None] & tmask[None, :], other=0.0, cache_modifier=CACHE), 0)
+        for s in range(0, SPLIT):
+            row = (s * T + rt[:, None]) * 32
+            pre_w += tl.load(part_ptr + row + r4[None, :], mask=tmask[:, None], other=0.0, cache_modifier=CACHE)
+            post_w += tl.load(part_ptr + row + 4 + r4[None, :], mask=tmask[:, None], other=0.0, cache_modifier=CACHE)
+            comb_w += tl.load(part_ptr + row + 8 + r16[None, :], mask=tmask[:, None], other=0.0, cache_modifier=CACHE)
+            ss += tl.load(part_ptr + (s * T + rt) * 32 + 24, mask=tmask, other=0.0, cache_modifier=CACHE)
         r = tl.rsqrt(ss / K + NORM_EPS)[:, None]
         s0 = tl.load(scale_ptr)
         s1 = tl.load(scale_ptr + 1)
