@@ -139,7 +139,11 @@ def check_window_pool(device: str, dtype: torch.dtype, g: torch.Generator):
     got = window_pool.pool_windows(*args, value, gate, state.to(device))
     want = window_pool.pool_windows_ref(*[a.cpu() for a in args], value.double().cpu(), gate.double().cpu(),
                                         state.double())
-    return [("window_pool/mixed", rel(got.cpu(), want), 1e-5)]
+    fused = torch.cat([value, gate, value[:, :7]], dim=1)  # value and gate as column views of one GEMM's output
+    poison(device)
+    views = window_pool.pool_windows(*args, fused[:, :c], fused[:, c:2 * c], state.to(device))
+    return [("window_pool/mixed", rel(got.cpu(), want), 1e-5),
+            ("window_pool/column views", 0.0 if torch.equal(views, got) else float("inf"), 0.0)]
 
 
 def check_attention(device: str, dtype: torch.dtype, g: torch.Generator):
@@ -345,6 +349,14 @@ def check_norm_rope_swiglu(device: str, dtype: torch.dtype, g: torch.Generator):
         out.append((f"rms_norm_rope/{d}", rel(y, r), tol(dtype)))
         two = rope.rope(norm.rms_norm(x, 1e-6, w), cos, sin)  # the two launches it replaces: the same bits
         out.append((f"rms_norm_rope/{d}/bits", 0.0 if torch.equal(y, two) else float("inf"), 0.0))
+        # a column view of a wider row (a fused GEMM's output, models/fast/fused.py), read in place: the same bits
+        wide = torch.cat([(torch.randn(5, 40, generator=g) * 3).to(device, dtype), x,
+                          torch.randn(5, 8, generator=g).to(device, dtype)], dim=1)
+        view = wide[:, 40:40 + d]
+        poison(device)
+        same = torch.equal(rope.rms_norm_rope(view, 1e-6, w, cos, sin), y) and \
+            torch.equal(norm.rms_norm(view, 1e-6, w), norm.rms_norm(x, 1e-6, w))
+        out.append((f"rms_norm_rope, rms_norm/{d}/column view", 0.0 if same else float("inf"), 0.0))
     pair_w = torch.rand(5, 3, generator=g).to(device)  # routing weights [T, k], read through the pairs' order
     order = torch.randperm(15, generator=g)[:9].to(device)
     poison(device)

@@ -21,14 +21,17 @@ def rms_norm_ref(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
 
 
 def rms_norm(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor:
-    """:func:`rms_norm_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
+    """:func:`rms_norm_ref` as one Triton launch where :func:`.dispatch.use_triton` says so. A 2-D x may be a view
+    of whole rows' columns (unit column stride, e.g. one projection's columns of a fused GEMM's output): it is read
+    in place; the result is contiguous."""
     n = x.shape[-1]
     if x.dtype not in TRITON_DTYPES or n > 16384 or x.numel() == 0 or not use_triton(x):
         return rms_norm_ref(x, eps, weight)
-    xc = x.contiguous()
-    out = torch.empty_like(xc)
+    xc = x if x.dim() == 2 and x.stride(1) == 1 else x.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rows = xc.numel() // n
-    _rms_kernel[(rows,)](xc, out, xc if weight is None else weight, n, float(eps), HAS_W=weight is not None,
+    stride = xc.stride(0) if xc.dim() == 2 else n
+    _rms_kernel[(rows,)](xc, out, xc if weight is None else weight, n, stride, float(eps), HAS_W=weight is not None,
                          BLOCK=triton.next_power_of_2(n), **triton_kw(xc.device))
     return out
 
@@ -38,12 +41,13 @@ if triton is not None:
     from .pdl import prologue
 
     @triton.jit
-    def _rms_kernel(x_ptr, y_ptr, w_ptr, N, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _rms_kernel(x_ptr, y_ptr, w_ptr, N, stride_x, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr,
+                    PDL: tl.constexpr):
         prologue(PDL)
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < N
-        x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
         if HAS_W:
             y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)

@@ -51,15 +51,16 @@ def rms_norm_rope_ref(x: Tensor, eps: float, weight: Tensor, cos: Tensor, sin: T
 def rms_norm_rope(x: Tensor, eps: float, weight: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """:func:`rms_norm_rope_ref` in one Triton launch (one program per row: the RMSNorm's reduction as
     :func:`.norm.rms_norm` runs it, the rotation as :func:`rope` does, so the bits are those of the two launches)
-    where :func:`.dispatch.use_triton` says so; a cache write's prologue (kv_norm, the index keys' k_norm)."""
+    where :func:`.dispatch.use_triton` says so; a cache write's prologue (kv_norm, the index keys' k_norm). x may be
+    a view of whole rows' columns (unit column stride): read in place; the result is contiguous."""
     if (x.dim() != 2 or x.dtype not in TRITON_DTYPES or x.numel() == 0 or x.shape[-1] > 16384
             or not use_triton(x, weight)):
         return rms_norm_rope_ref(x, eps, weight, cos, sin)
-    xc = x.contiguous()
-    out = torch.empty_like(xc)
+    xc = x if x.stride(1) == 1 else x.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     t, d = xc.shape
-    _norm_rope_kernel[(t,)](xc, out, weight, cos.float().contiguous(), sin.float().contiguous(), d, cos.shape[-1],
-                            float(eps), BLOCK=triton.next_power_of_2(d), **triton_kw(xc.device))
+    _norm_rope_kernel[(t,)](xc, out, weight, cos.float().contiguous(), sin.float().contiguous(), d, xc.stride(0),
+                            cos.shape[-1], float(eps), BLOCK=triton.next_power_of_2(d), **triton_kw(xc.device))
     return out
 
 
@@ -74,19 +75,19 @@ if triton is not None:
         return tl.where(rot, x * c + tl.where(odd, xp * s, -xp * s), x)
 
     @triton.jit
-    def _norm_rope_kernel(x_ptr, y_ptr, w_ptr, cos_ptr, sin_ptr, D, HALF, eps, BLOCK: tl.constexpr,
+    def _norm_rope_kernel(x_ptr, y_ptr, w_ptr, cos_ptr, sin_ptr, D, stride_x, HALF, eps, BLOCK: tl.constexpr,
                           PDL: tl.constexpr):
         prologue(PDL)
         t = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < D
-        x = tl.load(x_ptr + t * D + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + t * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
         r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)  # norm.py's _rms_kernel: the same reduction, the same bits
         y = (x * r * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)).to(y_ptr.dtype.element_ty)
         start = D - 2 * HALF
         rot = (cols >= start) & mask
         pair = tl.where(rot, cols ^ 1, cols)
-        xp = tl.load(x_ptr + t * D + pair, mask=rot, other=0.0).to(tl.float32)
+        xp = tl.load(x_ptr + t * stride_x + pair, mask=rot, other=0.0).to(tl.float32)
         yp = (xp * r * tl.load(w_ptr + pair, mask=rot, other=0.0).to(tl.float32)).to(y_ptr.dtype.element_ty)
         i = tl.where(rot, (cols - start) // 2, 0)
         c = tl.load(cos_ptr + t * HALF + i, mask=rot, other=1.0)

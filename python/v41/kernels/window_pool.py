@@ -58,9 +58,13 @@ def pool_windows(rows: Tensor, valid: Tensor, continues: Tensor, state_row: Tens
     c = value.shape[1]
     out = torch.empty(s, 3, c, dtype=torch.float32, device=value.device)
     block = min(256, triton.next_power_of_2(c))
-    v, g, st = value.contiguous(), gate.contiguous(), state.contiguous()
+    # value and gate may be column views of one fused GEMM's output (unit column stride): read in place
+    v = value if value.stride(1) == 1 else value.contiguous()
+    g = gate if gate.stride(1) == 1 else gate.contiguous()
+    st = state.contiguous()
     _pool_kernel[(s, triton.cdiv(c, block))](rows.contiguous(), valid.contiguous(), continues.contiguous(),
-                                             state_row.contiguous(), v, g, st, out, c, width, BLOCK=block)
+                                             state_row.contiguous(), v, g, st, out, c, width, v.stride(0),
+                                             g.stride(0), BLOCK=block)
     return out
 
 
@@ -68,8 +72,8 @@ if triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def _pool_kernel(rows_ptr, valid_ptr, cont_ptr, srow_ptr, v_ptr, g_ptr, state_ptr, out_ptr, C, L,
-                     BLOCK: tl.constexpr):
+    def _pool_kernel(rows_ptr, valid_ptr, cont_ptr, srow_ptr, v_ptr, g_ptr, state_ptr, out_ptr, C, L, stride_v,
+                     stride_g, BLOCK: tl.constexpr):
         seg, cb = tl.program_id(0), tl.program_id(1)
         cols = cb * BLOCK + tl.arange(0, BLOCK)
         cmask = cols < C
@@ -87,8 +91,8 @@ if triton is not None:
             ok = tl.load(valid_ptr + seg * L + j) != 0
             if ok:
                 row = tl.load(rows_ptr + seg * L + j).to(tl.int64)
-                g = tl.load(g_ptr + row * C + cols, mask=cmask, other=0.0)
-                v = tl.load(v_ptr + row * C + cols, mask=cmask, other=0.0)
+                g = tl.load(g_ptr + row * stride_g + cols, mask=cmask, other=0.0)
+                v = tl.load(v_ptr + row * stride_v + cols, mask=cmask, other=0.0)
                 m_new = tl.maximum(m, g)  # g is finite, so m_new is
                 f = tl.exp(m - m_new)  # exp(−inf) = 0 for an empty running set
                 e = tl.exp(g - m_new)

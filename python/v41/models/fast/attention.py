@@ -29,6 +29,7 @@ from .cache import FastCache
 from .compress import Segments
 from ...kernels.norm import rms_norm
 from ...kernels.rope import rope
+from .fused import SiblingLinears
 from .layers import PackedLinear, RMSNorm, Rope
 
 
@@ -122,12 +123,15 @@ class FastAttention(nn.Module):
         in_g = cfg.num_attention_heads * hd // cfg.o_groups
         self.wo_a = PackedLinear(in_g, self.n_groups * cfg.o_lora_rank, groups=self.n_groups)
         self.wo_b = PackedLinear(self.n_groups * cfg.o_lora_rank, d, fp8_input=True)
+        # projections of x run as one GEMM each (:mod:`.fused`; stacked by FastModel.fuse_siblings after loading)
+        self.siblings = {"latents": SiblingLinears([self.wq_a, self.wkv])}
 
     def forward(self, x: Tensor, ctx: StepContext) -> Tensor:
         """x [T, D] normalized sub-layer input → [T, D] (full on every rank)."""
         cos, sin = ctx.rope[self.rope_key]
-        written = beside(lambda: self.write_caches(x, ctx), x, "cache_writes")  # beside the query projections
-        qr = self.q_norm(self.wq_a(x))
+        proj = self.project(x)
+        written = beside(lambda: self.write_caches(x, proj, ctx), x, "cache_writes")  # beside the query path
+        qr = self.q_norm(proj["wq_a"])
         q = self.wq_b(qr).view(x.shape[0], self.n_heads, self.head_dim)
         if self.q_head_norm:
             q = rms_norm(q, self.cfg.rms_norm_eps)
@@ -136,7 +140,7 @@ class FastAttention(nn.Module):
         lid = self.plan.layer_id
         sources = [(ctx.cache.tensors["swa"][lid], ctx.window_slots)]
         records = [ctx.cache.records["swa"]]
-        extra = self.compressed_source(x, qr, ctx)
+        extra = self.compressed_source(x, qr, proj, ctx)
         if extra is not None:
             sources.append(extra)
             records.append(ctx.cache.records[f"ckv{self.plan.ratio}"])
@@ -144,19 +148,26 @@ class FastAttention(nn.Module):
         o = rope(o, cos, sin, inverse=True)
         return self.tp.all_reduce(self.wo_b(self.wo_a(o.reshape(x.shape[0], -1))))
 
-    def write_caches(self, x: Tensor, ctx: StepContext) -> None:
-        """This step's cache entries from x alone: the window KV row of each token (``swa``) and, in subclasses,
-        the compressed entries and index keys the step closes (:meth:`write_entries`). Queued on the side stream,
-        where :mod:`v41.kernels.side_stream` is enabled, while the queries are projected."""
-        cos, sin = ctx.rope[self.rope_key]
-        kv = self.kv_norm.with_rope(self.wkv(x), cos, sin)
-        ctx.cache.store("swa", self.plan.layer_id, ctx.batch.slot_mapping["swa"], kv)
-        self.write_entries(x, ctx)
+    def project(self, x: Tensor) -> dict[str, Tensor]:
+        """The projections of x by name (``wq_a``, ``wkv``; subclasses add theirs), [T, out] each, computed by
+        :attr:`siblings` (one GEMM per group once fused; each output may be a column view)."""
+        q_lat, kv_lat = self.siblings["latents"](x)
+        return {"wq_a": q_lat, "wkv": kv_lat}
 
-    def write_entries(self, x: Tensor, ctx: StepContext) -> None:
+    def write_caches(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
+        """This step's cache entries from x and its projections: the window KV row of each token (``swa``) and, in
+        subclasses, the compressed entries and index keys the step closes (:meth:`write_entries`). Queued on the
+        side stream, where :mod:`v41.kernels.side_stream` is enabled, while the queries are projected."""
+        cos, sin = ctx.rope[self.rope_key]
+        kv = self.kv_norm.with_rope(proj["wkv"], cos, sin)
+        ctx.cache.store("swa", self.plan.layer_id, ctx.batch.slot_mapping["swa"], kv)
+        self.write_entries(x, proj, ctx)
+
+    def write_entries(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         """Compressed entries closed in this step (none for window-only layers)."""
 
-    def compressed_source(self, x: Tensor, qr: Tensor, ctx: StepContext) -> tuple[Tensor, Tensor] | None:
+    def compressed_source(self, x: Tensor, qr: Tensor, proj: dict[str, Tensor],
+                          ctx: StepContext) -> tuple[Tensor, Tensor] | None:
         """(cache, slots [T, K]) of the compressed entries each query attends to, after :meth:`write_caches`;
         None for window-only layers."""
         return None

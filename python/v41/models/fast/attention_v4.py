@@ -21,6 +21,7 @@ from ...kernels.topk import select_topk
 from ...kernels.window_pool import NEG, combine_triples
 from .attention import FastAttention, StepContext, index_row_chunks
 from .compress import finish, pool_step
+from .fused import SiblingLinears
 from .layers import PackedLinear, RMSNorm
 
 
@@ -37,10 +38,10 @@ class WindowCompressor(nn.Module):
         self.norm = RMSNorm(width, eps)
         self.width, self.ratio = width, ratio
 
-    def series(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """(values, gates + ape) [T, c·width] of every token in ≥ float32."""
-        ct = torch.promote_types(x.dtype, torch.float32)
-        return self.wkv(x, ct), self.wgate(x, ct) + self.ape.to(ct)[pos % self.ratio]
+    def series(self, value: Tensor, gate: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """(values, gates + ape) [T, c·width] of every token from its projections ``wkv(x)``, ``wgate(x)`` in
+        ≥ float32."""
+        return value, gate + self.ape.to(gate.dtype)[pos % self.ratio]
 
 
 class IndexerV4(nn.Module):
@@ -66,33 +67,46 @@ class V4Attention(FastAttention):
             self.compressor = WindowCompressor(cfg.hidden_size, cfg.head_dim, plan.ratio, self.csa, cfg.rms_norm_eps)
             if self.csa:
                 self.indexer = IndexerV4(cfg, plan.ratio)
+            # the compressors' projections (and the indexer's weights) of x, float32 outputs, in one GEMM
+            wide = {"comp.wkv": self.compressor.wkv, "comp.wgate": self.compressor.wgate}
+            if self.csa:
+                ic = self.indexer.compressor
+                wide.update({"idx.wkv": ic.wkv, "idx.wgate": ic.wgate, "weights_proj": self.indexer.weights_proj})
+            self.siblings["float32"] = SiblingLinears(list(wide.values()))
+            self._wide = list(wide)
 
-    def write_entries(self, x: Tensor, ctx: StepContext) -> None:
+    def project(self, x: Tensor) -> dict[str, Tensor]:
+        proj = super().project(x)
+        if "float32" in self.siblings:
+            proj.update(zip(self._wide, self.siblings["float32"](x, torch.promote_types(x.dtype, torch.float32))))
+        return proj
+
+    def write_entries(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         if self.plan.ratio > 0:
-            self._compress(x, ctx)
+            self._compress(x, proj, ctx)
 
-    def compressed_source(self, x: Tensor, qr: Tensor, ctx: StepContext):
+    def compressed_source(self, x: Tensor, qr: Tensor, proj: dict[str, Tensor], ctx: StepContext):
         if self.plan.ratio == 0:
             return None
         r, lid = self.plan.ratio, self.plan.layer_id
         kind = f"ckv{r}"
         if self.csa:
-            ids = self._select(x, qr, ctx)
+            ids = self._select(x, qr, proj, ctx)
         else:
             ent = torch.arange(ctx.n_max[r], device=x.device)[None, :]
             ids = torch.where(ent < ctx.n_visible[r][:, None], ent, torch.full_like(ent, -1))
         return ctx.cache.tensors[kind][lid], ctx.entry_slots(kind, ids)
 
-    def _compress(self, x: Tensor, ctx: StepContext) -> None:
+    def _compress(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         """Pool this step's windows; write the closed entries (RoPE at ``j·r``) to ``ckv{r}`` (and the index keys
         to ``idx{r}``, the A triples to ``cov{r}`` for CSA)."""
         r, lid, hd = self.plan.ratio, self.plan.layer_id, self.head_dim
         seg = ctx.segments[r]
         pos = ctx.batch.positions
-        value, gate = self.compressor.series(x, pos)
+        value, gate = self.compressor.series(proj["comp.wkv"], proj["comp.wgate"], pos)
         if self.csa:
             di = self.indexer.head_dim
-            iv, ig = self.indexer.compressor.series(x, pos)
+            iv, ig = self.indexer.compressor.series(proj["idx.wkv"], proj["idx.wgate"], pos)
             value = torch.cat([value[:, :hd], iv[:, :di], value[:, hd:], iv[:, di:]], dim=1)
             gate = torch.cat([gate[:, :hd], ig[:, :di], gate[:, hd:], ig[:, di:]], dim=1)
         m, s, a = pool_step(seg, value, gate, ctx.cache.state[lid])
@@ -117,12 +131,12 @@ class V4Attention(FastAttention):
         return (torch.where(has, t[:, 0], torch.full_like(t[:, 0], NEG)), torch.where(has, t[:, 1], 0.0),
                 torch.where(has, t[:, 2], 0.0))
 
-    def _select(self, x: Tensor, qr: Tensor, ctx: StepContext) -> Tensor:
+    def _select(self, x: Tensor, qr: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> Tensor:
         """The indexer's top-k entry ids per query [T, min(index_topk, N)] (−1 = none)."""
         ix, r, lid = self.indexer, self.plan.ratio, self.plan.layer_id
         cos, sin = ctx.rope[self.rope_key]
         q = rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
-        w = ix.weights_proj(x, torch.promote_types(x.dtype, torch.float32)) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+        w = proj["weights_proj"] * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
         kind, b, n = f"idx{r}", ctx.batch, ctx.n_max[r]
         picks = []
         for rows in index_row_chunks(x.shape[0], n, ctx.index_scratch_bytes):  # bounded [rows, N] scratch

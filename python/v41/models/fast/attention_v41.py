@@ -17,6 +17,7 @@ from ...kernels.topk import select_topk
 from .attention import FastAttention, StepContext, index_row_chunks
 from .compress import finish, pool_step
 from ...kernels.rope import rope
+from .fused import SiblingLinears
 from .layers import PackedLinear, RMSNorm
 
 
@@ -57,19 +58,33 @@ class CSA2Attention(FastAttention):
             self.compressor = Compressor(cfg, plan.ratio)
         if plan.is_index_source:
             self.indexer = Indexer(cfg, plan.owns_index_keys)
+        # the float32-output projections of x (a ratio-2 compressor's wkv and wgate, the indexer's weights) in one GEMM
+        wide = {"comp.wkv": self.compressor.wkv, "comp.wgate": self.compressor.wgate} \
+            if plan.owns_compressor and plan.ratio == 2 else {}
+        if plan.is_index_source:
+            wide["weights_proj"] = self.indexer.weights_proj
+        if len(wide) > 1:
+            self.siblings["float32"] = SiblingLinears(list(wide.values()))
+            self._wide = list(wide)
 
-    def write_entries(self, x: Tensor, ctx: StepContext) -> None:
+    def project(self, x: Tensor) -> dict[str, Tensor]:
+        proj = super().project(x)
+        if "float32" in self.siblings:
+            proj.update(zip(self._wide, self.siblings["float32"](x, torch.promote_types(x.dtype, torch.float32))))
+        return proj
+
+    def write_entries(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         if self.plan.owns_compressor:
-            self._write_entries(x, ctx)
+            self._write_entries(x, proj, ctx)
 
-    def compressed_source(self, x: Tensor, qr: Tensor, ctx: StepContext):
+    def compressed_source(self, x: Tensor, qr: Tensor, proj: dict[str, Tensor], ctx: StepContext):
         plan = self.plan
         if plan.is_index_source:
-            ctx.topk[plan.layer_id] = self._select(x, qr, ctx)
+            ctx.topk[plan.layer_id] = self._select(x, qr, proj, ctx)
         kind = f"ckv{plan.ratio}"
         return ctx.cache.tensors[kind][plan.kv_src], ctx.entry_slots(kind, ctx.topk[plan.idx_src])
 
-    def _write_entries(self, x: Tensor, ctx: StepContext) -> None:
+    def _write_entries(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         """Entries closed in this step → RoPE at ``j·r`` → ``ckv{r}``; index keys from the pre-RoPE latent →
         ``idx{r}`` (§3.6, §3.7 step 1)."""
         comp, r, lid = self.compressor, self.plan.ratio, self.plan.layer_id
@@ -82,21 +97,22 @@ class CSA2Attention(FastAttention):
             ctx.write(f"ckv{r}", lid, rows, rope(latent, cos, sin))
             return
         seg = ctx.segments[r]
-        ct = torch.promote_types(x.dtype, torch.float32)
-        m, s, a = pool_step(seg, comp.wkv(x, ct), comp.wgate(x, ct), ctx.cache.state[lid])
+        m, s, a = pool_step(seg, proj["comp.wkv"], proj["comp.wgate"], ctx.cache.state[lid])
         pooled = finish(m, s, a)
         latent = comp.norm((pooled.to(torch.bfloat16) if comp.deployed else pooled).to(x.dtype))
         cos, sin = ctx.closed_rope(self.rope_key, r)
         ctx.write_closed(f"idx{r}", lid, seg, ix.k_norm.with_rope(ix.wk(latent), cos, sin))
         ctx.write_closed(f"ckv{r}", lid, seg, rope(latent, cos, sin))
 
-    def _select(self, x: Tensor, qr: Tensor, ctx: StepContext) -> Tensor:
+    def _select(self, x: Tensor, qr: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> Tensor:
         """This index source's top-k entry ids per query [T, min(index_topk, N)] (−1 = none), §3.7 steps 2–7."""
         cfg, plan, ix = self.cfg, self.plan, self.indexer
         r = plan.ratio
         cos, sin = ctx.rope[self.rope_key]
         q = rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
-        w = ix.weights_proj(x, torch.promote_types(x.dtype, torch.float32)) * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+        w = proj["weights_proj"] if "weights_proj" in proj else \
+            ix.weights_proj(x, torch.promote_types(x.dtype, torch.float32))
+        w = w * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
         kind = f"idx{r}"
         record = ctx.cache.records[kind]
         if record is not None:  # MXFP4 keys are scored against MXFP4 queries, as the deployed kernel does (§2)

@@ -133,6 +133,7 @@ def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise RuntimeError(f"fast model tensors left unloaded (a loader bug): {left[:10]}")
+    model.fuse_siblings()
     return model.eval()
 
 

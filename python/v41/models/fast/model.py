@@ -76,6 +76,11 @@ class FastModel(nn.Module):
         draft_tp = self.tp if draft_sharded else SINGLE  # replicated stages: no collective inside them
         self.drafter = FastDrafter(cfg, draft_tp, self.ropes["base"], self.head) if lookahead_tokens else None
 
+    def fuse_siblings(self) -> int:
+        """Stack the weights of every module's sibling projections (``siblings``: :class:`.fused.SiblingLinears`)
+        after loading, so each group runs as one GEMM; returns how many groups were stacked."""
+        return sum(g.fuse() for m in self.modules() for g in getattr(m, "siblings", {}).values())
+
     def set_numerics(self, numerics: str) -> None:
         """``exact`` or ``deployed`` (docs/numerics.md §4): the activation half of deployed numerics, i.e. FP8
         quantize-dequantize of the inputs of the FP8 GEMMs and the reference's bf16 casts (the cache half is
