@@ -123,8 +123,9 @@ class FastAttention(nn.Module):
         in_g = cfg.num_attention_heads * hd // cfg.o_groups
         self.wo_a = PackedLinear(in_g, self.n_groups * cfg.o_lora_rank, groups=self.n_groups)
         self.wo_b = PackedLinear(self.n_groups * cfg.o_lora_rank, d, fp8_input=True)
-        # projections of x run as one GEMM each (:mod:`.fused`; stacked by FastModel.fuse_siblings after loading)
+        # projections of x run as one GEMM per group (:mod:`.fused`; stacked by FastModel.fuse_siblings after loading)
         self.siblings = {"latents": SiblingLinears([self.wq_a, self.wkv])}
+        self._wide: list[str] = []
 
     def forward(self, x: Tensor, ctx: StepContext) -> Tensor:
         """x [T, D] normalized sub-layer input → [T, D] (full on every rank)."""
@@ -148,11 +149,21 @@ class FastAttention(nn.Module):
         o = rope(o, cos, sin, inverse=True)
         return self.tp.all_reduce(self.wo_b(self.wo_a(o.reshape(x.shape[0], -1))))
 
+    def add_wide_siblings(self, named: dict[str, PackedLinear]) -> None:
+        """Subclasses' projections of x with float32 (≥ the compute dtype) outputs, by name: compressors and the
+        indexer's weights; two or more run as one GEMM (:meth:`project` returns them under these names)."""
+        if len(named) > 1:
+            self.siblings["float32"] = SiblingLinears(list(named.values()))
+            self._wide = list(named)
+
     def project(self, x: Tensor) -> dict[str, Tensor]:
-        """The projections of x by name (``wq_a``, ``wkv``; subclasses add theirs), [T, out] each, computed by
-        :attr:`siblings` (one GEMM per group once fused; each output may be a column view)."""
+        """The projections of x by name (``wq_a``, ``wkv`` and those of :meth:`add_wide_siblings`), [T, out] each,
+        computed by :attr:`siblings` (one GEMM per group once fused; each output may be a column view)."""
         q_lat, kv_lat = self.siblings["latents"](x)
-        return {"wq_a": q_lat, "wkv": kv_lat}
+        proj = {"wq_a": q_lat, "wkv": kv_lat}
+        if self._wide:
+            proj.update(zip(self._wide, self.siblings["float32"](x, torch.promote_types(x.dtype, torch.float32))))
+        return proj
 
     def write_caches(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         """This step's cache entries from x and its projections: the window KV row of each token (``swa``) and, in

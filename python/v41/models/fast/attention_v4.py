@@ -21,7 +21,6 @@ from ...kernels.topk import select_topk
 from ...kernels.window_pool import NEG, combine_triples
 from .attention import FastAttention, StepContext, index_row_chunks
 from .compress import finish, pool_step
-from .fused import SiblingLinears
 from .layers import PackedLinear, RMSNorm
 
 
@@ -67,19 +66,11 @@ class V4Attention(FastAttention):
             self.compressor = WindowCompressor(cfg.hidden_size, cfg.head_dim, plan.ratio, self.csa, cfg.rms_norm_eps)
             if self.csa:
                 self.indexer = IndexerV4(cfg, plan.ratio)
-            # the compressors' projections (and the indexer's weights) of x, float32 outputs, in one GEMM
             wide = {"comp.wkv": self.compressor.wkv, "comp.wgate": self.compressor.wgate}
             if self.csa:
                 ic = self.indexer.compressor
                 wide.update({"idx.wkv": ic.wkv, "idx.wgate": ic.wgate, "weights_proj": self.indexer.weights_proj})
-            self.siblings["float32"] = SiblingLinears(list(wide.values()))
-            self._wide = list(wide)
-
-    def project(self, x: Tensor) -> dict[str, Tensor]:
-        proj = super().project(x)
-        if "float32" in self.siblings:
-            proj.update(zip(self._wide, self.siblings["float32"](x, torch.promote_types(x.dtype, torch.float32))))
-        return proj
+            self.add_wide_siblings(wide)
 
     def write_entries(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         if self.plan.ratio > 0:

@@ -17,7 +17,6 @@ from ...kernels.topk import select_topk
 from .attention import FastAttention, StepContext, index_row_chunks
 from .compress import finish, pool_step
 from ...kernels.rope import rope
-from .fused import SiblingLinears
 from .layers import PackedLinear, RMSNorm
 
 
@@ -58,20 +57,12 @@ class CSA2Attention(FastAttention):
             self.compressor = Compressor(cfg, plan.ratio)
         if plan.is_index_source:
             self.indexer = Indexer(cfg, plan.owns_index_keys)
-        # the float32-output projections of x (a ratio-2 compressor's wkv and wgate, the indexer's weights) in one GEMM
+        # a ratio-1 compressor's wkv returns the compute dtype: it stays apart
         wide = {"comp.wkv": self.compressor.wkv, "comp.wgate": self.compressor.wgate} \
             if plan.owns_compressor and plan.ratio == 2 else {}
         if plan.is_index_source:
             wide["weights_proj"] = self.indexer.weights_proj
-        if len(wide) > 1:
-            self.siblings["float32"] = SiblingLinears(list(wide.values()))
-            self._wide = list(wide)
-
-    def project(self, x: Tensor) -> dict[str, Tensor]:
-        proj = super().project(x)
-        if "float32" in self.siblings:
-            proj.update(zip(self._wide, self.siblings["float32"](x, torch.promote_types(x.dtype, torch.float32))))
-        return proj
+        self.add_wide_siblings(wide)
 
     def write_entries(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         if self.plan.owns_compressor:
