@@ -17,7 +17,8 @@ import torch
 from v41 import quant
 from v41.cache.records import RecordFormat
 from v41.kernels import (engram_gate, engram_rows, indexer, linear, mhc, moe, moe_align, norm, paged, record_store,
-                         rope, router, sampling, segments, sparse_attention, swiglu, topk, window_pool, wstream)
+                         rope, router, sampling, segments, softmax, sparse_attention, swiglu, topk, window_pool,
+                         wstream)
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
 
@@ -313,6 +314,27 @@ def check_race(device: str, dtype: torch.dtype, g: torch.Generator):
     return out
 
 
+def check_softmax(device: str, dtype: torch.dtype, g: torch.Generator):
+    """The sampler's softmax with the temperature folded in: rows over two blocks and a short one, a whole block of
+    −inf (a block with no candidate), scattered −inf (masked ids), a row of −inf only (NaN, as PyTorch's)."""
+    v = 2 * softmax.BLOCK + 5
+    x = torch.randn(5, v, generator=g) * 4
+    x[1, :softmax.BLOCK] = float("-inf")
+    x[2, ::7] = float("-inf")
+    x[3] = float("-inf")
+    t = torch.rand(5, generator=g) * 1.5 + 0.2
+    out = []
+    for temp in (t, None):
+        poison(device)
+        got = softmax.softmax_rows(x.to(device), None if temp is None else temp.to(device)).cpu()
+        want = softmax.softmax_rows_ref(x.double(), None if temp is None else temp.double())
+        live = [0, 1, 2, 4]
+        out.append((f"softmax/{'temperature' if temp is not None else 'plain'}", rel(got[live], want[live]), 1e-5))
+        out.append((f"softmax/{'temperature' if temp is not None else 'plain'}/-inf row is NaN",
+                    0.0 if bool(got[3].isnan().all()) else float("inf"), 0.0))
+    return out
+
+
 def check_norm_rope_swiglu(device: str, dtype: torch.dtype, g: torch.Generator):
     out = []
     for shape, weighted in (((7, 96), True), ((3, 5, 64), False)):
@@ -490,7 +512,7 @@ def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
 
 
 CHECKS = [check_linear, check_grouped, check_route_pairs, check_window_pool, check_attention, check_index_scores,
-          check_record_store, check_mhc, check_uniforms, check_race, check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
+          check_record_store, check_mhc, check_uniforms, check_race, check_softmax, check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
           check_order_keys, check_engram_gate, check_engram_rows, check_segments]
 
 

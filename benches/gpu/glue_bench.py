@@ -1,7 +1,8 @@
 """The small Triton kernels between a decode step's GEMMs, at V4.1-Flash shapes: the mHC seam's mixes
 (``kernels/mhc.py``: split-K pass + finish), the bf16 linears with float32 outputs that the CUDA kernel does not
 take (router gate, compressor, indexer weights; ``kernels/linear.py``), each at its switches' settings, and the
-sampler's keyed race over 129,280 columns (``kernels/sampling.py``; column "five launches": its PyTorch form).
+sampler's softmax with its temperature and keyed race over 129,280 columns (``kernels/softmax.py``,
+``kernels/sampling.py``; column "PyTorch": their PyTorch forms).
 
     python3 benches/gpu/glue_bench.py [--tokens 1,8,64] [--reps 24]
 
@@ -18,7 +19,7 @@ import argparse
 import torch
 
 from event_timing import graph_us, median_ms, rel
-from v41.kernels import linear, mhc, sampling
+from v41.kernels import linear, mhc, sampling, softmax
 from v41.kernels.packed import from_dense
 
 D, HC = 5120, 4
@@ -97,10 +98,15 @@ def race_cells(tokens, reps, bw):
         pos = torch.arange(t, device="cuda") + 4096
         same = all(torch.equal(sampling.keyed_race(w, seeds, pos), sampling.keyed_race_ref(w, seeds, pos)) for w in ws)
         us = {"default": graph_us([lambda i=i: sampling.keyed_race(ws[i % 4], seeds, pos) for i in range(reps)]),
-              "five launches": graph_us([lambda i=i: sampling.keyed_race_ref(ws[i % 4], seeds, pos)
-                                         for i in range(reps)])}
+              "PyTorch": graph_us([lambda i=i: sampling.keyed_race_ref(ws[i % 4], seeds, pos) for i in range(reps)])}
         rows.append(("sampler keyed race, 129,280 columns", f"T={t}", us, t * vocab * 4 / bw * 1e6,
                      0.0 if same else float("inf")))
+        xs = [torch.randn(t, vocab, device="cuda") * 3 for _ in range(4)]
+        temp = torch.full((t,), 0.7, device="cuda")
+        err = rel(softmax.softmax_rows(xs[0], temp), softmax.softmax_rows_ref(xs[0].double(), temp.double()))
+        us = {"default": graph_us([lambda i=i: softmax.softmax_rows(xs[i % 4], temp) for i in range(reps)]),
+              "PyTorch": graph_us([lambda i=i: softmax.softmax_rows_ref(xs[i % 4], temp) for i in range(reps)])}
+        rows.append(("sampler softmax(x / T), 129,280 columns", f"T={t}", us, 2 * t * vocab * 4 / bw * 1e6, err))
     return rows
 
 

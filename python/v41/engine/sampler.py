@@ -46,6 +46,7 @@ from torch import Tensor
 
 from v41.engine.params import Logprob, PromptLogprobs, SamplingParams
 from v41.kernels.sampling import PURPOSE_SAMPLE, keyed_race
+from v41.kernels.softmax import softmax_rows
 
 from .sampling_inputs import SamplingInputs, SamplingRows
 
@@ -390,11 +391,12 @@ def sampling_probs(x: Tensor, params: Sequence[SamplingParams]) -> Tensor:
 
 
 def probs_from_rows(x: Tensor, rows: SamplingRows) -> Tensor:
-    """:func:`sampling_probs` with the parameters already on ``x``'s device (no host synchronisation)."""
-    x = x / rows.temperature.to(x.dtype)[:, None]
+    """:func:`sampling_probs` with the parameters already on ``x``'s device (no host synchronisation). Without
+    top-k / top-p the temperature and the softmax are one kernel pair (:func:`v41.kernels.softmax.softmax_rows`)."""
     if rows.use_top_k or rows.use_top_p:
-        x = _top_k_top_p(x, rows)
-    probs = torch.softmax(x, dim=-1)
+        probs = softmax_rows(_top_k_top_p(x / rows.temperature.to(x.dtype)[:, None], rows))
+    else:
+        probs = softmax_rows(x, rows.temperature)
     if rows.use_min_p:
         threshold = rows.min_p.to(x.dtype)[:, None] * probs.amax(dim=-1, keepdim=True)
         probs = probs.masked_fill(probs < threshold, 0.0)
