@@ -13,8 +13,10 @@
 #   glue     (~5 min) the mHC and Triton linear kernel checks and the L2-prefetch test, glue_bench.py (mHC mixes,
 #            bf16 linears with float32 outputs, at their switches), kernel_bench.py linears at B = 1, 8 with
 #            wstream.L2_AHEAD 0, 1, 2.
-#   final    (~8 min) the race, uniforms, mHC and linear checks, host synchronisation, greedy tokens (fp8 records)
-#            and speculation's graphs vs eager; glue_bench.py; flash-slice-v41 B = 1, 64 and flash-slice-v4 B = 1.
+#   verify   (~5 min) the checks of the sampler's kernels, mHC, linear, norms and the window pool (column views),
+#            the engine's greedy tokens (tiny V4.1 / V4, bf16 / fp8 records: the stacked sibling projections),
+#            speculation's graphs vs eager, host synchronisation, PDL and the side stream;
+#   final    (~6 min) glue_bench.py; flash-slice-v41 B = 1, 64 and flash-slice-v4 B = 1.
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
@@ -61,10 +63,12 @@ case "${MODE:-tests}" in
     timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --l2-ahead 1,2 \
       > "$OUT/kernels.txt" 2>&1
     tail -20 "$OUT/kernels.txt" ;;
+  verify)
+    timeout 330 $PT tests/test_gpu_fast.py tests/test_gpu_pdl.py tests/test_gpu_side_stream.py -k "(triton_kernel_equals \
+      and (race or uniforms or softmax or mhc or linear or norm_rope or window_pool)) or greedy or host_synchronisation \
+      or speculation_replays or pdl or side_stream" > "$OUT/tests4.txt" 2>&1 || rc=1
+    tail -12 "$OUT/tests4.txt" ;;
   final)
-    timeout 240 $PT tests/test_gpu_fast.py -k "(triton_kernel_equals and (race or uniforms or mhc or linear)) or \
-      host_synchronisation or (greedy and deepseek_v41 and fp8) or speculation_replays" > "$OUT/tests4.txt" 2>&1 || rc=1
-    tail -8 "$OUT/tests4.txt"
     timeout 120 python3 benches/gpu/glue_bench.py > "$OUT/glue.txt" 2>&1
     tail -16 "$OUT/glue.txt"
     timeout 170 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
@@ -73,6 +77,6 @@ case "${MODE:-tests}" in
     timeout 90 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
       --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
     tail -3 "$OUT/fs_v4.txt" ;;
-  *) echo "MODE must be tests, engine, kernels, slices, glue or final"; exit 2 ;;
+  *) echo "MODE must be tests, engine, kernels, slices, glue, verify or final"; exit 2 ;;
 esac
 exit $rc
