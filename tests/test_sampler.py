@@ -274,6 +274,10 @@ def test_greedy_rows_draw_nothing_and_sampled_rows_one_keyed_vector(monkeypatch)
     assert calls == [([42], [2], 37, 0)]  # one [V] draw keyed by (seed, position of the last known token)
 
 
+def test_an_empty_batch_samples_nothing():
+    assert Sampler()(torch.zeros(0, 10), []).sampled_token_ids.shape == (0,)
+
+
 def test_keyed_draws_depend_on_seed_and_position_only():
     logits = torch.zeros(1, 50)
     a = [_state(prompt=[1, 2], temperature=1.0, seed=7) for _ in range(2)]

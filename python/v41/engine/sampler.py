@@ -249,7 +249,7 @@ class Sampler:
         x = self.penalized_logits(raw, states)
 
         rand = [i for i, s in enumerate(states) if not s.params.is_greedy]
-        if len(rand) < n_rows:
+        if len(rand) < n_rows or n_rows == 0:
             sampled = x.argmax(dim=-1)
         if rand:
             r_states = [states[i] for i in rand]

@@ -7,7 +7,7 @@ x ``[M, G·K_g]``, output group g reads only input columns ``[g·K_g, (g+1)·K_g
 The Triton kernel streams weight tiles (each program: a ``BM × BN`` output tile over a slice of K). When too few
 output tiles exist to fill the GPU it splits K: each program writes its float32 partial tile, and where the
 partials of a tile are small (``SPLIT_REDUCE_BYTES``) the last program of the tile to arrive (an arrival counter it
-resets, :func:`.wstream.split_counters`) sums them in slice order and writes the output — one launch, not kernel +
+resets, :func:`.wstream.split_counters`) sums them in a fixed order and writes the output — one launch, not kernel +
 sum + cast; larger partials are summed by one parallel float32 sum after the kernel (one program summing them
 alone was slower: benches/RESULTS.md "2026-12-03 (ring and CUDA scorer)"). Either way the result never depends on
 timing. It serves small M (decode, the LM head's sampled rows); larger M dequantizes the weight once per call and
@@ -102,7 +102,7 @@ if triton is not None:
             tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=omask)
         else:
             # Split K: write this slice's partial [M, N] plane; with SPLIT_K 2 the tile's last program to arrive
-            # sums the planes in slice order (.cg loads: past L1, which does not see other SMs' writes) and resets
+            # sums the planes in a fixed order (.cg loads: past L1, which does not see other SMs' writes) and resets
             # the tile's counter for the next launch (or graph replay).
             tl.store(part_ptr + pid_k * plane + rm[:, None] * N + rn[None, :], acc, mask=omask)
         if SPLIT_K == 2:

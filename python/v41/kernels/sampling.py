@@ -77,7 +77,7 @@ def keyed_race_ref(weights: Tensor, seeds: Tensor, positions: Tensor, purpose: i
     """The exponential race over keyed draws: weights [R, V] float32 (>= 0, any positive scale per row) → [R]
     int64 ``argmax_t weights[r, t] / −log u[r, t]`` with ``u = uniforms(seeds, positions, V, purpose, slots)``;
     id ``t`` wins with probability ``weights[r, t] / Σ weights[r]`` (docs/speculative-decoding.md §3d). Ties go to
-    the lowest id; a NaN weight wins, as in ``torch.argmax``."""
+    the lowest id; a NaN weight wins, as in ``torch.argmax`` (scores of finite weights are finite)."""
     q = uniforms(seeds, positions, weights.shape[1], purpose, slots).log_().neg_()
     return (weights / q).argmax(dim=-1)
 
@@ -149,8 +149,8 @@ if triton is not None:
     @triton.jit
     def _race_block_kernel(w_ptr, seed_ptr, pos_ptr, slot_ptr, best_ptr, at_ptr, V, stride_w, purpose, NB,
                            BLOCK: tl.constexpr, PDL: tl.constexpr):
-        """best[r, b], at[r, b]: the largest w / −log u of row r's block b and its lowest column (NaN counts as
-        the largest, as in torch.argmax; columns past V never win)."""
+        """best[r, b], at[r, b]: the largest w / −log u of row r's block b and its lowest column (a NaN score counts
+        as +inf: the largest, as in torch.argmax, for finite weights; columns past V never win)."""
         prologue(PDL)
         r, vb = tl.program_id(0), tl.program_id(1)
         cols = vb * BLOCK + tl.arange(0, BLOCK)

@@ -151,8 +151,8 @@ class FastAttention(nn.Module):
 
     def add_wide_siblings(self, named: dict[str, PackedLinear]) -> None:
         """Subclasses' projections of x with float32 (≥ the compute dtype) outputs, by name: compressors and the
-        indexer's weights; two or more run as one GEMM (:meth:`project` returns them under these names)."""
-        if len(named) > 1:
+        indexer's weights; two or more run as one GEMM. :meth:`project` returns each under its name."""
+        if named:
             self.siblings["float32"] = SiblingLinears(list(named.values()))
             self._wide = list(named)
 
@@ -168,7 +168,8 @@ class FastAttention(nn.Module):
     def write_caches(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         """This step's cache entries from x and its projections: the window KV row of each token (``swa``) and, in
         subclasses, the compressed entries and index keys the step closes (:meth:`write_entries`). Queued on the
-        side stream, where :mod:`v41.kernels.side_stream` is enabled, while the queries are projected."""
+        side stream, where :mod:`v41.kernels.side_stream` is enabled, beside the query path (the projections
+        themselves are computed before, by :meth:`project`)."""
         cos, sin = ctx.rope[self.rope_key]
         kv = self.kv_norm.with_rope(proj["wkv"], cos, sin)
         ctx.cache.store("swa", self.plan.layer_id, ctx.batch.slot_mapping["swa"], kv)

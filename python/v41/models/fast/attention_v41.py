@@ -101,9 +101,7 @@ class CSA2Attention(FastAttention):
         r = plan.ratio
         cos, sin = ctx.rope[self.rope_key]
         q = rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
-        w = proj["weights_proj"] if "weights_proj" in proj else \
-            ix.weights_proj(x, torch.promote_types(x.dtype, torch.float32))
-        w = w * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+        w = proj["weights_proj"] * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
         kind = f"idx{r}"
         record = ctx.cache.records[kind]
         if record is not None:  # MXFP4 keys are scored against MXFP4 queries, as the deployed kernel does (§2)

@@ -74,16 +74,18 @@ class DraftAttention(FastAttention):
         plan = LayerPlan(layer_id=cfg.num_hidden_layers + stage, ratio=0, attn_type="swa")
         super().__init__(cfg, plan, q_head_norm=False, tp=tp)
 
-    def kv_rows(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """x [T, D] → post-RoPE K=V rows [T, hd] (the context rows, and the block's own)."""
-        return rope(self.kv_norm(self.wkv(x)), cos, sin)
+    def kv_rows(self, x: Tensor, cos: Tensor, sin: Tensor, kv: Tensor | None = None) -> Tensor:
+        """x [T, D] → post-RoPE K=V rows [T, hd] (the context rows, and the block's own); ``kv``: ``wkv(x)`` when
+        already projected."""
+        return rope(self.kv_norm(self.wkv(x) if kv is None else kv), cos, sin)
 
     def forward(self, x: Tensor, ctx: DraftContext) -> Tensor:
         cos, sin = ctx.cos, ctx.sin
-        qr = self.q_norm(self.wq_a(x))
+        proj = self.project(x)  # wq_a and wkv in one GEMM
+        qr = self.q_norm(proj["wq_a"])
         q = rope(self.wq_b(qr).view(x.shape[0], self.n_heads, self.head_dim), cos, sin)
         ring, fmt = ctx.cache.tensors["dspark"][self.plan.layer_id], ctx.cache.records["dspark"]
-        block = self.kv_rows(x, cos, sin)
+        block = self.kv_rows(x, cos, sin, proj["wkv"])
         if fmt is not None:  # the block's own rows in the ring's rounding, as the reference's window rows are
             block = fmt.decode(fmt.encode(block), block.dtype)
         sources = [(ring, ctx.ring_slots), (block, ctx.block_slots)]

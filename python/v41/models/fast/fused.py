@@ -5,7 +5,9 @@ H200, benches/RESULTS.md "2026-12-04 (afternoon)"), so attention's ``wq_a`` + ``
 projections (+ the indexer's ``weights_proj``) each become one launch.
 
 The stacked weight is made once after loading (:meth:`SiblingLinears.fuse`); every member then holds a view of its
-rows of it (no extra memory) and still runs alone where it is called alone (the DSpark stages' attention).
+rows of it (no extra memory) and still runs alone where it is called alone. The stacked weight is not a registered
+buffer (the model's buffers list each member's view once, so byte counts stay right): a fast model is not moved
+or cast after :func:`.loader.load_fast`, which makes it on its device.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ class SiblingLinears:
         when they differ in input size, storage format, block or ``fp8_input``, or a member but the last does not
         fill whole scale tiles (the stacked weight would not stay packed)."""
         ms = self.members
+        if len(ms) < 2:
+            return False
         w = [PackedWeight(m.weight, m.scale, m.fmt, m.block) for m in ms]  # as stored (not a CPU dequantized copy)
         first = w[0]
-        if len(ms) < 2 or first.data.is_meta or any(
+        if first.data.is_meta or any(
                 m.in_features != ms[0].in_features or m.fp8_input != ms[0].fp8_input or m.groups != 1 for m in ms):
             return False
         if any(p.fmt != first.fmt or p.block != first.block or p.data.dtype != first.data.dtype for p in w):

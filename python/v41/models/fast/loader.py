@@ -133,7 +133,8 @@ def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise RuntimeError(f"fast model tensors left unloaded (a loader bug): {left[:10]}")
-    model.fuse_siblings()
+    if model.fuse_siblings() and device.type == "cuda":
+        torch.cuda.empty_cache()  # the members' old blocks: the KV-cache budget reads the free device memory
     return model.eval()
 
 
