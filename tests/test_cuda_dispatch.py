@@ -166,3 +166,18 @@ def test_programmatic_dependent_launch_switches(monkeypatch):
     monkeypatch.setattr(pdl, "interpreting", lambda: True)
     monkeypatch.setattr(pdl, "_CAPABLE", {0: True})
     assert not pdl.enabled(dev)
+
+
+def test_weight_streaming_slices_keep_their_byte_floor(monkeypatch):
+    """wstream.MIN_SLICE_BYTES caps the split-K slices so that each streams at least that many weight bytes; 0 leaves
+    the CTAS_PER_SM split (V4.1's wkv [512, 5120] FP8 at one row: 8 tiles of 64 rows, 80 chunks)."""
+    monkeypatch.setattr(wstream, "sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(wstream, "MIN_SLICE_BYTES", 0)
+    split, per = wstream._launch_shape(1, 512, 5120, "fp8", cpu)
+    assert (split, per) == (40, 2)  # 8 KB slices
+    monkeypatch.setattr(wstream, "MIN_SLICE_BYTES", 64 << 10)
+    split, per = wstream._launch_shape(1, 512, 5120, "fp8", cpu)
+    assert split == 5 and per * 64 * 64 >= 64 << 10 and split * per >= 80
+    big = wstream._launch_shape(6, 4608, 5120, "mxfp4", cpu)  # experts: enough tiles, no split either way
+    assert big[0] == 1

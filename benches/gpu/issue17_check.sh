@@ -11,8 +11,8 @@
 #            with wstream.L2_AHEAD 0, 1, 2 (PDL on: consecutive launches may overlap, unlike earlier cells);
 #   slices   (~4 min) flash-slice-v41 (C = 2,048, fp8 records, B = 1 and 64) and flash-slice-v4 (B = 1, 8, 64);
 #   glue     (~5 min) the mHC and Triton linear kernel checks and the L2-prefetch test, glue_bench.py (mHC mixes,
-#            bf16 linears with float32 outputs, at their switches), kernel_bench.py linears at B = 1, 8 with
-#            wstream.L2_AHEAD 0, 1, 2.
+#            bf16 linears with float32 outputs, the sampler's kernels, at their switches), kernel_bench.py linears at
+#            B = 1, 8 with wstream.MIN_SLICE_BYTES 0, 32 KB, 64 KB.
 #   verify   (~5 min) the checks of the sampler's kernels, mHC, linear, norms and the window pool (column views),
 #            the engine's greedy tokens (tiny V4.1 / V4, bf16 / fp8 records: the stacked sibling projections),
 #            speculation's graphs vs eager, host synchronisation, PDL and the side stream;
@@ -60,7 +60,7 @@ case "${MODE:-tests}" in
     tail -6 "$OUT/tests3.txt"
     timeout 150 python3 benches/gpu/glue_bench.py > "$OUT/glue.txt" 2>&1
     tail -14 "$OUT/glue.txt"
-    timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --l2-ahead 1,2 \
+    timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --min-slice 32768,65536 \
       > "$OUT/kernels.txt" 2>&1
     tail -20 "$OUT/kernels.txt" ;;
   verify)

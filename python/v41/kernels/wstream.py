@@ -32,6 +32,11 @@ MAX_ROWS = 8              # dense linears: above this the Triton / BLAS paths wi
 MAX_ROWS_PER_EXPERT = 2   # grouped: pairs per expert slot on average (measured at 1: decode up to B = 64)
 ROWS_PER_CTA = 64
 CTAS_PER_SM = 3  # split K until this many CTAs per SM (benches/RESULTS.md: 16 and 64 measured slower)
+# Weight bytes a split-K CTA streams at least (0: no floor). At one row the small projections split into slices of
+# 8–16 KB (V4.1 wkv: 40 slices of 8 KB, 5.7 µs for 0.6 µs of bytes), and the Triton linear was 1.5–1.8× faster with
+# 64 KB slices than with 8 KB ones (benches/RESULTS.md "2026-12-04 (afternoon)"). Not yet timed here:
+# ``kernel_bench.py --min-slice 32768,65536``.
+MIN_SLICE_BYTES = 0
 # Expert GEMMs (no activation prefetch): cap the registers at 96 per thread so 5 CTAs fit per SM instead of 4 (the
 # kernel is latency-bound there: 3-6 % faster at B = 8-64, equal at B = 1; benches/RESULTS.md "2026-12-03 (late)").
 FIVE_CTAS = True
@@ -75,10 +80,13 @@ def split_counters(device: torch.device) -> Tensor | None:
 
 
 def _launch_shape(slots: int, n: int, k: int, fmt: str, device: torch.device) -> tuple[int, int]:
-    """(split, chunks per split): enough CTAs for ``CTAS_PER_SM`` per SM, never more slices than chunks."""
+    """(split, chunks per split): enough CTAs for ``CTAS_PER_SM`` per SM, never more slices than chunks, nor (with
+    ``MIN_SLICE_BYTES``) slices of fewer weight bytes than that (a chunk is 64 bytes of each of a CTA's rows)."""
     tiles = slots * -(-n // ROWS_PER_CTA)
     chunks = k // CHUNK[fmt]
     split = max(1, min(chunks, -(-CTAS_PER_SM * sm_count(device) // tiles)))
+    if MIN_SLICE_BYTES:
+        split = max(1, min(split, chunks * 64 * ROWS_PER_CTA // MIN_SLICE_BYTES))
     if tiles * split > COUNTER_SLOTS:
         split = 1
     per = -(-chunks // split)
