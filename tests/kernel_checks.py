@@ -260,6 +260,16 @@ def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
                 wstream.split_counters, mhc.ONE_LAUNCH = counters, one
             out += [(f"mhc/{name} T={t} {run}", rel(a, b), 1e-5) for name, a, b in zip(("pre", "post", "comb"), got,
                                                                                          want)]
+        unroll = mhc.FINISH_UNROLL  # the finish adds the slices in order at any unroll: the same bits
+        try:
+            runs = []
+            for mhc.FINISH_UNROLL in (1, 3):
+                mhc.ONE_LAUNCH = False
+                runs.append(mhc.hc_mixes(h, fn, scale, base, 4, 20, 1e-6, 1e-6))
+        finally:
+            mhc.FINISH_UNROLL, mhc.ONE_LAUNCH = unroll, one
+        same = all(torch.equal(a, b) for a, b in zip(*runs))
+        out.append((f"mhc/T={t} finish unrolled = rolled", 0.0 if same else float("inf"), 0.0))
     left = wstream.split_counters(torch.device(device))
     out.append(("mhc/counters left zeroed", float(left.abs().sum()), 0.0))
     pre, post, comb = (x.float() for x in want)

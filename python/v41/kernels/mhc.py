@@ -32,6 +32,10 @@ FUSED_NORM = True
 # K slices of the mixes' split-K pass at most (fewer where the token blocks already give ~2 waves of programs). On
 # the H200 (glue_bench.py, benches/RESULTS.md "2026-12-04 (afternoon)") 16 or 160 slices were slower than 32.
 MIX_SPLIT_MAX = 32
+# Slices the finish adds per round of loads (their loads issued together, the sums in slice order: the same bits at
+# any value). A B = 1 profile had the finish at ~6.8 µs per seam for 32 slices, about one L2 round trip per slice.
+# Not yet timed (glue_bench.py column "finish unroll 1" is the rolled loop).
+FINISH_UNROLL = 4
 
 
 def hc_mixes_ref(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
@@ -81,10 +85,11 @@ def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters:
     _mix_partial_kernel[(n_tb, split)](flat, fn.float().contiguous(), part, part if counters is None else counters,
                                        scale, base, pre, post, comb, t, k, k_split, flat.stride(0), float(norm_eps),
                                        iters, hc_eps, BT=bt, BK=bk, PREC=prec, FUSED=counters is not None,
+                                       UNROLL=FINISH_UNROLL,
                                        **triton_kw(flat.device))
     if counters is None:
         _finish_kernel[(n_tb,)](part, scale, base, pre, post, comb, t, split, k, float(norm_eps), iters, hc_eps, BT=bt,
-                                **triton_kw(part.device))
+                                UNROLL=FINISH_UNROLL, **triton_kw(part.device))
     return pre, post, comb
 
 
@@ -154,7 +159,7 @@ if triton is not None:
     @triton.jit
     def _mix_partial_kernel(h_ptr, fn_ptr, part_ptr, count_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, K,
                             K_SPLIT, stride_h, NORM_EPS, ITERS, EPS, BT: tl.constexpr, BK: tl.constexpr,
-                            PREC: tl.constexpr, FUSED: tl.constexpr, PDL: tl.constexpr):
+                            PREC: tl.constexpr, FUSED: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr):
         """partial[s, t, 0:24] = Σ_{k in split s} fn[:, k]·h[t, k]; partial[s, t, 24] = Σ h[t, k]² (float32).
         FUSED: the token block's last program to arrive (``count_ptr``, reset by it) also finishes the block."""
         prologue(PDL)
@@ -180,20 +185,20 @@ if triton is not None:
             tl.debug_barrier()
             if tl.atomic_add(count_ptr + pid_t, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
                 _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, tl.num_programs(1), K,
-                             NORM_EPS, ITERS, EPS, BT, ".cg")
+                             NORM_EPS, ITERS, EPS, BT, UNROLL, ".cg")
                 tl.atomic_xchg(count_ptr + pid_t, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
     def _finish_kernel(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, SPLIT, K, NORM_EPS, ITERS, EPS,
-                       BT: tl.constexpr, PDL: tl.constexpr):
+                       BT: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr):
         prologue(PDL)
         rt = tl.program_id(0) * BT + tl.arange(0, BT)
         _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, SPLIT, K, NORM_EPS, ITERS, EPS,
-                     BT, "")
+                     BT, UNROLL, "")
 
     @triton.jit
     def _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, SPLIT, K, NORM_EPS, ITERS, EPS,
-                     BT: tl.constexpr, CACHE: tl.constexpr):
+                     BT: tl.constexpr, UNROLL: tl.constexpr, CACHE: tl.constexpr):
         """pre, post, comb of the tokens ``rt`` from the SPLIT partial planes, summed in slice order (CACHE ".cg":
         loads past L1, which does not see other SMs' writes)."""
         tmask = rt < T
@@ -203,12 +208,22 @@ if triton is not None:
         post_w = tl.zeros([BT, 4], dtype=tl.float32)
         comb_w = tl.zeros([BT, 16], dtype=tl.float32)
         ss = tl.zeros([BT], dtype=tl.float32)
-        for s in range(0, SPLIT):
-            row = (s * T + rt[:, None]) * 32
-            pre_w += tl.load(part_ptr + row + r4[None, :], mask=tmask[:, None], other=0.0, cache_modifier=CACHE)
-            post_w += tl.load(part_ptr + row + 4 + r4[None, :], mask=tmask[:, None], other=0.0, cache_modifier=CACHE)
-            comb_w += tl.load(part_ptr + row + 8 + r16[None, :], mask=tmask[:, None], other=0.0, cache_modifier=CACHE)
-            ss += tl.load(part_ptr + (s * T + rt) * 32 + 24, mask=tmask, other=0.0, cache_modifier=CACHE)
+        for s0 in range(0, SPLIT, UNROLL):
+            # UNROLL slices per round: their loads do not depend on the sums, so they are issued together (a rolled
+            # loop waited a load round trip per slice); still added in slice order, a slice past SPLIT skipped
+            for j in tl.static_range(UNROLL):
+                s = s0 + j
+                live = s < SPLIT
+                m2 = tmask[:, None] & live
+                row = (s * T + rt[:, None]) * 32
+                v = tl.load(part_ptr + row + r4[None, :], mask=m2, other=0.0, cache_modifier=CACHE)
+                pre_w = tl.where(live, pre_w + v, pre_w)
+                v = tl.load(part_ptr + row + 4 + r4[None, :], mask=m2, other=0.0, cache_modifier=CACHE)
+                post_w = tl.where(live, post_w + v, post_w)
+                v = tl.load(part_ptr + row + 8 + r16[None, :], mask=m2, other=0.0, cache_modifier=CACHE)
+                comb_w = tl.where(live, comb_w + v, comb_w)
+                v = tl.load(part_ptr + (s * T + rt) * 32 + 24, mask=tmask & live, other=0.0, cache_modifier=CACHE)
+                ss = tl.where(live, ss + v, ss)
         r = tl.rsqrt(ss / K + NORM_EPS)[:, None]
         s0 = tl.load(scale_ptr)
         s1 = tl.load(scale_ptr + 1)
