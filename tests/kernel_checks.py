@@ -260,6 +260,16 @@ def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
                 wstream.split_counters, mhc.ONE_LAUNCH = counters, one
             out += [(f"mhc/{name} T={t} {run}", rel(a, b), 1e-5) for name, a, b in zip(("pre", "post", "comb"), got,
                                                                                          want)]
+        gemv_t = mhc.MIX_GEMV_T  # the one-token pass, in one launch and in two
+        try:
+            mhc.MIX_GEMV_T = 64
+            for mhc.ONE_LAUNCH in (True, False):
+                poison(device)
+                got = mhc.hc_mixes(h, fn, scale, base, 4, 20, 1e-6, 1e-6)
+                out += [(f"mhc/{name} T={t} one token per program{'' if mhc.ONE_LAUNCH else ', two launches'}",
+                         rel(a, b), 1e-5) for name, a, b in zip(("pre", "post", "comb"), got, want)]
+        finally:
+            mhc.MIX_GEMV_T, mhc.ONE_LAUNCH = gemv_t, one
         unroll = mhc.FINISH_UNROLL  # the finish adds the slices in order at any unroll: the same bits
         try:
             runs = []

@@ -36,6 +36,11 @@ MIX_SPLIT_MAX = 32
 # any value). A B = 1 profile had the finish at ~6.8 µs per seam for 32 slices, about one L2 round trip per slice.
 # Not yet timed (glue_bench.py column "finish unroll 1" is the rolled loop).
 FINISH_UNROLL = 4
+# Steps of at most this many tokens take the one-token split-K pass (float32 FMAs, no 16-token tensor-core tile
+# for one token; a B = 1 profile had the tiled pass at ~9.4 µs per seam); 0 = off until glue_bench.py times it
+# (column "gemv ≤ 8 tokens").
+MIX_GEMV_T = 0
+GEMV_BK = 256
 
 
 def hc_mixes_ref(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
@@ -64,13 +69,15 @@ def _finish_ref(mixes: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int,
 
 def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
              norm_eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`hc_mixes_ref` as two Triton launches where :func:`.dispatch.use_triton` says so (hc = 4)."""
+    """:func:`hc_mixes_ref` as one or two Triton launches where :func:`.dispatch.use_triton` says so (hc = 4):
+    the split-K pass over tiles of 16 tokens, or one token per program at most :data:`MIX_GEMV_T` tokens."""
     if h.dtype == torch.float64 or hc != 4 or h.shape[0] == 0 or not use_triton(h):
         return hc_mixes_ref(h, fn, scale, base, hc, iters, hc_eps, norm_eps)
     t = h.shape[0]
     flat = h.reshape(t, -1)
     k = flat.shape[1]
-    bt, bk = 16, 128
+    gemv = t <= MIX_GEMV_T
+    bt, bk = (1, GEMV_BK) if gemv else (16, 128)
     n_tb = triton.cdiv(t, bt)
     split = max(1, min(triton.cdiv(k, bk), MIX_SPLIT_MAX, 264 // n_tb))
     k_split = triton.cdiv(triton.cdiv(k, bk), split) * bk
@@ -82,11 +89,14 @@ def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters:
     comb = torch.empty(t, 4, 4, dtype=torch.float32, device=h.device)
     counters = wstream.split_counters(h.device) if ONE_LAUNCH and n_tb <= wstream.COUNTER_SLOTS else None
     scale, base = scale.float().contiguous(), base.float().contiguous()
-    _mix_partial_kernel[(n_tb, split)](flat, fn.float().contiguous(), part, part if counters is None else counters,
-                                       scale, base, pre, post, comb, t, k, k_split, flat.stride(0), float(norm_eps),
-                                       iters, hc_eps, BT=bt, BK=bk, PREC=prec, FUSED=counters is not None,
-                                       UNROLL=FINISH_UNROLL,
-                                       **triton_kw(flat.device))
+    args = (flat, fn.float().contiguous(), part, part if counters is None else counters, scale, base, pre, post, comb,
+            t, k, k_split, flat.stride(0), float(norm_eps), iters, hc_eps)
+    if gemv:
+        _mix_gemv_kernel[(t, split)](*args, BK=bk, FUSED=counters is not None, UNROLL=FINISH_UNROLL,
+                                     **triton_kw(flat.device))
+    else:
+        _mix_partial_kernel[(n_tb, split)](*args, BT=bt, BK=bk, PREC=prec, FUSED=counters is not None,
+                                           UNROLL=FINISH_UNROLL, **triton_kw(flat.device))
     if counters is None:
         _finish_kernel[(n_tb,)](part, scale, base, pre, post, comb, t, split, k, float(norm_eps), iters, hc_eps, BT=bt,
                                 UNROLL=FINISH_UNROLL, **triton_kw(part.device))
@@ -187,6 +197,35 @@ if triton is not None:
                 _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, tl.num_programs(1), K,
                              NORM_EPS, ITERS, EPS, BT, UNROLL, ".cg")
                 tl.atomic_xchg(count_ptr + pid_t, 0, sem="relaxed", scope="gpu")
+
+    @triton.jit
+    def _mix_gemv_kernel(h_ptr, fn_ptr, part_ptr, count_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, K,
+                         K_SPLIT, stride_h, NORM_EPS, ITERS, EPS, BK: tl.constexpr, FUSED: tl.constexpr,
+                         UNROLL: tl.constexpr, PDL: tl.constexpr):
+        """:func:`_mix_partial_kernel` for one token per program (float32 FMAs): partial[s, t, 0:24], [24] = the
+        sum of squares; FUSED: token t's last program to arrive (``count_ptr + t``, reset by it) finishes it."""
+        prologue(PDL)
+        t, pid_s = tl.program_id(0), tl.program_id(1)
+        r32 = tl.arange(0, 32)
+        k_lo = pid_s * K_SPLIT
+        k_hi = tl.minimum(K, k_lo + K_SPLIT)
+        acc = tl.zeros([32], dtype=tl.float32)
+        sq = tl.zeros([BK], dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            rk = k0 + tl.arange(0, BK)
+            kmask = rk < k_hi
+            x = tl.load(h_ptr + t.to(tl.int64) * stride_h + rk, mask=kmask, other=0.0).to(tl.float32)
+            f = tl.load(fn_ptr + r32[:, None] * K + rk[None, :], mask=(r32 < 24)[:, None] & kmask[None, :], other=0.0)
+            acc += tl.sum(f * x[None, :], axis=1)
+            sq += x * x
+        acc = tl.where(r32 == 24, tl.sum(sq, axis=0), acc)
+        tl.store(part_ptr + (pid_s * T + t) * 32 + r32, acc, mask=r32 < 25)
+        if FUSED:
+            tl.debug_barrier()
+            if tl.atomic_add(count_ptr + t, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+                _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, t + tl.arange(0, 1), T,
+                             tl.num_programs(1), K, NORM_EPS, ITERS, EPS, 1, UNROLL, ".cg")
+                tl.atomic_xchg(count_ptr + t, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
     def _finish_kernel(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, SPLIT, K, NORM_EPS, ITERS, EPS,
