@@ -16,7 +16,9 @@
 #   verify   (~5 min) the checks of the sampler's kernels, mHC, linear, norms and the window pool (column views),
 #            the engine's greedy tokens (tiny V4.1 / V4, bf16 / fp8 records: the stacked sibling projections),
 #            speculation's graphs vs eager, host synchronisation, PDL and the side stream;
-#   final    (~6 min) glue_bench.py; flash-slice-v41 B = 1, 64 and flash-slice-v4 B = 1.
+#   final    (~6 min) glue_bench.py; flash-slice-v41 B = 1, 64 and flash-slice-v4 B = 1;
+#   prefill  (~4 min) where an 8,192-token prefill of flash-slice-v41 goes (profile_step.py, PDL off), and the
+#            slice's prefill rate at 2,048 / 8,192 tokens (the ≥ 50 % of the FLOP roofline target).
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
@@ -77,6 +79,13 @@ case "${MODE:-tests}" in
     timeout 90 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
       --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
     tail -3 "$OUT/fs_v4.txt" ;;
-  *) echo "MODE must be tests, engine, kernels, slices, glue, verify or final"; exit 2 ;;
+  prefill)
+    timeout 200 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 256 --prefill 8192 \
+      --kv-cache-dtype fp8 --top 40 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_prefill.txt" 2>&1
+    grep -A42 "== prefill" "$OUT/profile_prefill.txt" | head -44
+    timeout 150 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 2048,8192 --kv-cache-dtype fp8 \
+      --out "$OUT/fs_prefill" > "$OUT/fs_prefill.txt" 2>&1
+    tail -4 "$OUT/fs_prefill.txt" ;;
+  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final or prefill"; exit 2 ;;
 esac
 exit $rc
