@@ -334,6 +334,21 @@ def check_race(device: str, dtype: torch.dtype, g: torch.Generator):
     return out
 
 
+def check_angle_tables(device: str, dtype: torch.dtype, g: torch.Generator):
+    """RoPE's cos / sin tables from float64 angles at positions up to 1M (and ×128, a compressed entry's first
+    position), 32 frequencies of V4.1's YaRN range, against the float64 reference."""
+    pos = torch.cat([torch.randint(0, 1 << 20, (9,), generator=g), torch.tensor([0, (1 << 20) - 1])]).to(device)
+    freq = (10000.0 ** (-torch.arange(32, dtype=torch.float64) / 32)).to(device)
+    out = []
+    for scale in (1, 128):
+        poison(device)
+        cos, sin = rope.angle_tables(pos, freq, torch.float32, scale)
+        want = rope.angle_tables_ref(pos.cpu(), freq.cpu(), torch.float64, scale)
+        out += [(f"angle_tables/{name} ×{scale}", rel(a.cpu(), b), 1e-6) for name, a, b in zip(("cos", "sin"),
+                                                                                            (cos, sin), want)]
+    return out
+
+
 def check_softmax(device: str, dtype: torch.dtype, g: torch.Generator):
     """The sampler's softmax with the temperature folded in: rows over two blocks and a short one, a whole block of
     −inf (a block with no candidate), scattered −inf (masked ids), a row of −inf only (NaN, as PyTorch's)."""
@@ -532,7 +547,8 @@ def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
 
 
 CHECKS = [check_linear, check_grouped, check_route_pairs, check_window_pool, check_attention, check_index_scores,
-          check_record_store, check_mhc, check_uniforms, check_race, check_softmax, check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
+          check_record_store, check_mhc, check_uniforms, check_race, check_softmax, check_angle_tables,
+          check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
           check_order_keys, check_engram_gate, check_engram_rows, check_segments]
 
 

@@ -64,6 +64,29 @@ def rms_norm_rope(x: Tensor, eps: float, weight: Tensor, cos: Tensor, sin: Tenso
     return out
 
 
+def angle_tables_ref(pos: Tensor, inv_freq: Tensor, dtype: torch.dtype, scale: int = 1) -> tuple[Tensor, Tensor]:
+    """RoPE's (cos, sin) [T, H] in ``dtype`` of the angles ``(pos·scale)·inv_freq`` formed in float64 (positions up to
+    1M need it): pos [T] int64, inv_freq [H] float64, ``scale`` an integer factor of the positions (a compressed
+    entry's first position ``j·ratio``)."""
+    angles = (pos * scale).to(torch.float64)[:, None] * inv_freq[None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def angle_tables(pos: Tensor, inv_freq: Tensor, dtype: torch.dtype, scale: int = 1) -> tuple[Tensor, Tensor]:
+    """:func:`angle_tables_ref` in one Triton launch (float32 tables) where :func:`.dispatch.use_triton` says so;
+    about six PyTorch launches per table pair before (cast, product, cos, sin, two casts). The same float64 product
+    and rounding to float32; cos / sin are libdevice's, which PyTorch's CUDA kernels call too (``check_angle_tables``
+    bounds the tables against float64)."""
+    t, h = pos.shape[0], inv_freq.shape[0]
+    if dtype != torch.float32 or t == 0 or not use_triton(pos):
+        return angle_tables_ref(pos, inv_freq, dtype, scale)
+    cos = torch.empty(t, h, dtype=dtype, device=pos.device)
+    sin = torch.empty_like(cos)
+    _angles_kernel[(t,)](pos.contiguous(), inv_freq.contiguous(), cos, sin, h, scale,
+                         BLOCK=triton.next_power_of_2(h), **triton_kw(pos.device))
+    return cos, sin
+
+
 if triton is not None:
     import triton.language as tl
     from .pdl import prologue
@@ -114,3 +137,14 @@ if triton is not None:
         odd = (cols - start) % 2 == 1
         y = _rotate(x, xp, c, s, odd, rot)
         tl.store(y_ptr + base + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _angles_kernel(pos_ptr, freq_ptr, cos_ptr, sin_ptr, H, scale, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
+        t = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < H
+        p = (tl.load(pos_ptr + t) * scale).to(tl.float64)
+        ang = p * tl.load(freq_ptr + cols, mask=mask, other=0.0)
+        tl.store(cos_ptr + t * H + cols, tl.cos(ang).to(tl.float32), mask=mask)
+        tl.store(sin_ptr + t * H + cols, tl.sin(ang).to(tl.float32), mask=mask)

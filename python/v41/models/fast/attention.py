@@ -62,7 +62,7 @@ class StepContext:
         segments close (``segments[ratio].window``); computed once per step, shared by the layers of that ratio."""
         got = self._closed_rope.get((key, ratio))
         if got is None:
-            got = self.ropes[key].cos_sin(self.segments[ratio].window * ratio)
+            got = self.ropes[key].cos_sin(self.segments[ratio].window, ratio)
             self._closed_rope[(key, ratio)] = got
         return got
 

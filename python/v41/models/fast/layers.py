@@ -15,7 +15,7 @@ from ... import quant
 from ...config import RopeScaling, yarn_inv_freq
 from ...kernels.linear import linear
 from ...kernels.norm import rms_norm
-from ...kernels.rope import rms_norm_rope
+from ...kernels.rope import angle_tables, rms_norm_rope
 from ...kernels.packed import PackedWeight, from_dense
 
 
@@ -94,7 +94,7 @@ class Rope:
         self.rope_dim, self.dtype = rope_dim, dtype
         self.inv_freq = torch.tensor(yarn_inv_freq(rope_dim, base, scaling), dtype=torch.float64, device=device)
 
-    def cos_sin(self, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """pos [T] int64 → (cos, sin) [T, rope_dim/2] in ``dtype``."""
-        angles = pos.to(torch.float64)[:, None] * self.inv_freq[None, :]
-        return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+    def cos_sin(self, pos: Tensor, scale: int = 1) -> tuple[Tensor, Tensor]:
+        """pos [T] int64 → (cos, sin) [T, rope_dim/2] in ``dtype`` at positions ``pos·scale``
+        (:func:`v41.kernels.rope.angle_tables`)."""
+        return angle_tables(pos, self.inv_freq, self.dtype, scale)
