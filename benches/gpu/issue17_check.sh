@@ -67,7 +67,8 @@ case "${MODE:-tests}" in
     tail -20 "$OUT/kernels.txt" ;;
   verify)
     timeout 330 $PT tests/test_gpu_fast.py tests/test_gpu_pdl.py tests/test_gpu_side_stream.py -k "(triton_kernel_equals \
-      and (race or uniforms or softmax or mhc or linear or norm_rope or window_pool)) or greedy or host_synchronisation \
+      and (race or uniforms or softmax or angle_tables or mhc or linear or norm_rope or window_pool)) or greedy \
+      or host_synchronisation \
       or speculation_replays or pdl or side_stream" > "$OUT/tests4.txt" 2>&1 || rc=1
     tail -12 "$OUT/tests4.txt" ;;
   final)
