@@ -308,7 +308,12 @@ def check_uniforms(device: str, dtype: torch.dtype, g: torch.Generator):
     got = sampling.uniforms(seeds, pos, 3000, sampling.PURPOSE_SAMPLE)
     want = sampling.uniforms_ref(seeds.cpu(), pos.cpu(), 3000, sampling.PURPOSE_SAMPLE)
     below_one = bool((got < 1.0).all())
-    return [("uniforms/bitwise", 0.0 if torch.equal(got.cpu(), want) and below_one else float("inf"), 0.0)]
+    slots = torch.randint(0, 7, (6,), generator=g)  # draft slots (speculative decoding's keys)
+    poison(device)
+    got_s = sampling.uniforms(seeds, pos, 300, sampling.PURPOSE_DRAFT, slots.to(device))
+    want_s = sampling.uniforms_ref(seeds.cpu(), pos.cpu(), 300, sampling.PURPOSE_DRAFT, slots)
+    return [("uniforms/bitwise", 0.0 if torch.equal(got.cpu(), want) and below_one else float("inf"), 0.0),
+            ("uniforms/slots bitwise", 0.0 if torch.equal(got_s.cpu(), want_s) else float("inf"), 0.0)]
 
 
 def check_race(device: str, dtype: torch.dtype, g: torch.Generator):

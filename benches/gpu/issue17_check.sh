@@ -2,15 +2,15 @@
 # Device calls for issue 17's open checks (device tool; writes under $OUT). Every mode first builds v41._cuda from
 # source (the device's nvcc, ~60 s). The mode is MODE=:
 #   tests    (~5 min) programmatic dependent launch (tests/test_gpu_pdl.py, tests/test_gpu_side_stream.py) and the
-#            cuda/ kernel tests (weight-streaming GEMM with its split-K sum and L2-prefetch variant, sparse MQA,
+#            cuda/ kernel tests (weight-streaming GEMM with its split-K sum and slice-bytes floor, sparse MQA,
 #            index scores, top-k);
 #   engine   (~4 min) the Triton kernel checks in bf16 and float32, the engine's greedy tokens = the CPU engine's on
 #            tiny V4.1, no host synchronisation in a decode forward or in the sampler (K1, T1: another -k and time
 #            limit); PROFILE=1 then profiles a B = 1 step with PDL off (with it on, kernel times overlap);
 #   kernels  (~3 min) kernel_bench.py: the weight-streaming GEMMs (V4.1 / V4 linears and experts) at B = 1, 8, 64,
-#            with wstream.L2_AHEAD 0, 1, 2 (PDL on: consecutive launches may overlap, unlike earlier cells);
+#            with wstream.MIN_SLICE_BYTES 0, 32 KB, 64 KB (PDL on: launches may overlap, unlike earlier cells);
 #   slices   (~4 min) flash-slice-v41 (C = 2,048, fp8 records, B = 1 and 64) and flash-slice-v4 (B = 1, 8, 64);
-#   glue     (~5 min) the mHC and Triton linear kernel checks and the L2-prefetch test, glue_bench.py (mHC mixes,
+#   glue     (~5 min) the mHC and Triton linear kernel checks and the slice-floor test, glue_bench.py (mHC mixes,
 #            bf16 linears with float32 outputs, the sampler's kernels, at their switches), kernel_bench.py linears at
 #            B = 1, 8 with wstream.MIN_SLICE_BYTES 0, 32 KB, 64 KB.
 #   verify   (~5 min) the checks of the sampler's kernels, mHC, linear, norms and the window pool (column views),
@@ -47,7 +47,7 @@ case "${MODE:-tests}" in
     fi ;;
   kernels)
     timeout 400 python3 benches/gpu/kernel_bench.py --ops linears,experts --batches 1,8,64 --reps 16 \
-      --l2-ahead 1,2 > "$OUT/kernels.txt" 2>&1
+      --min-slice 32768,65536 > "$OUT/kernels.txt" 2>&1
     tail -32 "$OUT/kernels.txt" ;;
   slices)
     timeout 200 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
@@ -58,7 +58,7 @@ case "${MODE:-tests}" in
     tail -5 "$OUT/fs_v4.txt" ;;
   glue)
     timeout 200 $PT tests/test_gpu_fast.py tests/test_gpu_cuda.py \
-      -k "(triton_kernel_equals and (mhc or linear)) or l2_prefetch" > "$OUT/tests3.txt" 2>&1 || rc=1
+      -k "(triton_kernel_equals and (mhc or linear)) or slice_bytes_floor" > "$OUT/tests3.txt" 2>&1 || rc=1
     tail -6 "$OUT/tests3.txt"
     timeout 150 python3 benches/gpu/glue_bench.py > "$OUT/glue.txt" 2>&1
     tail -14 "$OUT/glue.txt"

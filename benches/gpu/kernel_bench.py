@@ -2,7 +2,7 @@
 shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel table).
 
     python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24] [--ops linears,experts,attention,topk]
-        [--sweep 2,3,8] [--l2-ahead 1,2] [--min-slice 32768,65536] [--five-ctas] [--linear-tiles 64:128:4:4]
+        [--sweep 2,3,8] [--min-slice 32768,65536] [--five-ctas] [--linear-tiles 64:128:4:4]
 
 Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
 rotate over enough copies of the weight that none is still in L2 (≥ 256 MB in all), and each MoE launch routes
@@ -51,24 +51,19 @@ def fp8_weight(n: int, k: int, block: int) -> PackedWeight:
 
 
 SWEEP: list[str] = []
-L2_AHEAD: list[int] = []  # --l2-ahead: also time the CUDA kernel at these wstream.L2_AHEAD values (columns l2a<n>)
-MIN_SLICE: list[int] = []  # --min-slice: ... at these wstream.MIN_SLICE_BYTES values (columns slice<n>)
+MIN_SLICE: list[int] = []  # --min-slice: also time the CUDA kernel at these wstream.MIN_SLICE_BYTES (slice<n>K)
 FIVE_CTAS = [False]  # --five-ctas: also time the expert GEMMs with wstream.FIVE_CTAS flipped (its own column)
 LINEAR_TILES: list[tuple[int, int, int, int]] = []
 
 
 def sweep(timed) -> dict[str, float]:
-    """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target), each ``--l2-ahead``
-    value of ``wstream.L2_AHEAD`` and each ``--min-slice`` value of ``wstream.MIN_SLICE_BYTES``."""
-    out, default, ahead, floor = {}, wstream.CTAS_PER_SM, wstream.L2_AHEAD, wstream.MIN_SLICE_BYTES
+    """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target) and each ``--min-slice``
+    value of ``wstream.MIN_SLICE_BYTES``."""
+    out, default, floor = {}, wstream.CTAS_PER_SM, wstream.MIN_SLICE_BYTES
     for c in SWEEP:
         wstream.CTAS_PER_SM = int(c)
         out[c] = timed()
     wstream.CTAS_PER_SM = default
-    for a in L2_AHEAD:
-        wstream.L2_AHEAD = a
-        out[f"l2a{a}"] = timed()
-    wstream.L2_AHEAD = ahead
     for b in MIN_SLICE:
         wstream.MIN_SLICE_BYTES = b
         out[f"slice{b >> 10}K"] = timed()
@@ -150,15 +145,12 @@ def main() -> None:
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
     ap.add_argument("--min-slice", default="", help="wstream.MIN_SLICE_BYTES values to also time the CUDA kernel "
                     "at, e.g. 32768,65536")
-    ap.add_argument("--l2-ahead", default="", help="wstream.L2_AHEAD values to also time the CUDA kernel at, "
-                    "e.g. 1,2")
     ap.add_argument("--five-ctas", action="store_true", help="also time the expert GEMMs with wstream.FIVE_CTAS "
                     "flipped")
     ap.add_argument("--linear-tiles", default="", help="BM:BN:warps:stages tilings to also time the Triton linear "
                     "at (columns t<tiling>; cells whose output features BN does not divide are left out)")
     args = ap.parse_args()
     SWEEP.extend(c for c in args.sweep.split(",") if c)
-    L2_AHEAD.extend(int(a) for a in args.l2_ahead.split(",") if a)
     MIN_SLICE.extend(int(b) for b in args.min_slice.split(",") if b)
     FIVE_CTAS[0] = args.five_ctas
     LINEAR_TILES.extend(tuple(int(v) for v in c.split(":")) for c in args.linear_tiles.split(",") if c)

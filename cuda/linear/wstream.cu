@@ -21,11 +21,6 @@
 namespace v41 {
 namespace {
 
-// Asks L2 to fetch `bytes` (a multiple of 16, 16-byte aligned) from global memory; no registers, no completion.
-__device__ __forceinline__ void prefetch_l2(const uint8_t* p, int bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-}
-
 __device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
@@ -253,8 +248,7 @@ struct Tile {
 // CTA's rows in shared memory through per-row bulk copies and mbarriers measured 2-3x slower on the H200, a
 // per-lane cp.async ring 5-60 % slower: benches/RESULTS.md.)
 // MIN_CTAS > 1 caps the registers so that many CTAs fit per SM (5: 96 per thread, no spills without XPRE).
-// L2: the L2-prefetch variant (p.l2_ahead > 0), its own instantiation so that the others keep their registers.
-template <WFmt F, bool XPRE, int MIN_CTAS, bool L2>
+template <WFmt F, bool XPRE, int MIN_CTAS>
 __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(const WStreamParams p) {
   using Traits = Fmt<F>;
   constexpr int KP = Tile<F>::KP, CK = Tile<F>::CK, kUnroll = Traits::kUnroll;
@@ -268,20 +262,8 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
   if (!tl.init(p, warp, g, t)) return;
   const uint8_t* w0 = p.w + tl.e * p.w_stride_e + int64_t(tl.r0) * p.w_stride_n + 16 * t;
   const uint8_t* w1 = w0 + 8 * p.w_stride_n;
-  // L2 prefetch (p.l2_ahead batches ahead of the register loads): lane t = 0 of each row pair asks L2 for the
-  // rows' next chunks, so the register loads of later batches wait on L2 rather than DRAM.
-  const bool live = tl.n_base < p.N;
-  auto prefetch_batch = [&](int c) {
-    if (L2 && t == 0 && live && c < tl.c_hi) {
-      const int bytes = 64 * min(kUnroll, tl.c_hi - c);
-      prefetch_l2(w0 + 64 * c, bytes);
-      prefetch_l2(w1 + 64 * c, bytes);
-    }
-  };
-  if constexpr (L2)
-    for (int a = 1; a <= p.l2_ahead; ++a) prefetch_batch(tl.c_lo + a * kUnroll);
   Batch<kUnroll, KP / 2, XPRE> bt;
-  bool preloaded = !routed && live;
+  bool preloaded = !routed && tl.n_base < p.N;
   if (preloaded) bt.load(w0, w1, tl.s0, tl.s1, tl.c_lo, tl.c_hi, t, CK, KP, p.sk_log2);
   if (!routed) pdl_wait();
   pdl_launch_dependents();
@@ -295,7 +277,6 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
     for (int c0 = tl.c_lo; c0 < tl.c_hi; c0 += kUnroll) {
       if (!preloaded) bt.load(w0, w1, tl.s0, tl.s1, c0, tl.c_hi, t, CK, KP, p.sk_log2);
       preloaded = false;
-      if constexpr (L2) prefetch_batch(c0 + (p.l2_ahead + 1) * kUnroll);
       if (XPRE) bt.load_x(xr, c0, tl.c_hi, CK);
       convert_and_mma<F>(bt, c0, tl.c_hi, xr, acc);
     }
@@ -304,18 +285,12 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
   if (p.partial) tl.sum_partials(p);
 }
 
-template <WFmt F, bool L2>
-cudaError_t launch_l2(const WStreamParams& p, bool five_ctas, dim3 grid, cudaStream_t stream, bool pdl) {
-  auto kernel = p.x_prefetch ? wstream_kernel<F, true, 1, L2>
-              : five_ctas    ? wstream_kernel<F, false, 5, L2>
-                             : wstream_kernel<F, false, 1, L2>;
-  return launch_kernel(kernel, grid, dim3(32 * kWStreamWarps), 0, stream, pdl, p);
-}
-
 template <WFmt F>
 cudaError_t launch_fmt(const WStreamParams& p, bool five_ctas, dim3 grid, cudaStream_t stream, bool pdl) {
-  return p.l2_ahead > 0 ? launch_l2<F, true>(p, five_ctas, grid, stream, pdl)
-                        : launch_l2<F, false>(p, five_ctas, grid, stream, pdl);
+  auto kernel = p.x_prefetch ? wstream_kernel<F, true, 1>
+              : five_ctas    ? wstream_kernel<F, false, 5>
+                             : wstream_kernel<F, false, 1>;
+  return launch_kernel(kernel, grid, dim3(32 * kWStreamWarps), 0, stream, pdl, p);
 }
 
 }  // namespace

@@ -27,7 +27,6 @@ struct WStreamParams {
   int B0, sk_log2;         // scale block: rows, log2 of its inputs (mxfp4: 1, 5)
   int chunks_per_split;    // K chunks (128 inputs mxfp4, 64 fp8) per grid.z slice
   int x_prefetch;          // load the activation pieces with the weights' (more registers)
-  int l2_ahead;            // batches of weights asked of L2 ahead of the register loads (0: none)
 };
 
 constexpr int kWStreamWarps = 4;

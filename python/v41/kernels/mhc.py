@@ -164,6 +164,7 @@ def hc_expand(h: Tensor, y: Tensor, post: Tensor, comb: Tensor) -> Tensor:
 
 if triton is not None:
     import triton.language as tl
+    from .norm import rms_scale
     from .pdl import prologue
 
     @triton.jit
@@ -192,11 +193,8 @@ if triton is not None:
         acc = tl.where((r32 == 24)[None, :], ss[:, None], acc)
         tl.store(part_ptr + (pid_s * T + rt[:, None]) * 32 + r32[None, :], acc, mask=tmask[:, None] & (r32 < 25)[None, :])
         if FUSED:
-            tl.debug_barrier()
-            if tl.atomic_add(count_ptr + pid_t, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
-                _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, tl.num_programs(1), K,
-                             NORM_EPS, ITERS, EPS, BT, UNROLL, ".cg")
-                tl.atomic_xchg(count_ptr + pid_t, 0, sem="relaxed", scope="gpu")
+            _finish_if_last(count_ptr + pid_t, part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, K,
+                            NORM_EPS, ITERS, EPS, BT, UNROLL)
 
     @triton.jit
     def _mix_gemv_kernel(h_ptr, fn_ptr, part_ptr, count_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, K,
@@ -221,11 +219,19 @@ if triton is not None:
         acc = tl.where(r32 == 24, tl.sum(sq, axis=0), acc)
         tl.store(part_ptr + (pid_s * T + t) * 32 + r32, acc, mask=r32 < 25)
         if FUSED:
-            tl.debug_barrier()
-            if tl.atomic_add(count_ptr + t, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
-                _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, t + tl.arange(0, 1), T,
-                             tl.num_programs(1), K, NORM_EPS, ITERS, EPS, 1, UNROLL, ".cg")
-                tl.atomic_xchg(count_ptr + t, 0, sem="relaxed", scope="gpu")
+            _finish_if_last(count_ptr + t, part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr,
+                            t + tl.arange(0, 1), T, K, NORM_EPS, ITERS, EPS, 1, UNROLL)
+
+    @triton.jit
+    def _finish_if_last(counter, part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, K, NORM_EPS, ITERS,
+                        EPS, BT: tl.constexpr, UNROLL: tl.constexpr):
+        """The one-launch finish: the last of the grid's K-slice programs (axis 1) of tokens ``rt`` to arrive at
+        ``counter`` finishes them and resets it for the next launch (or graph replay)."""
+        tl.debug_barrier()
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == tl.num_programs(1) - 1:
+            _finish_rows(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, rt, T, tl.num_programs(1), K,
+                         NORM_EPS, ITERS, EPS, BT, UNROLL, ".cg")
+            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
     def _finish_kernel(part_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr, T, SPLIT, K, NORM_EPS, ITERS, EPS,
@@ -304,7 +310,7 @@ if triton is not None:
         for i in tl.static_range(4):  # _collapse_kernel's sum, term by term
             acc += tl.load(pre_ptr + t * 4 + i) * tl.load(h_ptr + base + i * D + rd, mask=mask, other=0.0).to(tl.float32)
         x = acc.to(out_ptr.dtype.element_ty).to(tl.float32)  # the collapse as stored, then _rms_kernel's math
-        y = x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+        y = x * rms_scale(x, D, eps)
         y = y * tl.load(w_ptr + rd, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + t * D + rd, y.to(out_ptr.dtype.element_ty), mask=mask)
 

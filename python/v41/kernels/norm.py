@@ -41,14 +41,27 @@ if triton is not None:
     from .pdl import prologue
 
     @triton.jit
+    def rms_scale(x, n, eps):
+        """``1 / sqrt(mean(x²) + eps)`` of one row x [BLOCK] float32 (zeros past its ``n`` values): the RMSNorm's
+        reduction, which the kernels that fuse an RMSNorm (RoPE, the mHC collapse) call so they get its bits."""
+        return tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+
+    @triton.jit
+    def rms_row(x_ptr, stride_x, n, eps, BLOCK: tl.constexpr):
+        """The program's row (program id 0, int64) of x: (row, cols [BLOCK], mask, x float32 (0 past n), its
+        :func:`rms_scale`)."""
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        return row, cols, mask, x, rms_scale(x, n, eps)
+
+    @triton.jit
     def _rms_kernel(x_ptr, y_ptr, w_ptr, N, stride_x, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr,
                     PDL: tl.constexpr):
         prologue(PDL)
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < N
-        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-        y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+        row, cols, mask, x, r = rms_row(x_ptr, stride_x, N, eps, BLOCK)
+        y = x * r
         if HAS_W:
             y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)

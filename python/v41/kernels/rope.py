@@ -89,6 +89,7 @@ def angle_tables(pos: Tensor, inv_freq: Tensor, dtype: torch.dtype, scale: int =
 
 if triton is not None:
     import triton.language as tl
+    from .norm import rms_row
     from .pdl import prologue
 
     @triton.jit
@@ -101,11 +102,7 @@ if triton is not None:
     def _norm_rope_kernel(x_ptr, y_ptr, w_ptr, cos_ptr, sin_ptr, D, stride_x, HALF, eps, BLOCK: tl.constexpr,
                           PDL: tl.constexpr):
         prologue(PDL)
-        t = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < D
-        x = tl.load(x_ptr + t * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-        r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)  # norm.py's _rms_kernel: the same reduction, the same bits
+        t, cols, mask, x, r = rms_row(x_ptr, stride_x, D, eps, BLOCK)  # _rms_kernel's row and scale: its bits
         y = (x * r * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)).to(y_ptr.dtype.element_ty)
         start = D - 2 * HALF
         rot = (cols >= start) & mask

@@ -65,10 +65,9 @@ def uniforms(seeds: Tensor, positions: Tensor, vocab: int, purpose: int = PURPOS
     r = seeds.shape[0]
     out = torch.empty(r, vocab, dtype=torch.float32, device=seeds.device)
     if r:
-        slot = torch.zeros_like(positions) if slots is None else slots
         _uniform_kernel[(r, triton.cdiv(vocab, BLOCK))](
-            out, seeds.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous(),
-            slot.to(torch.int64).contiguous(), vocab, purpose, BLOCK=BLOCK)
+            out, seeds.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous(), _slot_arg(slots, seeds),
+            vocab, purpose, HAS_SLOT=slots is not None, BLOCK=BLOCK)
     return out
 
 
@@ -98,12 +97,17 @@ def keyed_race(weights: Tensor, seeds: Tensor, positions: Tensor, purpose: int =
     best = torch.empty(r, nb, dtype=torch.float32, device=w.device)
     at = torch.empty(r, nb, dtype=torch.int64, device=w.device)
     out = torch.empty(r, dtype=torch.int64, device=w.device)
-    slot = torch.zeros_like(positions) if slots is None else slots
     _race_block_kernel[(r, nb)](w, seeds.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous(),
-                                slot.to(torch.int64).contiguous(), best, at, vocab, w.stride(0), purpose, nb,
-                                BLOCK=RACE_BLOCK, **triton_kw(w.device))
+                                _slot_arg(slots, seeds), best, at, vocab, w.stride(0), purpose, nb,
+                                HAS_SLOT=slots is not None, BLOCK=RACE_BLOCK, **triton_kw(w.device))
     _race_pick_kernel[(r,)](best, at, out, nb, NB=triton.next_power_of_2(nb), **triton_kw(w.device))
     return out
+
+
+def _slot_arg(slots: Tensor | None, seeds: Tensor) -> Tensor:
+    """The kernels' slot operand: ``slots`` as int64, or any tensor when there are none (HAS_SLOT off: slot 0, no
+    zero-filled tensor launched per call)."""
+    return seeds if slots is None else slots.to(torch.int64).contiguous()
 
 
 BLOCK = 1024
@@ -118,13 +122,16 @@ if triton is not None:
         return tl.umulhi(a, b), a * b
 
     @triton.jit
-    def _philox_u(seed_ptr, pos_ptr, slot_ptr, r, cols, purpose, BLOCK: tl.constexpr):
+    def _philox_u(seed_ptr, pos_ptr, slot_ptr, r, cols, purpose, HAS_SLOT: tl.constexpr, BLOCK: tl.constexpr):
         """Row r's uniforms at vocab columns ``cols`` [BLOCK] (module docstring; :func:`uniforms_ref`'s bits)."""
         seed = tl.load(seed_ptr + r)
         k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
         k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
         pos = tl.load(pos_ptr + r)
-        slot = tl.load(slot_ptr + r)
+        if HAS_SLOT:
+            slot = tl.load(slot_ptr + r)
+        else:
+            slot = tl.full([], 0, tl.int64)
         c0 = cols.to(tl.uint32)
         c1 = tl.zeros([BLOCK], dtype=tl.uint32) + (pos & 0xFFFFFFFF).to(tl.uint32)
         c2 = tl.zeros([BLOCK], dtype=tl.uint32) + (((slot << 8) | purpose) & 0xFFFFFFFF).to(tl.uint32)
@@ -140,21 +147,22 @@ if triton is not None:
         return tl.minimum(((c0 >> 8).to(tl.float32) + 0.5) * 5.9604644775390625e-08, 0.99999994039535522)  # U_MAX
 
     @triton.jit
-    def _uniform_kernel(out_ptr, seed_ptr, pos_ptr, slot_ptr, V, purpose, BLOCK: tl.constexpr):
+    def _uniform_kernel(out_ptr, seed_ptr, pos_ptr, slot_ptr, V, purpose, HAS_SLOT: tl.constexpr,
+                        BLOCK: tl.constexpr):
         r, vb = tl.program_id(0), tl.program_id(1)
         cols = vb * BLOCK + tl.arange(0, BLOCK)
-        u = _philox_u(seed_ptr, pos_ptr, slot_ptr, r, cols, purpose, BLOCK)
+        u = _philox_u(seed_ptr, pos_ptr, slot_ptr, r, cols, purpose, HAS_SLOT, BLOCK)
         tl.store(out_ptr + r * V + cols, u, mask=cols < V)
 
     @triton.jit
     def _race_block_kernel(w_ptr, seed_ptr, pos_ptr, slot_ptr, best_ptr, at_ptr, V, stride_w, purpose, NB,
-                           BLOCK: tl.constexpr, PDL: tl.constexpr):
+                           HAS_SLOT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
         """best[r, b], at[r, b]: the largest w / −log u of row r's block b and its lowest column (a NaN score counts
         as +inf: the largest, as in torch.argmax, for finite weights; columns past V never win)."""
         prologue(PDL)
         r, vb = tl.program_id(0), tl.program_id(1)
         cols = vb * BLOCK + tl.arange(0, BLOCK)
-        q = -tl.log(_philox_u(seed_ptr, pos_ptr, slot_ptr, r, cols, purpose, BLOCK))
+        q = -tl.log(_philox_u(seed_ptr, pos_ptr, slot_ptr, r, cols, purpose, HAS_SLOT, BLOCK))
         w = tl.load(w_ptr + r.to(tl.int64) * stride_w + cols, mask=cols < V, other=0.0)
         score = tl.math.div_rn(w, q)
         score = tl.where(score != score, float("inf"), score)

@@ -40,10 +40,6 @@ MIN_SLICE_BYTES = 0
 # Expert GEMMs (no activation prefetch): cap the registers at 96 per thread so 5 CTAs fit per SM instead of 4 (the
 # kernel is latency-bound there: 3-6 % faster at B = 8-64, equal at B = 1; benches/RESULTS.md "2026-12-03 (late)").
 FIVE_CTAS = True
-# Weight batches (4 chunks of every row of a warp) that lane 0 of each row pair asks L2 for ahead of the register
-# loads (``cp.async.bulk.prefetch.L2``), so that the latency-bound kernel's later loads hit L2; 0 = off. Not yet
-# timed on the H200: off until ``kernel_bench.py --l2-ahead`` shows a gain (benches/RESULTS.md).
-L2_AHEAD = 0
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
@@ -105,7 +101,7 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        counters, FMT_CODES[w.fmt], n_group, w.block[0],
                        32 if w.fmt == "mxfp4" else w.block[1], slots, split, per,
-                       x_prefetch, FIVE_CTAS, pdl_enabled(x.device), L2_AHEAD)
+                       x_prefetch, FIVE_CTAS, pdl_enabled(x.device))
     return y
 
 

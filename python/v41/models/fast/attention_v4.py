@@ -37,10 +37,10 @@ class WindowCompressor(nn.Module):
         self.norm = RMSNorm(width, eps)
         self.width, self.ratio = width, ratio
 
-    def series(self, value: Tensor, gate: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """(values, gates + ape) [T, c·width] of every token from its projections ``wkv(x)``, ``wgate(x)`` in
-        ≥ float32."""
-        return value, gate + self.ape.to(gate.dtype)[pos % self.ratio]
+    def gates(self, gate: Tensor, pos: Tensor) -> Tensor:
+        """``wgate(x) + ape`` [T, c·width] (≥ float32) of tokens at positions ``pos``, from the projection
+        ``gate = wgate(x)`` (the attention's stacked projections, :meth:`FastAttention.project`)."""
+        return gate + self.ape.to(gate.dtype)[pos % self.ratio]
 
 
 class IndexerV4(nn.Module):
@@ -94,10 +94,10 @@ class V4Attention(FastAttention):
         r, lid, hd = self.plan.ratio, self.plan.layer_id, self.head_dim
         seg = ctx.segments[r]
         pos = ctx.batch.positions
-        value, gate = self.compressor.series(proj["comp.wkv"], proj["comp.wgate"], pos)
+        value, gate = proj["comp.wkv"], self.compressor.gates(proj["comp.wgate"], pos)
         if self.csa:
             di = self.indexer.head_dim
-            iv, ig = self.indexer.compressor.series(proj["idx.wkv"], proj["idx.wgate"], pos)
+            iv, ig = proj["idx.wkv"], self.indexer.compressor.gates(proj["idx.wgate"], pos)
             value = torch.cat([value[:, :hd], iv[:, :di], value[:, hd:], iv[:, di:]], dim=1)
             gate = torch.cat([gate[:, :hd], ig[:, :di], gate[:, hd:], ig[:, di:]], dim=1)
         m, s, a = pool_step(seg, value, gate, ctx.cache.state[lid])
