@@ -6,8 +6,9 @@ sampler's softmax with its temperature and keyed race over 129,280 columns (``ke
 
     python3 benches/gpu/glue_bench.py [--tokens 1,8,64] [--reps 24]
 
-Each cell captures ``reps`` calls in one CUDA graph and times its replay with events (median; event_timing.py);
-linears rotate over copies of the weight (≥ 256 MB) so that none is in L2. Floor = bytes read over the copy
+Each cell captures ``reps`` calls (or one per weight copy, at most 128) in one CUDA graph and times its replay
+with events (median; event_timing.py); the mHC mixes and the linears rotate over copies of their weight (≥ 256 MB)
+so that none is in L2, as in a decode step, where each layer has its own. Floor = bytes read over the copy
 bandwidth of the same call. Columns other than "default" set a switch for that cell only (the module attribute
 named). Prints one table last.
 """
@@ -24,7 +25,8 @@ from v41.kernels.packed import from_dense
 
 D, HC = 5120, 4
 # (name, N, K): V4.1-Flash bf16 weights with float32 outputs (the CUDA weight-streaming kernel takes fp8 / mxfp4)
-LINEARS = [("router gate", 384, D), ("compressor wkv", 512, D), ("indexer weights_proj", 32, D)]
+LINEARS = [("router gate", 384, D), ("compressor wkv", 512, D), ("indexer weights_proj", 32, D),
+           ("compressor wkv + wgate + weights_proj stacked", 1056, D)]
 ROTATE_BYTES = 256 << 20
 
 
@@ -59,14 +61,16 @@ def mhc_cells(tokens, reps, bw):
     g = torch.Generator(device="cuda").manual_seed(0)
     n_mix = (2 + HC) * HC
     fn = torch.randn(n_mix, HC * D, device="cuda", generator=g) * 0.01
+    fns = [fn] + [torch.randn_like(fn) * 0.01 for _ in range(ROTATE_BYTES // (fn.numel() * 4) - 1)]  # each seam's own
     scale = torch.ones(3, device="cuda")
     base = torch.zeros(n_mix, device="cuda")
     for t in tokens:
         hs = [torch.randn(t, HC, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
-        call = lambda i: mhc.hc_mixes(hs[i % 4], fn, scale, base, HC, 20, 1e-6, 1e-6)  # noqa: E731
+        call = lambda i: mhc.hc_mixes(hs[i % 4], fns[i % len(fns)], scale, base, HC, 20, 1e-6, 1e-6)  # noqa: E731
         want = mhc.hc_mixes_ref(hs[0].double(), fn.double(), scale.double(), base.double(), HC, 20, 1e-6, 1e-6)
         err = max(rel(a, b) for a, b in zip(call(0), want))
-        us = {name: switched(mhc, s, lambda: graph_us([lambda i=i: call(i) for i in range(reps)]))
+        n = max(reps, len(fns))
+        us = {name: switched(mhc, s, lambda: graph_us([lambda i=i: call(i) for i in range(n)]))
               for name, s in MHC_VARIANTS.items()}
         floor = (fn.numel() * 4 + hs[0].numel() * 2) / bw * 1e6
         rows.append(("mhc mixes", f"T={t}", us, floor, err))
@@ -83,7 +87,8 @@ def linear_cells(tokens, reps, bw):
             xs = [torch.randn(t, k, device="cuda").to(torch.bfloat16) for _ in range(4)]
             call = lambda i: linear._linear_triton(xs[i % 4], copies[i % len(copies)], torch.float32, 1)  # noqa
             err = rel(call(0), linear.linear_ref(xs[0].double(), w0, torch.float64))
-            us = {v: switched(linear, s, lambda: graph_us([lambda i=i: call(i) for i in range(reps)]))
+            n_calls = max(reps, min(len(copies), 128))
+            us = {v: switched(linear, s, lambda: graph_us([lambda i=i: call(i) for i in range(n_calls)]))
                   for v, s in LINEAR_VARIANTS.items()}
             rows.append((f"linear {name} [{n}, {k}] bf16 → fp32", f"T={t}", us, w0.nbytes / bw * 1e6, err))
         del copies

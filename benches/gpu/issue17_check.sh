@@ -16,7 +16,12 @@
 #   verify   (~5 min) the checks of the sampler's kernels, mHC, linear, norms and the window pool (column views),
 #            the engine's greedy tokens (tiny V4.1 / V4, bf16 / fp8 records: the stacked sibling projections),
 #            speculation's graphs vs eager, host synchronisation, PDL and the side stream;
-#   final    (~6 min) glue_bench.py; flash-slice-v41 B = 1, 64 and flash-slice-v4 B = 1;
+#   final    (~4 min) flash-slice-v41 B = 1, 64 and its prefill rates at 2,048 / 8,192 tokens; flash-slice-v4
+#            B = 1;
+#   profiles (~7 min) B = 1 decode profiles of flash-slice-v41 (fp8) and -v4 and the 8,192-token prefill profile
+#            (PDL off);
+#   moe      (~3 min, no build) the MoE GEMM at an 8,192-token prefill chunk over V4.1's experts, prefill
+#            tilings swept (moe_bench.py --tiles);
 #   prefill  (~4 min) where an 8,192-token prefill of flash-slice-v41 goes (profile_step.py, PDL off), and the
 #            slice's prefill rate at 2,048 / 8,192 tokens (the ≥ 50 % of the FLOP roofline target).
 # The exit status is 1 when a test run failed.
@@ -26,7 +31,9 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 rm -f python/v41/_cuda.so
-timeout 100 python3 cuda/build.py > "$OUT/build.txt" 2>&1; tail -1 "$OUT/build.txt"
+if [ "${MODE:-tests}" != moe ]; then
+  timeout 100 python3 cuda/build.py > "$OUT/build.txt" 2>&1; tail -1 "$OUT/build.txt"
+fi
 PT="python3 -m pytest -q -p no:cacheprovider --durations=8"
 rc=0
 case "${MODE:-tests}" in
@@ -66,27 +73,32 @@ case "${MODE:-tests}" in
       > "$OUT/kernels.txt" 2>&1
     tail -20 "$OUT/kernels.txt" ;;
   verify)
-    timeout 330 $PT tests/test_gpu_fast.py tests/test_gpu_pdl.py tests/test_gpu_side_stream.py -k "(triton_kernel_equals \
+    timeout 400 $PT tests/test_gpu_fast.py tests/test_gpu_pdl.py tests/test_gpu_side_stream.py -k "(triton_kernel_equals \
       and (race or uniforms or softmax or angle_tables or mhc or linear or norm_rope or window_pool)) or greedy \
       or host_synchronisation \
       or speculation_replays or pdl or side_stream" > "$OUT/tests4.txt" 2>&1 || rc=1
     tail -12 "$OUT/tests4.txt" ;;
   final)
-    timeout 120 python3 benches/gpu/glue_bench.py > "$OUT/glue.txt" 2>&1
-    tail -16 "$OUT/glue.txt"
-    timeout 170 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
+    timeout 170 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill 2048,8192 \
       --kv-cache-dtype fp8 --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
-    tail -4 "$OUT/fs_v41.txt"
+    tail -6 "$OUT/fs_v41.txt"
     timeout 90 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
       --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
     tail -3 "$OUT/fs_v4.txt" ;;
-  prefill)
+  profiles)
+    timeout 150 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 2048 --prefill 0 \
+      --kv-cache-dtype fp8 --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
+    grep -A24 "== decode" "$OUT/profile_b1.txt" | head -26
+    timeout 120 python3 benches/gpu/profile_step.py --slice v4 --batch 1 --context 2048 --prefill 0 \
+      --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_v4_b1.txt" 2>&1
+    grep -A16 "== decode" "$OUT/profile_v4_b1.txt" | head -18
     timeout 200 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 256 --prefill 8192 \
       --kv-cache-dtype fp8 --top 40 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_prefill.txt" 2>&1
-    grep -A42 "== prefill" "$OUT/profile_prefill.txt" | head -44
-    timeout 150 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 2048,8192 --kv-cache-dtype fp8 \
-      --out "$OUT/fs_prefill" > "$OUT/fs_prefill.txt" 2>&1
-    tail -4 "$OUT/fs_prefill.txt" ;;
-  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final or prefill"; exit 2 ;;
+    grep -A20 "== prefill" "$OUT/profile_prefill.txt" | head -22 ;;
+  moe)
+    timeout 200 python3 benches/gpu/moe_bench.py --shape v41 --batches 8192 --reps 5 \
+      --tiles 128:128,128:64,256:128 > "$OUT/moe.txt" 2>&1
+    tail -7 "$OUT/moe.txt" ;;
+  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, moe or prefill"; exit 2 ;;
 esac
 exit $rc

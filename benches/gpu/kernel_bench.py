@@ -28,6 +28,7 @@ from v41.kernels.packed import PackedWeight
 
 # (name, N, K, block, groups): V4.1-Flash (32×32 FP8 tiles) and V4-Flash (128×128) dense linears
 LINEARS = [("v41 wq_a", 1280, 5120, 32, 1), ("v41 wq_b", 32768, 1280, 32, 1), ("v41 wkv", 512, 5120, 32, 1),
+           ("v41 wq_a + wkv stacked", 1792, 5120, 32, 1),
            ("v41 wo_a (8 groups)", 8192, 32768, 32, 8), ("v41 wo_b", 5120, 8192, 32, 1),
            ("v41 shared w13", 4608, 5120, 32, 1), ("v41 shared w2", 5120, 2304, 32, 1),
            ("v4 wq_a", 1024, 4096, 128, 1), ("v4 wo_b", 4096, 8192, 128, 1)]

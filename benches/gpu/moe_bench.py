@@ -1,13 +1,18 @@
-"""The decode MoE GEMM alone (docs/benchmarking.md, issue 12): :func:`v41.kernels.moe.grouped_linear_triton` over
-V4-Flash's MXFP4 experts (256 experts; ``w13`` 4096 × 4096, ``w2`` 4096 × 2048) at the pair counts of decode
-batches, each launch configuration checked against dequantize-then-matmul and timed with CUDA events.
+"""The MoE GEMM alone (docs/benchmarking.md, issues 12 and 17): :func:`v41.kernels.moe.grouped_linear_triton` over
+V4-Flash's MXFP4 experts (256 experts; ``w13`` 4096 × 4096, ``w2`` 4096 × 2048) or V4.1-Flash's (``--shape v41``:
+384 experts; ``w13`` 4608 × 5120, ``w2`` 5120 × 2304) at the pair counts of decode batches or of a prefill chunk,
+each launch configuration checked against dequantize-then-matmul and timed with CUDA events.
 
     python3 benches/gpu/moe_bench.py [--batches 1,8,64] [--sweep] [--reps 20]
+    python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --tiles 64:64,128:128,128:256 --reps 5
 
 Every repetition routes afresh (uniform top-6 per token, a new draw each time) so the experts it reads are not
 the previous repetition's L2 contents; the launch is timed as a CUDA graph replay, as the decode step runs it.
 Floor = bytes of the experts touched (data + scales) over the copy bandwidth measured in the same call. Prints
-one table last: the default configuration and, with ``--sweep``, the best of the swept ones per cell.
+one table last: the default configuration and, with ``--sweep`` (decode: K split, N tile, warps, stages) or
+``--tiles BM:BN,…`` (prefill: each row block × N tile at 4 / 8 warps, 3 stages, through ``tl.dot_scaled`` and
+through the nibble decode), the best of the swept ones
+per cell; prefill cells also give TFLOP/s against the bf16 dense-GEMM rate measured in the same call.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from v41.kernels.moe import grouped_config, grouped_linear_triton
 from v41.kernels.moe_align import align_pairs
 from v41.kernels.packed import PackedWeight
 
-E, D, I, TOP_K = 256, 4096, 2048, 6
+SHAPES = {"v4": (256, 4096, 2048), "v41": (384, 5120, 2304)}  # experts, hidden, intermediate
+E, D, I, TOP_K = *SHAPES["v4"], 6
 
 
 def copy_bandwidth() -> float:
@@ -36,6 +42,12 @@ def mxfp4(n: int, k: int) -> PackedWeight:
     data = torch.randint(0, 256, (E, n, k // 2), dtype=torch.uint8, device="cuda")
     scale = torch.randint(118, 127, (E, n, k // 32), dtype=torch.uint8, device="cuda")
     return PackedWeight(data, scale, "mxfp4", (1, 32))
+
+
+def bf16_rate() -> float:
+    """FLOP/s of one 8192³ bf16 matmul (the roofline the prefill cells are read against)."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    return 2 * 8192 ** 3 / (median_ms(lambda: a @ a, 10) / 1e3)
 
 
 def routings(batch: int, reps: int, gen: torch.Generator):
@@ -87,11 +99,17 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,64")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--shape", choices=tuple(SHAPES), default="v4")
+    ap.add_argument("--tiles", default="",
+                    help="BM:BN tiles to sweep at 4 / 8 warps, 3 stages, scaled dot or not")
     a = ap.parse_args()
+    global E, D, I
+    E, D, I = SHAPES[a.shape]
     torch.manual_seed(0)
     gen = torch.Generator(device="cuda").manual_seed(0)
     bw = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s")
+    peak = bf16_rate()
+    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s, bf16 {peak / 1e12:.0f} TFLOP/s")
     weights = {"w13": mxfp4(2 * I, D), "w2": mxfp4(D, I)}
     per_expert = {name: (w.data[0].numel() + w.scale[0].numel()) for name, w in weights.items()}
     rows = []
@@ -109,20 +127,30 @@ def main() -> None:
                 for scaled, bn, split, warps, stages in itertools.product(
                         (False, True), (64, 128), splits, (4, 8), (3, 4)):
                     configs.append(dict(default, scaled=scaled, bn=bn, split=split, warps=warps, stages=stages))
+            for tile, warps, scaled in itertools.product(a.tiles.split(",") if a.tiles else (), (4, 8),
+                                                         (default["scaled"], not default["scaled"])):
+                bm, bn = (int(v) for v in tile.split(":"))
+                configs.append(dict(default, bm=bm, bn=bn, split=1, warps=warps, stages=3, scaled=scaled))
+            flop = 2 * batch * TOP_K * w.shape[1] * w.shape[2]
             results = []
             for cfg in configs:
-                err = check(x, w, routes[0], cfg, gather)
-                ms = timed(x, w, routes, cfg, gather) if err < 1e-2 else float("nan")
+                try:
+                    err = check(x, w, routes[0], cfg, gather)
+                    ms = timed(x, w, routes, cfg, gather) if err < 1e-2 else float("nan")
+                except Exception as exc:  # a tiling that does not fit (shared memory, registers): not a result
+                    err, ms = float("inf"), float("nan")
+                    print(f"B={batch} {name} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
                 print(f"B={batch:3d} {name:3s} {cfg} err {err:.1e} {ms:.3f} ms", flush=True)
                 results.append((ms if ms == ms else float("inf"), cfg, err))
             best = min(results, key=lambda r: r[0])
-            rows.append((batch, name, touched, floor_ms, results[0][0], results[0][2], best[0], best[1]))
-    print("\n| B | weight | experts touched | floor ms | default ms | default/floor | rel err | best ms "
-          "| best config |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for batch, name, touched, floor_ms, d_ms, err, b_ms, b_cfg in rows:
-        print(f"| {batch} | {name} | {touched:.0f} | {floor_ms:.3f} | {d_ms:.3f} | {d_ms / floor_ms:.1f}x | {err:.1e} "
-              f"| {b_ms:.3f} | {b_cfg} |")
+            rows.append((batch, name, touched, floor_ms, results[0][0], results[0][2], best[0], best[1], flop))
+    print("\n| B | weight | experts touched | floor ms | default ms | default/floor | default TFLOP/s | rel err "
+          "| best ms | best TFLOP/s | best config |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for batch, name, touched, floor_ms, d_ms, err, b_ms, b_cfg, flop in rows:
+        print(f"| {batch} | {name} | {touched:.0f} | {floor_ms:.3f} | {d_ms:.3f} | {d_ms / floor_ms:.1f}x "
+              f"| {flop / d_ms / 1e9:.0f} | {err:.1e} | {b_ms:.3f} | {flop / b_ms / 1e9:.0f} | {b_cfg} |")
+    print(f"(bf16 dense rate in this call: {peak / 1e12:.0f} TFLOP/s)")
 
 
 if __name__ == "__main__":

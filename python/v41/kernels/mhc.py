@@ -34,11 +34,13 @@ FUSED_NORM = True
 MIX_SPLIT_MAX = 32
 # Slices the finish adds per round of loads (their loads issued together, the sums in slice order: the same bits at
 # any value). A B = 1 profile had the finish at ~6.8 µs per seam for 32 slices, about one L2 round trip per slice.
-# Not yet timed (glue_bench.py column "finish unroll 1" is the rolled loop).
+# On the H200 (glue_bench.py, "2026-12-04 (evening)") 14.6 µs per seam at one token, 14.3 rolled, 14.4 at 8: noise.
 FINISH_UNROLL = 4
 # Steps of at most this many tokens take the one-token split-K pass (float32 FMAs, no 16-token tensor-core tile
-# for one token; a B = 1 profile had the tiled pass at ~9.4 µs per seam); 0 = off until glue_bench.py times it
-# (column "gemv ≤ 8 tokens").
+# for one token). Off: glue_bench.py timed it at 13.5 / 12.5 µs per seam at 1 / 8 tokens against 14.6 / 15.5 µs
+# tiled, but in a B = 1 step of flash-slice-v41 (profile_step.py, PDL off; benches/RESULTS.md "2026-12-04
+# (evening)") it took 22 µs per seam against the tiled pass and finish's 16 µs: there each seam's 2 MB of mix
+# weights come from HBM, in the bench's graph of 24 calls over one weight from L2.
 MIX_GEMV_T = 0
 GEMV_BK = 256
 

@@ -148,16 +148,21 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     """The launch of :func:`grouped_linear_triton` for ``pairs`` sorted rows over ``w`` (host shapes only, never the
     routing): row block ``bm``, N tile ``bn``, K ``split`` (few rows per expert split K so the weight stream
     spreads over the GPU), ``scaled`` (MXFP4 through ``tl.dot_scaled``: bf16/fp16 activations on a GPU, not
-    under the interpreter), ``warps``, ``stages``. Chosen with ``benches/gpu/moe_bench.py --sweep``."""
+    under the interpreter), ``warps``, ``stages``. Chosen with ``benches/gpu/moe_bench.py --sweep`` (decode) and
+    ``--tiles`` (prefill: at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2 / 6.8 ms
+    for w13 / w2 against 17.6 / 9.1 ms with the 64 × 64 tiles of 4 warps before; 256-row tiles 11.5 / 6.8 ms; the
+    weight tile as the dot's left operand 3× slower; benches/RESULTS.md "2026-12-04 (evening)")."""
     n_exp, n, k = w.shape
     per_expert = pairs / n_exp
+    scaled = (w.fmt == "mxfp4" and dtype in (torch.bfloat16, torch.float16) and w.data.is_cuda
+              and not interpreting())
+    if per_expert > 64:  # prefill chunks
+        return dict(bm=128, bn=128, split=1, scaled=scaled, warps=8, stages=3)
     bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
     bn = 128 if bm == 16 else 64
     slots = min(n_exp, pairs)
     n_kb = triton.cdiv(k, TILE_K)
     split = max(1, min(n_kb, 1024 // (slots * triton.cdiv(n, bn)))) if bm == 16 else 1
-    scaled = (w.fmt == "mxfp4" and dtype in (torch.bfloat16, torch.float16) and w.data.is_cuda
-              and not interpreting())
     return dict(bm=bm, bn=bn, split=split, scaled=scaled, warps=4, stages=4)
 
 

@@ -34,8 +34,9 @@ ROWS_PER_CTA = 64
 CTAS_PER_SM = 3  # split K until this many CTAs per SM (benches/RESULTS.md: 16 and 64 measured slower)
 # Weight bytes a split-K CTA streams at least (0: no floor). At one row the small projections split into slices of
 # 8–16 KB (V4.1 wkv: 40 slices of 8 KB, 5.7 µs for 0.6 µs of bytes), and the Triton linear was 1.5–1.8× faster with
-# 64 KB slices than with 8 KB ones (benches/RESULTS.md "2026-12-04 (afternoon)"). Not yet timed here:
-# ``kernel_bench.py --min-slice 32768,65536``.
+# 64 KB slices than with 8 KB ones (benches/RESULTS.md "2026-12-04 (afternoon)"). Here it does not pay
+# (kernel_bench.py --min-slice, benches/RESULTS.md "2026-12-04 (evening)"): V4.1 wq_a at one row 6.2 µs with no
+# floor, 6.7 with 32 KB, 8.1 with 64 KB; the stacked wq_a + wkv 7.1 / 7.8 / 9.1 µs. Off.
 MIN_SLICE_BYTES = 0
 # Expert GEMMs (no activation prefetch): cap the registers at 96 per thread so 5 CTAs fit per SM instead of 4 (the
 # kernel is latency-bound there: 3-6 % faster at B = 8-64, equal at B = 1; benches/RESULTS.md "2026-12-03 (late)").
