@@ -16,9 +16,9 @@ import torch
 
 from v41 import quant
 from v41.cache.records import RecordFormat
-from v41.kernels import (engram_gate, engram_rows, indexer, linear, mhc, moe, moe_align, norm, paged, record_store,
-                         rope, router, sampling, segments, softmax, sparse_attention, swiglu, topk, window_pool,
-                         wstream)
+from v41.kernels import (dequant, engram_gate, engram_rows, indexer, linear, mhc, moe, moe_align, norm, paged,
+                         record_store, rope, router, sampling, segments, softmax, sparse_attention, swiglu, topk,
+                         window_pool, wstream)
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
 
@@ -58,7 +58,9 @@ def check_linear(device: str, dtype: torch.dtype, g: torch.Generator):
     cases = [("fp8", (32, 32), 1, 64, 96, 1), ("fp8", (128, 128), 17, 128, 256, 1), ("dense", (1, 1), 5, 64, 512, 1),
              ("fp8", (32, 32), 3, 128, 64, 2), ("fp8", (32, 32), 1, 32, 8192, 1), ("fp8", (128, 128), 2, 96, 200, 1),
              ("fp8", (128, 128), 300, 64, 256, 1),  # a verify step of 50 requests × 6 rows
-             ("fp8", (32, 32), 64, 64, 16384, 1)]  # 16 K slices of 16 KB partials: summed after the kernel
+             ("fp8", (32, 32), 64, 64, 16384, 1),  # 16 K slices of 16 KB partials: summed after the kernel
+             ("fp8", (128, 128), 520, 70, 200, 1), ("fp8", (32, 32), 513, 64, 96, 2),  # prefill rows: dequantized
+             ("dense", (1, 1), 530, 48, 256, 1)]  # a float32 output: the BLAS GEMM in x's dtype on CUDA
     for fmt, block, m, n, k, groups in cases:
         w = packed(torch.randn(n, k, generator=g) / k ** 0.5, fmt, block).to(device)
         if fmt == "dense":
@@ -69,6 +71,11 @@ def check_linear(device: str, dtype: torch.dtype, g: torch.Generator):
             y = linear.linear(x, w, out_dtype, groups)
             r = linear.linear_ref(x.double(), w, torch.float64, groups)
             out.append((f"linear/{fmt}{block[0]}/m{m}/g{groups}/{str(out_dtype)[6:]}", rel(y, r), tol(dtype)))
+    for block, (n, k) in (((128, 128), (70, 200)), ((32, 32), (96, 64)), ((32, 32), (33, 130))):
+        w = packed(torch.randn(n, k, generator=g) * 5, "fp8", block).to(device)
+        for want_dtype in sorted({dtype, torch.float32}, key=str):  # one launch = the PyTorch form, bit for bit
+            same = torch.equal(dequant.dequantize(w, want_dtype), w.dequantize(want_dtype))
+            out.append((f"dequant/fp8{block[0]}/{n}x{k}/{str(want_dtype)[6:]}", 0.0 if same else float("inf"), 0.0))
     return out
 
 
@@ -394,6 +401,10 @@ def check_norm_rope_swiglu(device: str, dtype: torch.dtype, g: torch.Generator):
             y = rope.rope(x, cos.float(), sin.float(), inverse)
             r = rope.rope_ref(x.double(), cos, sin, inverse)
             out.append((f"rope/{'x'.join(map(str, shape))}/{'inv' if inverse else 'fwd'}", rel(y, r), tol(dtype)))
+            inplace = x.clone()  # in place: the rotated columns' bits, the others untouched
+            same = rope.rope_(inplace, cos.float(), sin.float(), inverse) is inplace and torch.equal(inplace, y)
+            out.append((f"rope_/{'x'.join(map(str, shape))}/{'inv' if inverse else 'fwd'}",
+                        0.0 if same else float("inf"), 0.0))
     h13 = (torch.randn(9, 2 * 40, generator=g) * 6).to(device, dtype)
     wt = torch.rand(9, generator=g).to(device)
     for weight in (wt, None):

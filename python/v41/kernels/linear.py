@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import wstream
+from .dequant import dequantize
 from .dispatch import TRITON_DTYPES, dot_dtype, triton, use_cuda, use_triton
 from .pdl import triton_kw
 from .packed import PackedWeight
@@ -44,9 +45,12 @@ def linear_ref(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None,
     """Reference: x ``[M, G·K_g]`` (float), w ``[G·N_g, K_g]`` → ``[M, G·N_g]`` in ``out_dtype`` (default x's).
     Computed in x's dtype (bf16 GEMMs accumulate in float32), or in float32 when ``out_dtype`` is wider."""
     out_dtype = out_dtype or x.dtype
-    cdt = torch.promote_types(x.dtype, out_dtype)
-    wd = w.dequantize(cdt)
-    xc = x.to(cdt)
+    return _dense_linear(x, w.dequantize(torch.promote_types(x.dtype, out_dtype)), out_dtype, groups)
+
+
+def _dense_linear(x: Tensor, wd: Tensor, out_dtype: torch.dtype, groups: int) -> Tensor:
+    """:func:`linear_ref` over the dequantized weight ``wd`` (in the compute dtype) by the BLAS GEMM."""
+    xc = x.to(wd.dtype)
     if groups == 1:
         return F.linear(xc, wd).to(out_dtype)
     m = x.shape[0]
@@ -59,7 +63,9 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, gro
     takes the shapes (:func:`.wstream.linear`: bf16, at most ``wstream.MAX_ROWS`` rows, fp8 or mxfp4 weights), else
     as the Triton kernel where
     :func:`.dispatch.use_triton` says so (2-D weights in fp8 or dense format, at most ``TRITON_MAX_M`` rows,
-    bf16/fp16/fp32 activations), else the reference."""
+    bf16/fp16/fp32 activations), else (CUDA, bf16 / fp16 x and weight, float32 output) the BLAS GEMM with a float32
+    output, else (FP8 weights where Triton runs) the weight dequantized in one launch and the BLAS GEMM, else the
+    reference."""
     if use_cuda(x, w.data):
         y = wstream.linear(x, w, out_dtype or x.dtype, groups)
         if y is not None:
@@ -67,6 +73,16 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, gro
     if (0 < x.shape[0] <= TRITON_MAX_M and x.dtype in TRITON_DTYPES and w.fmt in ("fp8", "dense")
             and w.data.dim() == 2 and use_triton(x, w.data)):
         return _linear_triton(x, w, out_dtype or x.dtype, groups)
+    if (out_dtype == torch.float32 and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.dim() == 2
+            and groups == 1 and w.fmt == "dense" and w.data.dtype == x.dtype):
+        # Prefill rows with a float32 output over bf16 weights (router gate, compressors, indexer weights): the BLAS
+        # GEMM in x's dtype with a float32 output. A product of two bf16 numbers is exact in float32, so this is
+        # linear_ref's float32 GEMM up to the order of the float32 sums, on tensor cores (the float32 GEMMs took
+        # 11 ms of an 8,192-token flash-slice-v41 prefill: benches/RESULTS.md "2026-12-04 (evening)").
+        return torch.mm(x, w.data.t(), out_dtype=torch.float32)
+    if w.fmt == "fp8" and w.data.dim() == 2 and x.dtype in TRITON_DTYPES and use_triton(x, w.data):
+        out_dtype = out_dtype or x.dtype  # prefill rows: the weight dequantized in one launch (kernels/dequant.py)
+        return _dense_linear(x, dequantize(w, torch.promote_types(x.dtype, out_dtype)), out_dtype, groups)
     return linear_ref(x, w, out_dtype, groups)
 
 

@@ -42,6 +42,24 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
     return out
 
 
+def rope_(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
+    """:func:`rope` in place: x's last ``rd`` columns rotated, the others left where they are (at prefill the query
+    [T, 64, 512] was copied whole to rotate its last 64 columns: 7.6 ms of an 8,192-token flash-slice-v41 prefill,
+    benches/RESULTS.md "2026-12-04 (evening)"); one Triton launch reading and writing only those columns (the same
+    bits as :func:`rope`: the same rotation helper) where :func:`.dispatch.use_triton` says so and x is contiguous.
+    Returns x."""
+    if x.dtype not in TRITON_DTYPES or x.numel() == 0 or not x.is_contiguous() or not use_triton(x):
+        rd = 2 * cos.shape[-1]
+        x[..., -rd:] = rope_ref(x, cos, sin, inverse)[..., -rd:]
+        return x
+    t, d, half = x.shape[0], x.shape[-1], cos.shape[-1]
+    rows_per_t = x.numel() // (t * d)
+    _rope_cols_kernel[(t, rows_per_t)](x, cos.float().contiguous(), sin.float().contiguous(), rows_per_t, d, half,
+                                       -1.0 if inverse else 1.0, BLOCK=triton.next_power_of_2(2 * half),
+                                       **triton_kw(x.device))
+    return x
+
+
 def rms_norm_rope_ref(x: Tensor, eps: float, weight: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """``rope_ref(rms_norm_ref(x, eps, weight), cos, sin)``: x [T, D]; weight [D]; cos, sin [T, rd/2] → [T, D] in
     x's dtype (the normalized row is rounded to x's dtype before it is rotated, as the two ops do)."""
@@ -97,6 +115,21 @@ if triton is not None:
         """Channel values x with their pair partners xp (float32) rotated where ``rot``; shared by both kernels, so
         the compiler forms the same products and sums in each."""
         return tl.where(rot, x * c + tl.where(odd, xp * s, -xp * s), x)
+
+    @triton.jit
+    def _rope_cols_kernel(x_ptr, cos_ptr, sin_ptr, ROWS, D, HALF, sign, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
+        t, h = tl.program_id(0), tl.program_id(1)
+        start = D - 2 * HALF
+        base = (t.to(tl.int64) * ROWS + h) * D + start
+        j = tl.arange(0, BLOCK)  # column start + j; pairs (2i, 2i+1) stay in this program's columns
+        rot = j < 2 * HALF
+        x = tl.load(x_ptr + base + j, mask=rot, other=0.0).to(tl.float32)
+        xp = tl.load(x_ptr + base + (j ^ 1), mask=rot, other=0.0).to(tl.float32)
+        c = tl.load(cos_ptr + t * HALF + j // 2, mask=rot, other=1.0)
+        s = tl.load(sin_ptr + t * HALF + j // 2, mask=rot, other=0.0) * sign
+        y = _rotate(x, xp, c, s, j % 2 == 1, rot)
+        tl.store(x_ptr + base + j, y.to(x_ptr.dtype.element_ty), mask=rot)
 
     @triton.jit
     def _norm_rope_kernel(x_ptr, y_ptr, w_ptr, cos_ptr, sin_ptr, D, stride_x, HALF, eps, BLOCK: tl.constexpr,

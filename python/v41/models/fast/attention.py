@@ -28,7 +28,7 @@ from ..sharding import group_range, head_range
 from .cache import FastCache
 from .compress import Segments
 from ...kernels.norm import rms_norm
-from ...kernels.rope import rope
+from ...kernels.rope import rope_
 from .fused import SiblingLinears
 from .layers import PackedLinear, RMSNorm, Rope
 
@@ -136,7 +136,7 @@ class FastAttention(nn.Module):
         q = self.wq_b(qr).view(x.shape[0], self.n_heads, self.head_dim)
         if self.q_head_norm:
             q = rms_norm(q, self.cfg.rms_norm_eps)
-        q = rope(q, cos, sin)
+        q = rope_(q, cos, sin)  # q is this step's own tensor: rotated in place
         written.wait()
         lid = self.plan.layer_id
         sources = [(ctx.cache.tensors["swa"][lid], ctx.window_slots)]
@@ -146,7 +146,7 @@ class FastAttention(nn.Module):
             sources.append(extra)
             records.append(ctx.cache.records[f"ckv{self.plan.ratio}"])
         o = sparse_mqa_sink(q, sources, self.attn_sink, self.head_dim ** -0.5, records)
-        o = rope(o, cos, sin, inverse=True)
+        o = rope_(o, cos, sin, inverse=True)
         return self.tp.all_reduce(self.wo_b(self.wo_a(o.reshape(x.shape[0], -1))))
 
     def add_wide_siblings(self, named: dict[str, PackedLinear]) -> None:

@@ -16,7 +16,7 @@ from ...config import LayerPlan, ModelConfig
 from ...distributed.group import TPGroup
 from ...kernels.indexer import index_scores
 from ...kernels.paged import gather_slots, table_slots
-from ...kernels.rope import rope
+from ...kernels.rope import rope_
 from ...kernels.topk import select_topk
 from ...kernels.window_pool import NEG, combine_triples
 from .attention import FastAttention, StepContext, index_row_chunks
@@ -126,7 +126,7 @@ class V4Attention(FastAttention):
         """The indexer's top-k entry ids per query [T, min(index_topk, N)] (−1 = none)."""
         ix, r, lid = self.indexer, self.plan.ratio, self.plan.layer_id
         cos, sin = ctx.rope[self.rope_key]
-        q = rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
+        q = rope_(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
         w = proj["weights_proj"] * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
         kind, b, n = f"idx{r}", ctx.batch, ctx.n_max[r]
         picks = []

@@ -16,7 +16,7 @@ from ...kernels.record_store import mxfp4_qdq_rows
 from ...kernels.topk import select_topk
 from .attention import FastAttention, StepContext, index_row_chunks
 from .compress import finish, pool_step
-from ...kernels.rope import rope
+from ...kernels.rope import rope, rope_
 from .layers import PackedLinear, RMSNorm
 
 
@@ -100,7 +100,7 @@ class CSA2Attention(FastAttention):
         cfg, plan, ix = self.cfg, self.plan, self.indexer
         r = plan.ratio
         cos, sin = ctx.rope[self.rope_key]
-        q = rope(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
+        q = rope_(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
         w = proj["weights_proj"] * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
         kind = f"idx{r}"
         record = ctx.cache.records[kind]

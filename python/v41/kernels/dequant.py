@@ -1,0 +1,55 @@
+"""An FP8 block-scaled weight dequantized in one launch (docs/kernels.md §2 "Dense FP8 GEMMs": the prefill path
+dequantizes each dense weight once per call and uses the BLAS GEMM).
+
+:meth:`.packed.PackedWeight.dequantize` forms ``fp8 → float32``, the scale tiles expanded to the weight's shape
+twice (``repeat_interleave`` per dim), the product and the cast: five full-size passes, about 30 bytes moved per
+weight element. In an 8,192-token flash-slice-v41 prefill those copies and products were ~15 ms of 419
+(benches/RESULTS.md "2026-12-04 (evening)"). :func:`dequantize` reads the FP8 byte and its tile's scale and writes
+the result: 1 + 2 bytes per element for a bf16 weight. The same float32 product and rounding as the PyTorch form,
+so the same bits (``check_dequant_fp8``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import quant
+from .dispatch import triton, use_triton
+from .packed import PackedWeight
+from .pdl import triton_kw
+
+BN, BK = 32, 128  # one program's tile of the weight
+
+
+def dequantize(w: PackedWeight, dtype: torch.dtype) -> Tensor:
+    """``w.dequantize(dtype)``: the dense ``[out, in]`` weight, in one Triton launch for a 2-D FP8 weight where
+    :func:`.dispatch.use_triton` says so (bf16 / fp16 / float32 results), else the PyTorch form. Raises as
+    :meth:`.packed.PackedWeight.dequantize` does."""
+    if (w.fmt != "fp8" or w.data.dim() != 2 or w.data.numel() == 0
+            or dtype not in (torch.bfloat16, torch.float16, torch.float32) or not use_triton(w.data)):
+        return w.dequantize(dtype)
+    n, k = w.data.shape
+    scale = quant.e8m0_to_float(w.scale)  # [⌈n / b0⌉, ⌈k / b1⌉] float32, exact powers of two
+    out = torch.empty(n, k, dtype=dtype, device=w.data.device)
+    _fp8_kernel[(triton.cdiv(n, BN), triton.cdiv(k, BK))](
+        w.data, scale, out, n, k, w.data.stride(0), scale.stride(0), B0=w.block[0], B1=w.block[1], BN=BN, BK=BK,
+        **triton_kw(out.device))
+    return out
+
+
+if triton is not None:
+    import triton.language as tl
+    from .pdl import prologue
+
+    @triton.jit
+    def _fp8_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, B0: tl.constexpr, B1: tl.constexpr,
+                    BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
+        rn = tl.program_id(0) * BN + tl.arange(0, BN)
+        rk = tl.program_id(1) * BK + tl.arange(0, BK)
+        mask = (rn < N)[:, None] & (rk < K)[None, :]
+        w = tl.load(w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :], mask=mask, other=0.0)
+        s = tl.load(s_ptr + (rn // B0)[:, None] * stride_sn + (rk // B1)[None, :], mask=mask, other=0.0)
+        tl.store(out_ptr + rn[:, None].to(tl.int64) * K + rk[None, :],
+                 (w.to(tl.float32) * s).to(out_ptr.dtype.element_ty), mask=mask)
