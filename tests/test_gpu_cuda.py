@@ -189,6 +189,34 @@ def test_grouped_converts_every_code_and_scale(fmt, one_factor, five_ctas, monke
     assert rel(y.cpu(), ref) < 4e-3
 
 
+@pytest.mark.parametrize("ctas", [1, 3])
+@pytest.mark.parametrize("one_factor", [False, True])
+@pytest.mark.parametrize("tokens,experts,top_k", [(300, 16, 4), (1000, 64, 6), (40, 4, 2)])
+def test_wide_passes_equal_the_narrow_ones_and_the_reference(tokens, experts, top_k, one_factor, ctas, monkeypatch):
+    """Prefill-sized MXFP4 expert GEMMs in wide passes of 64 rows (wstream.WIDE_MIN_ROWS_PER_EXPERT): experts of 0
+    to a few hundred rows (partial blocks, several passes), gathered and pre-sorted rows, every code, scale bytes in
+    one or both conversions. The same MMAs in the same order as passes of 8 rows: the same bits."""
+    monkeypatch.setattr(wstream, "WIDE_MIN_ROWS_PER_EXPERT", 1)
+    monkeypatch.setattr(wstream, "WIDE_CTAS_PER_SM", ctas)
+    g = _gen()
+    n, k = 192, 512
+    w = _weight("mxfp4", n, k, g, experts=experts, one_factor=one_factor)
+    ids = torch.randint(0, experts - 1, (tokens, top_k), generator=g)  # the last expert stays empty
+    pairs = moe_align.route_pairs(ids.to(DEV), experts)
+    x = torch.randn(tokens, k, generator=g).to(DEV, torch.bfloat16)
+    for rows in (pairs.rows, None):
+        xin = x if rows is not None else torch.randn(tokens * top_k, k, generator=g).to(DEV, torch.bfloat16)
+        poison(DEV)
+        y = wstream.grouped(xin, w, pairs.offsets, rows, pairs.active)
+        assert y is not None
+        narrow = wstream._run(xin, rows, w, pairs.offsets, pairs.active, tokens * top_k, pairs.active.shape[0], n,
+                              x_prefetch=False, wide=False)
+        assert torch.equal(y, narrow), rows is None
+        ref = moe.grouped_linear_ref(xin.double().cpu(), w.to("cpu"), pairs.offsets.cpu(),
+                                     None if rows is None else rows.cpu())
+        assert rel(y.cpu(), ref) < 4e-3, rows is None
+
+
 def test_split_k_is_deterministic_and_graph_capturable():
     """Split-K partials are summed in slice order by the last CTA, which resets its counter: repeated calls and
     CUDA-graph replays with new inputs give bit-identical results to eager calls."""

@@ -20,8 +20,9 @@
 #            B = 1;
 #   profiles (~7 min) B = 1 decode profiles of flash-slice-v41 (fp8) and -v4 and the 8,192-token prefill profile
 #            (PDL off);
-#   moe      (~3 min, no build) the MoE GEMM at an 8,192-token prefill chunk over V4.1's experts, prefill
-#            tilings swept (moe_bench.py --tiles);
+#   moe      (~4 min) the wide-pass tests of the weight-streaming kernel, then the MoE GEMM at 2,048- and
+#            8,192-token prefill chunks over V4.1's experts: the Triton kernel and the CUDA kernel's wide passes
+#            (moe_bench.py --wide; --tiles sweeps Triton tilings);
 #   prefill  (~4 min) where an 8,192-token prefill of flash-slice-v41 goes (profile_step.py, PDL off), and the
 #            slice's prefill rate at 2,048 / 8,192 tokens (the ≥ 50 % of the FLOP roofline target).
 # The exit status is 1 when a test run failed.
@@ -31,9 +32,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 rm -f python/v41/_cuda.so
-if [ "${MODE:-tests}" != moe ]; then
-  timeout 100 python3 cuda/build.py > "$OUT/build.txt" 2>&1; tail -1 "$OUT/build.txt"
-fi
+timeout 100 python3 cuda/build.py > "$OUT/build.txt" 2>&1; tail -1 "$OUT/build.txt"
 PT="python3 -m pytest -q -p no:cacheprovider --durations=8"
 rc=0
 case "${MODE:-tests}" in
@@ -96,8 +95,10 @@ case "${MODE:-tests}" in
       --kv-cache-dtype fp8 --top 40 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_prefill.txt" 2>&1
     grep -A20 "== prefill" "$OUT/profile_prefill.txt" | head -22 ;;
   moe)
-    timeout 200 python3 benches/gpu/moe_bench.py --shape v41 --batches 8192 --reps 5 \
-      --tiles 128:128,128:64,256:128 > "$OUT/moe.txt" 2>&1
+    timeout 200 $PT tests/test_gpu_cuda.py -k "wide_passes" > "$OUT/tests6.txt" 2>&1 || rc=1
+    tail -3 "$OUT/tests6.txt"
+    timeout 200 python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --reps 5 --wide \
+      > "$OUT/moe.txt" 2>&1
     tail -7 "$OUT/moe.txt" ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, moe or prefill"; exit 2 ;;
 esac
