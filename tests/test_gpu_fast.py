@@ -222,3 +222,25 @@ def test_sampling_makes_no_host_synchronisation():
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(got, want)
     assert got[0] == logits[0].argmax()
+
+
+def test_sampling_copies_its_parameters_from_pinned_memory():
+    """The sampler's per-step parameter copies are DMA from pinned buffers: no host-to-device copy from pageable
+    memory (which may wait for the stream, and so for the step's forward) in a call with sampled rows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from v41.engine.params import SamplingParams
+    from v41.engine.sampler import Sampler, SamplingState
+
+    sampler = Sampler()
+    logits = torch.randn(3, 4096, device="cuda")
+    states = [SamplingState.create(SamplingParams(seed=i, temperature=0.8, top_k=50 if i else -1), [1, 2])
+              for i in range(3)]
+    sampler(logits, states)  # warm-up: buffers, kernel compilation
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sampler(logits, states)
+        torch.cuda.synchronize()
+    copies = [e.name for e in prof.events() if "Memcpy HtoD" in e.name]
+    assert copies and not [name for name in copies if "Pageable" in name], copies
+

@@ -108,9 +108,10 @@ class SamplingInputs:
         f, i, flags = _pack(params, vocab, index, seeds, positions)
         self.host_f[turn].numpy()[:, :n] = f
         self.host_i[turn].numpy()[:, :n] = i
-        if cuda:
-            self.dev_f[:, :n].copy_(self.host_f[turn][:, :n], non_blocking=True)
-            self.dev_i[:, :n].copy_(self.host_i[turn][:, :n], non_blocking=True)
+        if cuda:  # whole buffers (≤ 7 × 8 bytes per row): the first n columns alone are not contiguous, and PyTorch
+            # stages a non-contiguous host source through pageable memory, whose copy may wait for the stream
+            self.dev_f.copy_(self.host_f[turn], non_blocking=True)
+            self.dev_i.copy_(self.host_i[turn], non_blocking=True)
             self._done[turn] = torch.cuda.Event()
             self._done[turn].record(torch.cuda.current_stream(self.device))
         return _rows(self.dev_f[:, :n], self.dev_i[:, :n], flags)
