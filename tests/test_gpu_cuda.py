@@ -217,6 +217,27 @@ def test_wide_passes_equal_the_narrow_ones_and_the_reference(tokens, experts, to
         assert rel(y.cpu(), ref) < 4e-3, rows is None
 
 
+def test_wide_passes_without_split_k_store_bf16_over_many_chunks(monkeypatch):
+    """The prefill shape: no K split (each tile stores bf16 itself) over 32 chunks, one expert holding most of the
+    tokens (several wide passes), the others few or none."""
+    monkeypatch.setattr(wstream, "WIDE_MIN_ROWS_PER_EXPERT", 1)
+    monkeypatch.setattr(wstream, "CTAS_PER_SM", 0)  # split = 1
+    g = _gen()
+    experts, n, k, tokens = 8, 128, 4096, 200
+    w = _weight("mxfp4", n, k, g, experts=experts, one_factor=True)
+    ids = torch.randint(0, experts - 1, (tokens, 2), generator=g)
+    ids[:, 0] = 2  # expert 2: every token (four passes of 64 rows)
+    ids[:, 1] = torch.where(ids[:, 1] == 2, 5, ids[:, 1])
+    pairs = moe_align.route_pairs(ids.to(DEV), experts)
+    assert wstream._launch_shape(pairs.active.shape[0], n, k, "mxfp4", pairs.offsets.device)[0] == 1
+    x = torch.randn(tokens, k, generator=g).to(DEV, torch.bfloat16)
+    poison(DEV)
+    y = wstream.grouped(x, w, pairs.offsets, pairs.rows, pairs.active)
+    assert y is not None
+    ref = moe.grouped_linear_ref(x.double().cpu(), w.to("cpu"), pairs.offsets.cpu(), pairs.rows.cpu())
+    assert rel(y.cpu(), ref) < 4e-3
+
+
 def test_split_k_is_deterministic_and_graph_capturable():
     """Split-K partials are summed in slice order by the last CTA, which resets its counter: repeated calls and
     CUDA-graph replays with new inputs give bit-identical results to eager calls."""

@@ -69,7 +69,7 @@ def mhc_cells(tokens, reps, bw):
         call = lambda i: mhc.hc_mixes(hs[i % 4], fns[i % len(fns)], scale, base, HC, 20, 1e-6, 1e-6)  # noqa: E731
         want = mhc.hc_mixes_ref(hs[0].double(), fn.double(), scale.double(), base.double(), HC, 20, 1e-6, 1e-6)
         err = max(rel(a, b) for a, b in zip(call(0), want))
-        n = max(reps, len(fns))
+        n = max(reps, min(len(fns), 128))
         us = {name: switched(mhc, s, lambda: graph_us([lambda i=i: call(i) for i in range(n)]))
               for name, s in MHC_VARIANTS.items()}
         floor = (fn.numel() * 4 + hs[0].numel() * 2) / bw * 1e6

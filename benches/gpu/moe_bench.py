@@ -23,6 +23,8 @@ import itertools
 import statistics
 
 import torch
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources
 
 from event_timing import median_ms
 from v41.kernels import wstream
@@ -70,7 +72,10 @@ def grouped(x, w, offsets, rows, cfg: dict):
     wstream.WIDE_MIN_ROWS_PER_EXPERT, wstream.WIDE_CTAS_PER_SM = 1, cfg["wide"]
     try:
         pairs = x.shape[0] if rows is None else rows.shape[0]
-        return wstream.grouped(x, w, offsets, rows, active_experts(offsets, min(E, pairs)))
+        y = wstream.grouped(x, w, offsets, rows, active_experts(offsets, min(E, pairs)))
+        if y is None:
+            raise ValueError("the CUDA kernel declined these operands")
+        return y
     finally:
         wstream.WIDE_MIN_ROWS_PER_EXPERT, wstream.WIDE_CTAS_PER_SM = old
 
@@ -156,7 +161,7 @@ def main() -> None:
                 try:
                     err = check(x, w, routes[0], cfg, gather)
                     ms = timed(x, w, routes, cfg, gather) if err < 1e-2 else float("nan")
-                except Exception as exc:  # a tiling that does not fit (shared memory, registers): not a result
+                except (OutOfResources, CompilationError) as exc:  # a tiling that does not fit: not a result
                     err, ms = float("inf"), float("nan")
                     print(f"B={batch} {name} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
                 print(f"B={batch:3d} {name:3s} {cfg} err {err:.1e} {ms:.3f} ms", flush=True)

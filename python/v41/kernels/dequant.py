@@ -26,11 +26,11 @@ def dequantize(w: PackedWeight, dtype: torch.dtype) -> Tensor:
     """``w.dequantize(dtype)``: the dense ``[out, in]`` weight, in one Triton launch for a 2-D FP8 weight where
     :func:`.dispatch.use_triton` says so (bf16 / fp16 / float32 results), else the PyTorch form. Raises as
     :meth:`.packed.PackedWeight.dequantize` does."""
-    if (w.fmt != "fp8" or w.data.dim() != 2 or w.data.numel() == 0
+    if (w.fmt != "fp8" or w.data.dim() != 2 or w.data.numel() == 0 or w.data.stride(1) != 1
             or dtype not in (torch.bfloat16, torch.float16, torch.float32) or not use_triton(w.data)):
         return w.dequantize(dtype)
     n, k = w.data.shape
-    scale = quant.e8m0_to_float(w.scale)  # [⌈n / b0⌉, ⌈k / b1⌉] float32, exact powers of two
+    scale = quant.e8m0_to_float(w.scale).contiguous()  # [⌈n / b0⌉, ⌈k / b1⌉] float32, exact powers of two
     out = torch.empty(n, k, dtype=dtype, device=w.data.device)
     _fp8_kernel[(triton.cdiv(n, BN), triton.cdiv(k, BK))](
         w.data, scale, out, n, k, w.data.stride(0), scale.stride(0), B0=w.block[0], B1=w.block[1], BN=BN, BK=BK,

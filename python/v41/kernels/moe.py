@@ -156,7 +156,7 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     per_expert = pairs / n_exp
     scaled = (w.fmt == "mxfp4" and dtype in (torch.bfloat16, torch.float16) and w.data.is_cuda
               and not interpreting())
-    if per_expert > 64:  # prefill chunks
+    if per_expert > 64 and scaled:  # prefill chunks (float32 tiles this size would not fit in shared memory)
         return dict(bm=128, bn=128, split=1, scaled=scaled, warps=8, stages=3)
     bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
     bn = 128 if bm == 16 else 64
