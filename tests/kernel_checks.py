@@ -268,6 +268,15 @@ def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
                 wstream.split_counters, mhc.ONE_LAUNCH = counters, one
             out += [(f"mhc/{name} T={t} {run}", rel(a, b), 1e-5) for name, a, b in zip(("pre", "post", "comb"), got,
                                                                                          want)]
+        wide_t = mhc.MIX_WIDE_T  # 64-token tiles
+        try:
+            mhc.MIX_WIDE_T = 1
+            poison(device)
+            got = mhc.hc_mixes(h, fn, scale, base, 4, 20, 1e-6, 1e-6)
+            out += [(f"mhc/{name} T={t} 64-token tiles", rel(a, b), 1e-5) for name, a, b in zip(("pre", "post", "comb"),
+                                                                                                got, want)]
+        finally:
+            mhc.MIX_WIDE_T = wide_t
         gemv_t = mhc.MIX_GEMV_T  # the split-K pass the default did not take (one token per program, or tiled)
         try:
             mhc.MIX_GEMV_T = 0 if t <= gemv_t else 64

@@ -4,7 +4,7 @@ take (router gate, compressor, indexer weights; ``kernels/linear.py``), each at 
 sampler's softmax with its temperature and keyed race over 129,280 columns (``kernels/softmax.py``,
 ``kernels/sampling.py``; column "PyTorch": their PyTorch forms).
 
-    python3 benches/gpu/glue_bench.py [--tokens 1,8,64] [--reps 24]
+    python3 benches/gpu/glue_bench.py [--tokens 1,8,64] [--reps 24] [--ops mhc,linear,race]
 
 Each cell captures ``reps`` calls (or one per weight copy, at most 128) in one CUDA graph and times its replay
 with events (median; event_timing.py); the mHC mixes and the linears rotate over copies of their weight (≥ 256 MB)
@@ -51,7 +51,7 @@ def switched(module, settings: dict, fn):
 MHC_VARIANTS = {"default": {}, "two launches": {"ONE_LAUNCH": False}, "finish unroll 1": {"FINISH_UNROLL": 1},
                 "finish unroll 8": {"FINISH_UNROLL": 8}, "gemv ≤ 8 tokens": {"MIX_GEMV_T": 8},
                 "split ≤ 16": {"MIX_SPLIT_MAX": 16},
-                "split ≤ 64": {"MIX_SPLIT_MAX": 64}}
+                "split ≤ 64": {"MIX_SPLIT_MAX": 64}, "64-token tiles": {"MIX_WIDE_T": 1}}
 LINEAR_VARIANTS = {"default": {}, "sum after": {"SPLIT_REDUCE_BYTES": 0}, "slices ≥ 8 KB": {"MIN_SLICE_BYTES": 8 << 10},
                    "slices ≥ 256 KB": {"MIN_SLICE_BYTES": 256 << 10}}
 
@@ -121,11 +121,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", default="1,8,64")
     ap.add_argument("--reps", type=int, default=24)
+    ap.add_argument("--ops", default="mhc,linear,race", help="which cells: mhc, linear, race")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     print(torch.cuda.get_device_name(), flush=True)
     bw = copy_bandwidth()
-    rows = mhc_cells(tokens, args.reps, bw) + linear_cells(tokens, args.reps, bw) + race_cells(tokens, args.reps, bw)
+    cells = {"mhc": mhc_cells, "linear": linear_cells, "race": race_cells}
+    rows = [row for op in args.ops.split(",") for row in cells[op](tokens, args.reps, bw)]
     print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; µs per call (graph replay)")
     cols = list(dict.fromkeys(c for r in rows for c in r[2]))
     print("| op | tokens | floor µs | default / floor | rel. diff | " + "".join(f"{c} µs | " for c in cols))

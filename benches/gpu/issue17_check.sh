@@ -22,7 +22,8 @@
 #            (PDL off);
 #   moe      (~4 min) the wide-pass tests of the weight-streaming kernel, then the MoE GEMM at 2,048- and
 #            8,192-token prefill chunks over V4.1's experts: the Triton kernel and the CUDA kernel's wide passes
-#            (moe_bench.py --wide; --tiles sweeps Triton tilings);
+#            (moe_bench.py --wide; --tiles sweeps Triton tilings); the mHC mixes at prefill sizes (glue_bench.py
+#            --ops mhc: column "64-token tiles" is mhc.MIX_WIDE_T);
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
@@ -97,7 +98,9 @@ case "${MODE:-tests}" in
     tail -3 "$OUT/tests6.txt"
     timeout 200 python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --reps 5 --wide \
       > "$OUT/moe.txt" 2>&1
-    tail -7 "$OUT/moe.txt" ;;
+    tail -7 "$OUT/moe.txt"
+    timeout 150 python3 benches/gpu/glue_bench.py --tokens 2048,8192 --ops mhc > "$OUT/glue_prefill.txt" 2>&1
+    tail -3 "$OUT/glue_prefill.txt" ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles or moe"; exit 2 ;;
 esac
 exit $rc

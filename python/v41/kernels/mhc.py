@@ -43,6 +43,11 @@ FINISH_UNROLL = 4
 # weights come from HBM, in the bench's graph of 24 calls over one weight from L2.
 MIX_GEMV_T = 0
 GEMV_BK = 256
+# Steps of at least this many tokens take 64-token tiles in the split-K pass (0 = never). At an 8,192-token prefill
+# the 16-token tiles took 0.64 ms per seam for 0.08 ms of h's bytes (benches/RESULTS.md "2026-12-04 (evening)"):
+# each tile reads the seam's 2 MB of mix weights again (1 GB from L2 per seam) with a 16-row dot. Off until
+# glue_bench.py times it (column "64-token tiles", --tokens 8192).
+MIX_WIDE_T = 0
 
 
 def hc_mixes_ref(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
@@ -72,14 +77,15 @@ def _finish_ref(mixes: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int,
 def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
              norm_eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`hc_mixes_ref` as one or two Triton launches where :func:`.dispatch.use_triton` says so (hc = 4):
-    the split-K pass over tiles of 16 tokens, or one token per program at most :data:`MIX_GEMV_T` tokens."""
+    the split-K pass over tiles of 16 tokens (64 from :data:`MIX_WIDE_T` tokens), or one token per program at most
+    :data:`MIX_GEMV_T` tokens."""
     if h.dtype == torch.float64 or hc != 4 or h.shape[0] == 0 or not use_triton(h):
         return hc_mixes_ref(h, fn, scale, base, hc, iters, hc_eps, norm_eps)
     t = h.shape[0]
     flat = h.reshape(t, -1)
     k = flat.shape[1]
     gemv = t <= MIX_GEMV_T
-    bt, bk = (1, GEMV_BK) if gemv else (16, 128)
+    bt, bk = (1, GEMV_BK) if gemv else (64, 64) if MIX_WIDE_T and t >= MIX_WIDE_T else (16, 128)
     n_tb = triton.cdiv(t, bt)
     split = max(1, min(triton.cdiv(k, bk), MIX_SPLIT_MAX, 264 // n_tb))
     k_split = triton.cdiv(triton.cdiv(k, bk), split) * bk
