@@ -130,47 +130,19 @@ struct Batch {
   }
 };
 
-// Converts a batch and accumulates its MMAs for the pass's 8 activation rows (xr: this lane's row). WIDE = false:
-// every scale byte of the batch takes one multiply (the caller checked them across the warp).
-template <WFmt F, bool WIDE, int U, int XW, bool XPRE>
-__device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, int c_hi, const __nv_bfloat16* xr,
-                                        float (&acc)[4]) {
-  using Traits = Fmt<F>;
-  constexpr int CK = 4 * Traits::kInputsPerLane;
+// The MMAs of one chunk for one block of 8 activation rows: a0w / a1w this lane's converted weight words (rows g
+// and g + 8), xw its activation words.
+template <WFmt F>
+__device__ __forceinline__ void chunk_mma(const uint32_t (&a0w)[Fmt<F>::kWords], const uint32_t (&a1w)[Fmt<F>::kWords],
+                                          const uint32_t (&xw)[16], float (&acc)[4]) {
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
-    const int c = c0 + u;
-    if (c >= c_hi) break;
-    uint32_t a0w[Traits::kWords], a1w[Traits::kWords];
-    Traits::template dequant<WIDE>(bt.r0[u], bt.s0[u], a0w);
-    Traits::template dequant<WIDE>(bt.r1[u], bt.s1[u], a1w);
-    uint32_t xw[16];
-#pragma unroll
-    for (int i = 0; i < XW / 4; ++i) {
-      const uint4 v = XPRE ? bt.x[XPRE ? u : 0][XPRE ? i : 0]
-                           : *reinterpret_cast<const uint4*>(xr + int64_t(c) * CK + 8 * i);
-      xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
-    }
-#pragma unroll
-    for (int s = 0; s < Traits::kSteps; ++s) {
-      uint32_t a0, a2, a1, a3, b0, b1;
-      Traits::a_words(a0w, s, a0, a2);
-      Traits::a_words(a1w, s, a1, a3);
-      Traits::b_words(xw, s, b0, b1);
-      mma_bf16_16816(acc, a0, a1, a2, a3, b0, b1);
-    }
+  for (int s = 0; s < Fmt<F>::kSteps; ++s) {
+    uint32_t a0, a2, a1, a3, b0, b1;
+    Fmt<F>::a_words(a0w, s, a0, a2);
+    Fmt<F>::a_words(a1w, s, a1, a3);
+    Fmt<F>::b_words(xw, s, b0, b1);
+    mma_bf16_16816(acc, a0, a1, a2, a3, b0, b1);
   }
-}
-
-// Scale bytes above kOneFactorMax (mxfp4: scales of 2^2 and more, not seen in checkpoints) need two bf16
-// multiplies per word; a batch takes the one-multiply conversion when no lane of the warp has one.
-template <WFmt F, int U, int XW, bool XPRE>
-__device__ __forceinline__ void convert_and_mma(const Batch<U, XW, XPRE>& bt, int c0, int c_hi,
-                                                const __nv_bfloat16* xr, float (&acc)[4]) {
-  if (__all_sync(0xffffffffu, bt.fits_one_factor(Fmt<F>::kOneFactorMax)))
-    compute<F, false>(bt, c0, c_hi, xr, acc);
-  else
-    compute<F, true>(bt, c0, c_hi, xr, acc);
 }
 
 // A lane's 16-byte activation pieces of one chunk (XW words; xr: its row, c: the chunk) as words.
@@ -183,11 +155,14 @@ __device__ __forceinline__ void load_x_words(const __nv_bfloat16* xr, int c, uin
   }
 }
 
-// compute() for a wide pass: each chunk's weights are converted once for NB blocks of 8 activation rows (xr[nb]:
-// this lane's row of block nb); block nb + 1's pieces load before block nb's MMAs.
-template <WFmt F, bool WIDE, int U, int XW, int NB>
-__device__ __forceinline__ void compute_wide(const Batch<U, XW, false>& bt, int c0, int c_hi,
-                                             const __nv_bfloat16* const (&xr)[NB], float (&acc)[NB][4]) {
+// Converts a batch and accumulates its MMAs for the pass's NB blocks of 8 activation rows (xr[nb]: this lane's row
+// of block nb; XPRE: NB = 1, its pieces already in the batch). Each chunk's weights are converted once for all
+// blocks, and block nb + 1's pieces load before block nb's MMAs. WIDE = false: every scale byte of the batch takes
+// one multiply (the caller checked them across the warp).
+template <WFmt F, bool WIDE, int U, int XW, bool XPRE, int NB>
+__device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, int c_hi,
+                                        const __nv_bfloat16* const (&xr)[NB], float (&acc)[NB][4]) {
+  static_assert(NB == 1 || !XPRE, "preloaded activation pieces serve one block");
   using Traits = Fmt<F>;
   constexpr int CK = 4 * Traits::kInputsPerLane;
 #pragma unroll
@@ -197,30 +172,33 @@ __device__ __forceinline__ void compute_wide(const Batch<U, XW, false>& bt, int 
     uint32_t a0w[Traits::kWords], a1w[Traits::kWords];
     Traits::template dequant<WIDE>(bt.r0[u], bt.s0[u], a0w);
     Traits::template dequant<WIDE>(bt.r1[u], bt.s1[u], a1w);
-    uint32_t xw[2][16];
-    load_x_words<XW, CK>(xr[0], c, xw[0]);
+    uint32_t xw[NB > 1 ? 2 : 1][16];
+    if constexpr (XPRE) {
+#pragma unroll
+      for (int i = 0; i < XW / 4; ++i) {
+        const uint4 v = bt.x[u][i];
+        xw[0][4 * i] = v.x, xw[0][4 * i + 1] = v.y, xw[0][4 * i + 2] = v.z, xw[0][4 * i + 3] = v.w;
+      }
+    } else {
+      load_x_words<XW, CK>(xr[0], c, xw[0]);
+    }
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       if (nb + 1 < NB) load_x_words<XW, CK>(xr[nb + 1], c, xw[(nb + 1) & 1]);
-#pragma unroll
-      for (int s = 0; s < Traits::kSteps; ++s) {
-        uint32_t a0, a2, a1, a3, b0, b1;
-        Traits::a_words(a0w, s, a0, a2);
-        Traits::a_words(a1w, s, a1, a3);
-        Traits::b_words(xw[nb & 1], s, b0, b1);
-        mma_bf16_16816(acc[nb], a0, a1, a2, a3, b0, b1);
-      }
+      chunk_mma<F>(a0w, a1w, xw[nb & 1], acc[nb]);
     }
   }
 }
 
-template <WFmt F, int U, int XW, int NB>
-__device__ __forceinline__ void convert_and_mma_wide(const Batch<U, XW, false>& bt, int c0, int c_hi,
-                                                     const __nv_bfloat16* const (&xr)[NB], float (&acc)[NB][4]) {
+// Scale bytes above kOneFactorMax (mxfp4: scales of 2^2 and more, not seen in checkpoints) need two bf16
+// multiplies per word; a batch takes the one-multiply conversion when no lane of the warp has one.
+template <WFmt F, int U, int XW, bool XPRE, int NB>
+__device__ __forceinline__ void convert_and_mma(const Batch<U, XW, XPRE>& bt, int c0, int c_hi,
+                                                const __nv_bfloat16* const (&xr)[NB], float (&acc)[NB][4]) {
   if (__all_sync(0xffffffffu, bt.fits_one_factor(Fmt<F>::kOneFactorMax)))
-    compute_wide<F, false>(bt, c0, c_hi, xr, acc);
+    compute<F, false>(bt, c0, c_hi, xr, acc);
   else
-    compute_wide<F, true>(bt, c0, c_hi, xr, acc);
+    compute<F, true>(bt, c0, c_hi, xr, acc);
 }
 
 // One lane's view of its CTA's work: the expert and its rows of x, this lane's weight rows and scale rows, the
@@ -336,24 +314,24 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
       Batch<kWideUnroll, KP / 2, false> bw;
       for (int c0 = tl.c_lo; c0 < tl.c_hi; c0 += kWideUnroll) {
         bw.load(w0, w1, tl.s0, tl.s1, c0, tl.c_hi, t, CK, KP, p.sk_log2);
-        convert_and_mma_wide<F>(bw, c0, tl.c_hi, xr, acc);
+        convert_and_mma<F>(bw, c0, tl.c_hi, xr, acc);
       }
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) tl.store(p, acc[nb], m0 + 8 * nb, t);
     }
   } else {
     for (int64_t m0 = tl.start; m0 < tl.end && tl.n_base < p.N; m0 += 8) {
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-      const __nv_bfloat16* xr = tl.x_row(p, m0, g);
+      float acc[1][4] = {};
+      const __nv_bfloat16* xr[1] = {tl.x_row(p, m0, g)};
       // A batch of kUnroll chunks: its loads are all issued before the first is used. (Two batches in flight,
       // one loading while the other computes, measured slower on the H200: the registers cost CTAs per SM.)
       for (int c0 = tl.c_lo; c0 < tl.c_hi; c0 += kUnroll) {
         if (!preloaded) bt.load(w0, w1, tl.s0, tl.s1, c0, tl.c_hi, t, CK, KP, p.sk_log2);
         preloaded = false;
-        if (XPRE) bt.load_x(xr, c0, tl.c_hi, CK);
+        if (XPRE) bt.load_x(xr[0], c0, tl.c_hi, CK);
         convert_and_mma<F>(bt, c0, tl.c_hi, xr, acc);
       }
-      tl.store(p, acc, m0, t);
+      tl.store(p, acc[0], m0, t);
     }
   }
   if (p.partial) tl.sum_partials(p);
