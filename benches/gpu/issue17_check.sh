@@ -22,7 +22,7 @@
 #            (PDL off);
 #   moe      (~4 min) the wide-pass tests of the weight-streaming kernel, then the MoE GEMM at 2,048- and
 #            8,192-token prefill chunks over V4.1's experts: the Triton kernel and the CUDA kernel's wide passes
-#            (moe_bench.py --wide; --tiles sweeps Triton tilings); the mHC mixes at prefill sizes (glue_bench.py
+#            (moe_bench.py --wide); the mHC mixes at prefill sizes (glue_bench.py
 #            --ops mhc: column "64-token tiles" is mhc.MIX_WIDE_T);
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh

@@ -13,7 +13,7 @@ Floor = bytes of the experts touched (data + scales) over the copy bandwidth mea
 one table last: the default configuration and, with ``--sweep`` (decode: K split, N tile, warps, stages) or
 ``--tiles BM:BN,…`` (prefill: each row block × N tile at 4 / 8 warps, 3 stages, through ``tl.dot_scaled`` and
 through the nibble decode), the best of the swept ones
-per cell; prefill cells also give TFLOP/s against the bf16 dense-GEMM rate measured in the same call.
+per cell; every cell also gives TFLOP/s, against the bf16 dense-GEMM rate measured in the same call.
 """
 
 from __future__ import annotations

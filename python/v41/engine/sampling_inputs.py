@@ -108,7 +108,7 @@ class SamplingInputs:
         f, i, flags = _pack(params, vocab, index, seeds, positions)
         self.host_f[turn].numpy()[:, :n] = f
         self.host_i[turn].numpy()[:, :n] = i
-        if cuda:  # whole buffers (≤ 7 × 8 bytes per row): the first n columns alone are not contiguous, and PyTorch
+        if cuda:  # whole buffers (44 bytes per row): the first n columns alone are not contiguous, and PyTorch
             # stages a non-contiguous host source through pageable memory, whose copy may wait for the stream
             self.dev_f.copy_(self.host_f[turn], non_blocking=True)
             self.dev_i.copy_(self.host_i[turn], non_blocking=True)

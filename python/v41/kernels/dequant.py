@@ -6,7 +6,7 @@ twice (``repeat_interleave`` per dim), the product and the cast: five full-size 
 weight element. In an 8,192-token flash-slice-v41 prefill those copies and products were ~15 ms of 419
 (benches/RESULTS.md "2026-12-04 (evening)"). :func:`dequantize` reads the FP8 byte and its tile's scale and writes
 the result: 1 + 2 bytes per element for a bf16 weight. The same float32 product and rounding as the PyTorch form,
-so the same bits (``check_dequant_fp8``).
+so the same bits (``check_linear``'s ``dequant/…`` cases).
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ FUSED_NORM = True
 MIX_SPLIT_MAX = 32
 # Slices the finish adds per round of loads (their loads issued together, the sums in slice order: the same bits at
 # any value). A B = 1 profile had the finish at ~6.8 µs per seam for 32 slices, about one L2 round trip per slice.
-# On the H200 (glue_bench.py, "2026-12-04 (evening)") 14.6 µs per seam at one token, 14.3 rolled, 14.4 at 8: noise.
+# On the H200 (glue_bench.py, benches/RESULTS.md "2026-12-04 (evening)", the mix weight then still in L2) 14.6 µs
+# per seam at one token, 14.3 rolled, 14.4 at 8: noise.
 FINISH_UNROLL = 4
 # Steps of at most this many tokens take the one-token split-K pass (float32 FMAs, no 16-token tensor-core tile
 # for one token). Off: glue_bench.py timed it at 13.5 / 12.5 µs per seam at 1 / 8 tokens against 14.6 / 15.5 µs

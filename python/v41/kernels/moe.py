@@ -151,7 +151,8 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     under the interpreter), ``warps``, ``stages``. Chosen with ``benches/gpu/moe_bench.py --sweep`` (decode) and
     ``--tiles`` (prefill: at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2 / 6.8 ms
     for w13 / w2 against 17.6 / 9.1 ms with the 64 × 64 tiles of 4 warps before; 256-row tiles 11.5 / 6.8 ms; the
-    weight tile as the dot's left operand 3× slower; benches/RESULTS.md "2026-12-04 (evening)")."""
+    weight tile as the dot's left operand 3× slower; 128 rows, not 256: a 256-row tile is mostly masked rows at
+    ~128 per expert and gave w2 nothing; benches/RESULTS.md "2026-12-04 (evening)")."""
     n_exp, n, k = w.shape
     per_expert = pairs / n_exp
     scaled = (w.fmt == "mxfp4" and dtype in (torch.bfloat16, torch.float16) and w.data.is_cuda

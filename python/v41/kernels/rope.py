@@ -1,7 +1,8 @@
 """Interleaved ("GPT-J") rotary embedding of the last ``rd`` channels (docs/model.md §2): channel pairs
 ``(2i, 2i+1)`` of that slice rotate by the token's angle ``θ_i`` (``inverse``: by ``−θ_i``); the other channels pass
 through. cos/sin come precomputed per token [T, rd/2] (formed in float64, used in float32 or float64). The Triton
-kernel writes each output row in one pass (one program per token and head)."""
+kernel writes each output row in one pass (one program per token and head); :func:`rope_` rotates in place, reading
+and writing the rotated columns only."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
 
 
 def rope_(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
-    """:func:`rope` in place: x's last ``rd`` columns rotated, the others left where they are (at prefill the query
+    """:func:`rope` in place: x [T, ..., d] (bf16 / fp16 / float32; the Triton kernel needs it contiguous), cos, sin
+    [T, rd/2]; x's last ``rd`` columns rotated, the others left where they are (at prefill the query
     [T, 64, 512] was copied whole to rotate its last 64 columns: 7.6 ms of an 8,192-token flash-slice-v41 prefill,
     benches/RESULTS.md "2026-12-04 (evening)"); one Triton launch reading and writing only those columns (the same
     bits as :func:`rope`: the same rotation helper) where :func:`.dispatch.use_triton` says so and x is contiguous.
