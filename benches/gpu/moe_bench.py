@@ -33,7 +33,7 @@ from v41.kernels.moe_align import active_experts, align_pairs
 from v41.kernels.packed import PackedWeight
 
 SHAPES = {"v4": (256, 4096, 2048), "v41": (384, 5120, 2304)}  # experts, hidden, intermediate
-E, D, I, TOP_K = *SHAPES["v4"], 6
+TOP_K = 6
 
 
 def copy_bandwidth() -> float:
@@ -42,9 +42,9 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 4 / (median_ms(lambda: dst.copy_(src), 10) / 1e3)
 
 
-def mxfp4(n: int, k: int) -> PackedWeight:
-    data = torch.randint(0, 256, (E, n, k // 2), dtype=torch.uint8, device="cuda")
-    scale = torch.randint(118, 127, (E, n, k // 32), dtype=torch.uint8, device="cuda")
+def mxfp4(experts: int, n: int, k: int) -> PackedWeight:
+    data = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, device="cuda")
+    scale = torch.randint(118, 127, (experts, n, k // 32), dtype=torch.uint8, device="cuda")
     return PackedWeight(data, scale, "mxfp4", (1, 32))
 
 
@@ -54,11 +54,11 @@ def bf16_rate() -> float:
     return 2 * 8192 ** 3 / (median_ms(lambda: a @ a, 10) / 1e3)
 
 
-def routings(batch: int, reps: int, gen: torch.Generator):
+def routings(batch: int, experts: int, reps: int, gen: torch.Generator):
     out = []
     for _ in range(reps):
-        ids = torch.rand(batch, E, generator=gen, device="cuda").topk(TOP_K, dim=1).indices
-        order, offsets = align_pairs(ids, E)
+        ids = torch.rand(batch, experts, generator=gen, device="cuda").topk(TOP_K, dim=1).indices
+        order, offsets = align_pairs(ids, experts)
         out.append((order // TOP_K, offsets, int((offsets[1:] > offsets[:-1]).sum())))
     return out
 
@@ -72,7 +72,7 @@ def grouped(x, w, offsets, rows, cfg: dict):
     wstream.WIDE_MIN_ROWS_PER_EXPERT, wstream.WIDE_CTAS_PER_SM = 1, cfg["wide"]
     try:
         pairs = x.shape[0] if rows is None else rows.shape[0]
-        y = wstream.grouped(x, w, offsets, rows, active_experts(offsets, min(E, pairs)))
+        y = wstream.grouped(x, w, offsets, rows, active_experts(offsets, min(w.shape[0], pairs)))
         if y is None:
             raise ValueError("the CUDA kernel declined these operands")
         return y
@@ -87,7 +87,7 @@ def check(x, w, route, cfg, gather: bool) -> float:
     xs = (x if rows is None else x[rows]).float()
     ref = torch.zeros_like(got)
     bounds = offsets.tolist()
-    for e in range(E):
+    for e in range(w.shape[0]):
         a, b = bounds[e], bounds[e + 1]
         if b > a:
             ref[a:b] = xs[a:b] @ PackedWeight(w.data[e], w.scale[e], "mxfp4", w.block).dequantize(torch.float32).T
@@ -125,18 +125,17 @@ def main() -> None:
     ap.add_argument("--tiles", default="",
                     help="BM:BN tiles to sweep at 4 / 8 warps, 3 stages, scaled dot or not")
     a = ap.parse_args()
-    global E, D, I
-    E, D, I = SHAPES[a.shape]
+    experts, hidden, inter = SHAPES[a.shape]
     torch.manual_seed(0)
     gen = torch.Generator(device="cuda").manual_seed(0)
     bw = copy_bandwidth()
     peak = bf16_rate()
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e9:.0f} GB/s, bf16 {peak / 1e12:.0f} TFLOP/s")
-    weights = {"w13": mxfp4(2 * I, D), "w2": mxfp4(D, I)}
+    weights = {"w13": mxfp4(experts, 2 * inter, hidden), "w2": mxfp4(experts, hidden, inter)}
     per_expert = {name: (w.data[0].numel() + w.scale[0].numel()) for name, w in weights.items()}
     rows = []
     for batch in [int(b) for b in a.batches.split(",")]:
-        routes = routings(batch, a.reps, gen)
+        routes = routings(batch, experts, a.reps, gen)
         touched = statistics.mean(r[2] for r in routes)
         for name, w in weights.items():
             gather = name == "w13"  # w13 reads token rows through the sorted pairs, w2 the sorted rows in order

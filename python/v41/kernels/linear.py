@@ -22,7 +22,7 @@ from torch import Tensor
 
 from . import wstream
 from .dequant import dequantize
-from .dispatch import TRITON_DTYPES, dot_dtype, triton, use_cuda, use_triton
+from .dispatch import TRITON_DTYPES, dot_dtype, kernel_mode, triton, use_cuda, use_triton
 from .pdl import triton_kw
 from .packed import PackedWeight
 
@@ -74,7 +74,8 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, gro
             and w.data.dim() == 2 and use_triton(x, w.data)):
         return _linear_triton(x, w, out_dtype or x.dtype, groups)
     if (out_dtype == torch.float32 and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.dim() == 2
-            and groups == 1 and w.fmt == "dense" and w.data.dim() == 2 and w.data.dtype == x.dtype):
+            and groups == 1 and w.fmt == "dense" and w.data.dim() == 2 and w.data.dtype == x.dtype
+            and kernel_mode() != "torch"):  # "torch": the reference, as for every op
         # Prefill rows with a float32 output over bf16 weights (router gate, compressors, indexer weights): the BLAS
         # GEMM in x's dtype with a float32 output. A product of two bf16 numbers is exact in float32, so this is
         # linear_ref's float32 GEMM up to the order of the float32 sums, on tensor cores (the float32 GEMMs took

@@ -51,8 +51,8 @@ def rope_(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
     bits as :func:`rope`: the same rotation helper) where :func:`.dispatch.use_triton` says so and x is contiguous.
     Returns x."""
     if x.dtype not in TRITON_DTYPES or x.numel() == 0 or not x.is_contiguous() or not use_triton(x):
-        rd = 2 * cos.shape[-1]
-        x[..., -rd:] = rope_ref(x, cos, sin, inverse)[..., -rd:]
+        rot = x[..., -2 * cos.shape[-1]:]  # every column of this view rotates
+        rot.copy_(rope_ref(rot, cos, sin, inverse))
         return x
     t, d, half = x.shape[0], x.shape[-1], cos.shape[-1]
     rows_per_t = x.numel() // (t * d)
