@@ -46,7 +46,7 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
              const c10::optional<at::Tensor>& offsets, const c10::optional<at::Tensor>& active, at::Tensor& y,
              const c10::optional<at::Tensor>& partial, const c10::optional<at::Tensor>& counters, int64_t fmt,
              int64_t n_groups, int64_t b0, int64_t sk, int64_t slots, int64_t split,
-             int64_t chunks_per_split, bool x_prefetch, bool five_ctas, int64_t wide, bool pdl) {
+             int64_t chunks_per_split, bool x_prefetch, bool five_ctas, bool pdl) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "x must be a 2-D bfloat16 CUDA tensor with unit inner stride");
   TORCH_CHECK(y.scalar_type() == at::kBFloat16 && y.dim() == 2 && y.stride(1) == 1 && y.device() == x.device(),
@@ -56,8 +56,6 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   TORCH_CHECK(w.element_size() == 1 && (w.dim() == 2 || w.dim() == 3) && w.stride(-1) == 1 && s.dim() == w.dim(),
               "w must be a 2-D or 3-D tensor of 1-byte codes with unit inner stride, s of the same rank");
   TORCH_CHECK(fmt == 0 || fmt == 1, "fmt must be 0 (mxfp4) or 1 (fp8)");
-  TORCH_CHECK(wide == 0 || ((wide == 1 || wide == 3) && fmt == 0 && !x_prefetch),
-              "wide passes (1 or 3 CTAs per SM) take mxfp4 weights without x_prefetch");
   TORCH_CHECK(s.stride(-1) == 1 && (w.dim() == 2 || w.stride(0) % 16 == 0),
               "s needs unit inner stride; 3-D w a 16-byte multiple expert stride");
   TORCH_CHECK(b0 >= 1 && (fmt == 0 ? sk == 32 && b0 == 1 : sk >= 16 && (sk & (sk - 1)) == 0),
@@ -120,7 +118,7 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   prm.x_prefetch = x_prefetch;
   const dim3 grid{static_cast<unsigned>(slots), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split)};
   const cudaError_t err = v41::wstream_launch(prm, fmt == 0 ? v41::WFmt::kMxfp4 : v41::WFmt::kFp8,
-                                              five_ctas, int(wide), grid, at::cuda::getCurrentCUDAStream(), pdl);
+                                              five_ctas, grid, at::cuda::getCurrentCUDAStream(), pdl);
   TORCH_CHECK(launch_ok(err, "wstream launch failed"), "wstream launch failed (the CUDA error is on stderr)");
 }
 
@@ -350,7 +348,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("rows"), py::arg("w"), py::arg("s"), py::arg("offsets"), py::arg("active"),
         py::arg("y"), py::arg("partial"), py::arg("counters"), py::arg("fmt"), py::arg("n_groups"), py::arg("b0"),
         py::arg("sk"), py::arg("slots"), py::arg("split"), py::arg("chunks_per_split"),
-        py::arg("x_prefetch"), py::arg("five_ctas"), py::arg("wide") = 0, py::arg("pdl") = false);
+        py::arg("x_prefetch"), py::arg("five_ctas"), py::arg("pdl") = false);
   m.def("sparse_mqa", &sparse_mqa, "sparse MQA with sink over bf16 rows or records (python/v41/kernels/sparse_mqa.py)",
         py::arg("q"), py::arg("out"), py::arg("sink"), py::arg("cache0"), py::arg("slots0"), py::arg("fmt0"),
         py::arg("rope0"), py::arg("cache1"), py::arg("slots1"), py::arg("fmt1"), py::arg("rope1"), py::arg("scale"),

@@ -402,7 +402,7 @@ def check_norm_rope_swiglu(device: str, dtype: torch.dtype, g: torch.Generator):
         y = norm.rms_norm(x, 1e-6, w if weighted else None)
         r = norm.rms_norm_ref(x.double(), 1e-6, w.double() if weighted else None)
         out.append((f"rms_norm/{'x'.join(map(str, shape))}", rel(y, r), tol(dtype)))
-    for shape in ((6, 64), (4, 3, 128)):
+    for shape in ((6, 64), (4, 3, 128), (2, 21, 96)):  # 21 heads: rope_'s programs of 16 rows, one part-filled
         x = torch.randn(*shape, generator=g).to(device, dtype)
         ang = torch.rand(shape[0], 16, generator=g, dtype=torch.float64) * 100
         cos, sin = ang.cos().to(device), ang.sin().to(device)

@@ -13,7 +13,9 @@ sampling) after 10 warm-ups with all B requests running (checked), every request
 tokens sampled at temperature 1 with a per-request seed (hash routing goes by token id); prefill = one request
 of L tokens in one chunk, cold, median of 3 after a warm-up; floors = bytes the step must read (weights in the
 format used — dense parts plus the experts uniform routing touches in expectation — and the KV read) over the
-device-to-device copy bandwidth measured in the same call. Prints the environment, writes JSON next to --out,
+device-to-device copy bandwidth measured in the same call; a prefill's floor is its roofline, the tokens per second
+at the bf16 dense-GEMM rate of the same call over the FLOPs of its linears per token (layer_times.py
+``gemm_flops_per_token``: attention's products left out, so the percentage understates). Prints the environment, writes JSON next to --out,
 prints one table last.
 """
 
@@ -35,7 +37,7 @@ import numpy as np
 import torch
 
 from event_timing import median_ms
-from layer_times import is_routed_expert, layer_kv_bytes, per_layer
+from layer_times import gemm_flops_per_token, is_routed_expert, layer_kv_bytes, per_layer
 
 V4_FLASH_4L = dict(  # V4-Flash layers 0-3: SWA, SWA, CSA (4), HCA (128); hash-MoE on the first three
     vocab_size=129280, hidden_size=4096, moe_intermediate_size=2048, num_hidden_layers=4, num_attention_heads=64,
@@ -367,9 +369,11 @@ def main() -> None:
     env["async_scheduling"] = a.async_scheduling
     env["overrides"] = overrides
     wb = weight_bytes(core)
+    flops = gemm_flops_per_token(core.executor.runner.model, core.cfg.num_experts_per_tok)
     rows = []
-    for length in prefills:
-        rows.append({"what": f"prefill {length}", "v41": v41_prefill(core, length), "unit": "tok/s"})
+    for length in prefills:  # floor: the roofline, tok/s at the bf16 rate of this call over the linears' FLOPs
+        rows.append({"what": f"prefill {length}", "v41": v41_prefill(core, length), "unit": "tok/s",
+                     "floor": env["bf16_TFLOPs"] * 1e12 / flops, "gemm_flops_per_token": flops})
         print(rows[-1], flush=True)
     layered = {tuple(int(x) for x in c.split("x")) for c in a.per_layer.split(",") if c}
     layer_rows: dict[str, list[dict]] = {}
@@ -424,6 +428,9 @@ def main() -> None:
         hf_v = r.get("transformers", "")
         hf_s = f"{hf_v:.1f}" if isinstance(hf_v, float) else str(hf_v)[:13]
         fl_s, ratio = ("", "") if fl is None else (f"{fl:.2f}", f"{v / fl:.1f}x")
+        if fl is not None and r["unit"] == "tok/s":  # a prefill rate against its roofline
+            fl_s, ratio = f"{fl:.0f}", f"{100 * v / fl:.0f}% roof"
+
         print(f"{r['what']:<24}{v:>10.2f} {r['unit']:<2}{fl_s:>9}{ratio:>11}{hf_s:>14}")
 
 if __name__ == "__main__":

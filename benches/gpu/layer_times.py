@@ -38,6 +38,22 @@ def _module_bytes(module: torch.nn.Module, touched: float, experts: int) -> tupl
     return dense, routed
 
 
+def gemm_flops_per_token(model, top_k: int) -> float:
+    """FLOPs per prefill token of the fast model's linears over packed weights: 2 · out · in for each dense one
+    (grouped ``wo_a`` stores only its diagonal blocks), ``top_k`` of the routed experts; the LM head (one row per
+    prefill), the embedding and the Engram tables (gathers), attention's score / value products and the mHC mixes
+    are left out, so a rate against it understates the work done (the prefill roofline of flash_slice.py)."""
+    from v41.models.fast.layers import PackedModule
+
+    flops = 0.0
+    for name, mod in model.named_modules():
+        if not isinstance(mod, PackedModule) or name.startswith("head.") or name == "head":
+            continue
+        *experts, out, inp = mod.shape
+        flops += 2.0 * out * inp * (top_k if experts and is_routed_expert(name) else experts[0] if experts else 1)
+    return flops
+
+
 def layer_kv_bytes(cfg, plan, batch: int, context: int, layout=None) -> int:
     """KV bytes one attention layer reads per decode step: window, selected or all compressed entries, and the
     index keys an index source scores, in the rows ``layout`` (a :class:`~v41.cache.layout.CacheLayout`) stores

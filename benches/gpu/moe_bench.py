@@ -5,7 +5,6 @@ each launch configuration checked against dequantize-then-matmul and timed with 
 
     python3 benches/gpu/moe_bench.py [--batches 1,8,64] [--sweep] [--reps 20]
     python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --tiles 64:64,128:128,128:256 --reps 5
-    python3 benches/gpu/moe_bench.py --shape v41 --batches 8192 --wide --reps 5   # + the CUDA kernel's wide passes
 
 Every repetition routes afresh (uniform top-6 per token, a new draw each time) so the experts it reads are not
 the previous repetition's L2 contents; the launch is timed as a CUDA graph replay, as the decode step runs it.
@@ -27,9 +26,8 @@ from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
 from event_timing import median_ms
-from v41.kernels import wstream
 from v41.kernels.moe import grouped_config, grouped_linear_triton
-from v41.kernels.moe_align import active_experts, align_pairs
+from v41.kernels.moe_align import align_pairs
 from v41.kernels.packed import PackedWeight
 
 SHAPES = {"v4": (256, 4096, 2048), "v41": (384, 5120, 2304)}  # experts, hidden, intermediate
@@ -63,27 +61,10 @@ def routings(batch: int, experts: int, reps: int, gen: torch.Generator):
     return out
 
 
-def grouped(x, w, offsets, rows, cfg: dict):
-    """The Triton grouped GEMM at ``cfg``, or with ``cfg["wide"]`` the CUDA kernel's wide passes at that many CTAs
-    per SM (wstream.WIDE_CTAS_PER_SM)."""
-    if "wide" not in cfg:
-        return grouped_linear_triton(x, w, offsets, rows, cfg)
-    old = wstream.WIDE_MIN_ROWS_PER_EXPERT, wstream.WIDE_CTAS_PER_SM
-    wstream.WIDE_MIN_ROWS_PER_EXPERT, wstream.WIDE_CTAS_PER_SM = 1, cfg["wide"]
-    try:
-        pairs = x.shape[0] if rows is None else rows.shape[0]
-        y = wstream.grouped(x, w, offsets, rows, active_experts(offsets, min(w.shape[0], pairs)))
-        if y is None:
-            raise ValueError("the CUDA kernel declined these operands")
-        return y
-    finally:
-        wstream.WIDE_MIN_ROWS_PER_EXPERT, wstream.WIDE_CTAS_PER_SM = old
-
-
 def check(x, w, route, cfg, gather: bool) -> float:
     rows, offsets, _ = route
     rows = rows if gather else None
-    got = grouped(x, w, offsets, rows, cfg).float()
+    got = grouped_linear_triton(x, w, offsets, rows, cfg).float()
     xs = (x if rows is None else x[rows]).float()
     ref = torch.zeros_like(got)
     bounds = offsets.tolist()
@@ -101,11 +82,11 @@ def timed(x, w, routes, cfg, gather: bool) -> float:
     routing copied into the graph's static inputs before each replay."""
     rows = routes[0][0].clone()
     offsets = routes[0][1].clone()
-    grouped(x, w, offsets, rows if gather else None, cfg)
+    grouped_linear_triton(x, w, offsets, rows if gather else None, cfg)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        grouped(x, w, offsets, rows if gather else None, cfg)
+        grouped_linear_triton(x, w, offsets, rows if gather else None, cfg)
 
     def load(i: int) -> None:
         rows.copy_(routes[i][0])
@@ -121,7 +102,6 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--shape", choices=tuple(SHAPES), default="v4")
-    ap.add_argument("--wide", action="store_true", help="also the CUDA kernel's wide passes (1 and 3 CTAs per SM)")
     ap.add_argument("--tiles", default="",
                     help="BM:BN tiles to sweep at 4 / 8 warps, 3 stages, scaled dot or not")
     a = ap.parse_args()
@@ -152,8 +132,6 @@ def main() -> None:
                                                          (default["scaled"], not default["scaled"])):
                 bm, bn = (int(v) for v in tile.split(":"))
                 configs.append(dict(default, bm=bm, bn=bn, split=1, warps=warps, stages=3, scaled=scaled))
-            if a.wide:
-                configs += [{"wide": 1}, {"wide": 3}]
             flop = 2 * batch * TOP_K * w.shape[1] * w.shape[2]
             results = []
             for cfg in configs:

@@ -13,10 +13,6 @@
 //
 // Split-K: grid.z slices K; each slice writes float32 partials and the last CTA of a tile to arrive (a counter per
 // tile, reset by it) sums them in slice order, so results do not depend on timing.
-//
-// Wide passes (prefill-sized expert GEMMs, ~128 rows per expert): a pass takes 64 activation rows, 8 blocks of 8,
-// so each chunk's weights are converted once per 64 rows instead of once per 8, and a block's activation pieces are
-// loaded while the previous block's MMAs run.
 #include "../common/dequant.cuh"
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
@@ -130,39 +126,11 @@ struct Batch {
   }
 };
 
-// The MMAs of one chunk for one block of 8 activation rows: a0w / a1w this lane's converted weight words (rows g
-// and g + 8), xw its activation words.
-template <WFmt F>
-__device__ __forceinline__ void chunk_mma(const uint32_t (&a0w)[Fmt<F>::kWords], const uint32_t (&a1w)[Fmt<F>::kWords],
-                                          const uint32_t (&xw)[16], float (&acc)[4]) {
-#pragma unroll
-  for (int s = 0; s < Fmt<F>::kSteps; ++s) {
-    uint32_t a0, a2, a1, a3, b0, b1;
-    Fmt<F>::a_words(a0w, s, a0, a2);
-    Fmt<F>::a_words(a1w, s, a1, a3);
-    Fmt<F>::b_words(xw, s, b0, b1);
-    mma_bf16_16816(acc, a0, a1, a2, a3, b0, b1);
-  }
-}
-
-// A lane's 16-byte activation pieces of one chunk (XW words; xr: its row, c: the chunk) as words.
-template <int XW, int CK>
-__device__ __forceinline__ void load_x_words(const __nv_bfloat16* xr, int c, uint32_t (&w)[16]) {
-#pragma unroll
-  for (int i = 0; i < XW / 4; ++i) {
-    const uint4 v = *reinterpret_cast<const uint4*>(xr + int64_t(c) * CK + 8 * i);
-    w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-  }
-}
-
-// Converts a batch and accumulates its MMAs for the pass's NB blocks of 8 activation rows (xr[nb]: this lane's row
-// of block nb; XPRE: NB = 1, its pieces already in the batch). Each chunk's weights are converted once for all
-// blocks, and block nb + 1's pieces load before block nb's MMAs. WIDE = false: every scale byte of the batch takes
-// one multiply (the caller checked them across the warp).
-template <WFmt F, bool WIDE, int U, int XW, bool XPRE, int NB>
-__device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, int c_hi,
-                                        const __nv_bfloat16* const (&xr)[NB], float (&acc)[NB][4]) {
-  static_assert(NB == 1 || !XPRE, "preloaded activation pieces serve one block");
+// Converts a batch and accumulates its MMAs for the pass's 8 activation rows (xr: this lane's row). WIDE = false:
+// every scale byte of the batch takes one multiply (the caller checked them across the warp).
+template <WFmt F, bool WIDE, int U, int XW, bool XPRE>
+__device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, int c_hi, const __nv_bfloat16* xr,
+                                        float (&acc)[4]) {
   using Traits = Fmt<F>;
   constexpr int CK = 4 * Traits::kInputsPerLane;
 #pragma unroll
@@ -172,29 +140,29 @@ __device__ __forceinline__ void compute(const Batch<U, XW, XPRE>& bt, int c0, in
     uint32_t a0w[Traits::kWords], a1w[Traits::kWords];
     Traits::template dequant<WIDE>(bt.r0[u], bt.s0[u], a0w);
     Traits::template dequant<WIDE>(bt.r1[u], bt.s1[u], a1w);
-    uint32_t xw[NB > 1 ? 2 : 1][16];
-    if constexpr (XPRE) {
+    uint32_t xw[16];
 #pragma unroll
-      for (int i = 0; i < XW / 4; ++i) {
-        const uint4 v = bt.x[u][i];
-        xw[0][4 * i] = v.x, xw[0][4 * i + 1] = v.y, xw[0][4 * i + 2] = v.z, xw[0][4 * i + 3] = v.w;
-      }
-    } else {
-      load_x_words<XW, CK>(xr[0], c, xw[0]);
+    for (int i = 0; i < XW / 4; ++i) {
+      const uint4 v = XPRE ? bt.x[XPRE ? u : 0][XPRE ? i : 0]
+                           : *reinterpret_cast<const uint4*>(xr + int64_t(c) * CK + 8 * i);
+      xw[4 * i] = v.x, xw[4 * i + 1] = v.y, xw[4 * i + 2] = v.z, xw[4 * i + 3] = v.w;
     }
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      if (nb + 1 < NB) load_x_words<XW, CK>(xr[nb + 1], c, xw[(nb + 1) & 1]);
-      chunk_mma<F>(a0w, a1w, xw[nb & 1], acc[nb]);
+    for (int s = 0; s < Traits::kSteps; ++s) {
+      uint32_t a0, a2, a1, a3, b0, b1;
+      Traits::a_words(a0w, s, a0, a2);
+      Traits::a_words(a1w, s, a1, a3);
+      Traits::b_words(xw, s, b0, b1);
+      mma_bf16_16816(acc, a0, a1, a2, a3, b0, b1);
     }
   }
 }
 
 // Scale bytes above kOneFactorMax (mxfp4: scales of 2^2 and more, not seen in checkpoints) need two bf16
 // multiplies per word; a batch takes the one-multiply conversion when no lane of the warp has one.
-template <WFmt F, int U, int XW, bool XPRE, int NB>
+template <WFmt F, int U, int XW, bool XPRE>
 __device__ __forceinline__ void convert_and_mma(const Batch<U, XW, XPRE>& bt, int c0, int c_hi,
-                                                const __nv_bfloat16* const (&xr)[NB], float (&acc)[NB][4]) {
+                                                const __nv_bfloat16* xr, float (&acc)[4]) {
   if (__all_sync(0xffffffffu, bt.fits_one_factor(Fmt<F>::kOneFactorMax)))
     compute<F, false>(bt, c0, c_hi, xr, acc);
   else
@@ -280,10 +248,8 @@ struct Tile {
 // CTA's rows in shared memory through per-row bulk copies and mbarriers measured 2-3x slower on the H200, a
 // per-lane cp.async ring 5-60 % slower: benches/RESULTS.md.)
 // MIN_CTAS > 1 caps the registers so that many CTAs fit per SM (5: 96 per thread, no spills without XPRE).
-// NB > 1: wide passes of 8·NB activation rows (without XPRE).
-template <WFmt F, bool XPRE, int MIN_CTAS, int NB>
+template <WFmt F, bool XPRE, int MIN_CTAS>
 __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(const WStreamParams p) {
-  static_assert(NB == 1 || !XPRE, "wide passes load the activations per block");
   using Traits = Fmt<F>;
   constexpr int KP = Tile<F>::KP, CK = Tile<F>::CK, kUnroll = Traits::kUnroll;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -297,64 +263,42 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
   const uint8_t* w0 = p.w + tl.e * p.w_stride_e + int64_t(tl.r0) * p.w_stride_n + 16 * t;
   const uint8_t* w1 = w0 + 8 * p.w_stride_n;
   Batch<kUnroll, KP / 2, XPRE> bt;
-  bool preloaded = NB == 1 && !routed && tl.n_base < p.N;
+  bool preloaded = !routed && tl.n_base < p.N;
   if (preloaded) bt.load(w0, w1, tl.s0, tl.s1, tl.c_lo, tl.c_hi, t, CK, KP, p.sk_log2);
   if (!routed) pdl_wait();
   pdl_launch_dependents();
 
   // N is a whole number of 16-row warp tiles (the binding checks it): a warp past N only joins the split-K sum.
-  if constexpr (NB > 1) {
-    for (int64_t m0 = tl.start; m0 < tl.end && tl.n_base < p.N; m0 += 8 * NB) {
-      float acc[NB][4] = {};
-      const __nv_bfloat16* xr[NB];
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) xr[nb] = tl.x_row(p, m0 + 8 * nb, g);
-      // Two chunks per batch: a chunk's MMAs take NB times longer here, which hides the next batch's loads.
-      constexpr int kWideUnroll = 2;
-      Batch<kWideUnroll, KP / 2, false> bw;
-      for (int c0 = tl.c_lo; c0 < tl.c_hi; c0 += kWideUnroll) {
-        bw.load(w0, w1, tl.s0, tl.s1, c0, tl.c_hi, t, CK, KP, p.sk_log2);
-        convert_and_mma<F>(bw, c0, tl.c_hi, xr, acc);
-      }
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) tl.store(p, acc[nb], m0 + 8 * nb, t);
+  for (int64_t m0 = tl.start; m0 < tl.end && tl.n_base < p.N; m0 += 8) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const __nv_bfloat16* xr = tl.x_row(p, m0, g);
+    // A batch of kUnroll chunks: its loads are all issued before the first is used. (Two batches in flight,
+    // one loading while the other computes, measured slower on the H200: the registers cost CTAs per SM.)
+    for (int c0 = tl.c_lo; c0 < tl.c_hi; c0 += kUnroll) {
+      if (!preloaded) bt.load(w0, w1, tl.s0, tl.s1, c0, tl.c_hi, t, CK, KP, p.sk_log2);
+      preloaded = false;
+      if (XPRE) bt.load_x(xr, c0, tl.c_hi, CK);
+      convert_and_mma<F>(bt, c0, tl.c_hi, xr, acc);
     }
-  } else {
-    for (int64_t m0 = tl.start; m0 < tl.end && tl.n_base < p.N; m0 += 8) {
-      float acc[1][4] = {};
-      const __nv_bfloat16* xr[1] = {tl.x_row(p, m0, g)};
-      // A batch of kUnroll chunks: its loads are all issued before the first is used. (Two batches in flight,
-      // one loading while the other computes, measured slower on the H200: the registers cost CTAs per SM.)
-      for (int c0 = tl.c_lo; c0 < tl.c_hi; c0 += kUnroll) {
-        if (!preloaded) bt.load(w0, w1, tl.s0, tl.s1, c0, tl.c_hi, t, CK, KP, p.sk_log2);
-        preloaded = false;
-        if (XPRE) bt.load_x(xr[0], c0, tl.c_hi, CK);
-        convert_and_mma<F>(bt, c0, tl.c_hi, xr, acc);
-      }
-      tl.store(p, acc[0], m0, t);
-    }
+    tl.store(p, acc, m0, t);
   }
   if (p.partial) tl.sum_partials(p);
 }
 
 template <WFmt F>
-cudaError_t launch_fmt(const WStreamParams& p, bool five_ctas, int wide, dim3 grid, cudaStream_t stream, bool pdl) {
-  auto kernel = p.x_prefetch ? wstream_kernel<F, true, 1, 1>
-              : five_ctas    ? wstream_kernel<F, false, 5, 1>
-                             : wstream_kernel<F, false, 1, 1>;
-  if constexpr (F == WFmt::kMxfp4) {  // wide passes: 234 registers (2 CTAs per SM), or capped at 168 for 3
-    if (wide == 1) kernel = wstream_kernel<F, false, 1, kWStreamWideBlocks>;
-    if (wide == 3) kernel = wstream_kernel<F, false, 3, kWStreamWideBlocks>;
-  }
+cudaError_t launch_fmt(const WStreamParams& p, bool five_ctas, dim3 grid, cudaStream_t stream, bool pdl) {
+  auto kernel = p.x_prefetch ? wstream_kernel<F, true, 1>
+              : five_ctas    ? wstream_kernel<F, false, 5>
+                             : wstream_kernel<F, false, 1>;
   return launch_kernel(kernel, grid, dim3(32 * kWStreamWarps), 0, stream, pdl, p);
 }
 
 }  // namespace
 
-cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, bool five_ctas, int wide, dim3 grid,
-                           cudaStream_t stream, bool pdl) {
-  return fmt == WFmt::kMxfp4 ? launch_fmt<WFmt::kMxfp4>(p, five_ctas, wide, grid, stream, pdl)
-                             : launch_fmt<WFmt::kFp8>(p, five_ctas, wide, grid, stream, pdl);
+cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, bool five_ctas, dim3 grid, cudaStream_t stream,
+                           bool pdl) {
+  return fmt == WFmt::kMxfp4 ? launch_fmt<WFmt::kMxfp4>(p, five_ctas, grid, stream, pdl)
+                             : launch_fmt<WFmt::kFp8>(p, five_ctas, grid, stream, pdl);
 }
 
 }  // namespace v41

@@ -31,14 +31,11 @@ struct WStreamParams {
 
 constexpr int kWStreamWarps = 4;
 constexpr int kWStreamRowsPerCta = 16 * kWStreamWarps;
-constexpr int kWStreamWideBlocks = 8;  // blocks of 8 activation rows per wide pass (64 rows)
 
 // Launches the kernel on `stream`; grid (experts or active slots, ceil(N / 64), split). five_ctas (without
-// x_prefetch): registers capped at 96 per thread so 5 CTAs fit per SM instead of 4. wide (mxfp4, without
-// x_prefetch; five_ctas ignored): 0 = off, else passes of 8·kWStreamWideBlocks activation rows for prefill-sized
-// expert GEMMs with registers for `wide` (1 or 3) CTAs per SM at least. pdl: launched as a programmatic dependent
-// of the previous kernel on the stream (common/pdl.cuh). Returns the launch error.
-cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, bool five_ctas, int wide, dim3 grid,
-                           cudaStream_t stream, bool pdl);
+// x_prefetch): registers capped at 96 per thread so 5 CTAs fit per SM instead of 4. pdl: launched as a programmatic
+// dependent of the previous kernel on the stream (common/pdl.cuh). Returns the launch error.
+cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, bool five_ctas, dim3 grid, cudaStream_t stream,
+                           bool pdl);
 
 }  // namespace v41

@@ -44,11 +44,11 @@ FINISH_UNROLL = 4
 # weights come from HBM, in the bench's graph of 24 calls over one weight from L2.
 MIX_GEMV_T = 0
 GEMV_BK = 256
-# Steps of at least this many tokens take 64-token tiles in the split-K pass (0 = never). At an 8,192-token prefill
-# the 16-token tiles took 0.64 ms per seam for 0.08 ms of h's bytes (benches/RESULTS.md "2026-12-04 (evening)"):
-# each tile reads the seam's 2 MB of mix weights again (1 GB from L2 per seam) with a 16-row dot. Off until
-# glue_bench.py times it (column "64-token tiles", --tokens 8192).
-MIX_WIDE_T = 0
+# Steps of at least this many tokens take 64-token tiles in the split-K pass (0 = never). The 16-token tiles read
+# the seam's 2 MB of mix weights again per tile (1 GB from L2 per seam at 8,192 tokens) with a 16-row dot.
+# glue_bench.py --tokens 2048,8192 --ops mhc (benches/RESULTS.md "2026-12-04 (night)"): 143 against 163 µs per
+# seam at 2,048 tokens, 536 against 635 at 8,192; smaller steps were not timed, so they keep the 16-token tiles.
+MIX_WIDE_T = 2048
 
 
 def hc_mixes_ref(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,

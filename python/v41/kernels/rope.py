@@ -43,6 +43,12 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
     return out
 
 
+# Rows (heads) of one token that one :func:`rope_` program rotates: one row per program was 524,288 programs of
+# 64 columns for an 8,192-token query (6.3 ms in 22 launches of the prefill, ~9× their bytes; benches/RESULTS.md
+# "2026-12-04 (night)").
+ROPE_COLS_ROWS = 16
+
+
 def rope_(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
     """:func:`rope` in place: x [T, ..., d] (bf16 / fp16 / float32; the Triton kernel needs it contiguous), cos, sin
     [T, rd/2]; x's last ``rd`` columns rotated, the others left where they are (at prefill the query
@@ -56,9 +62,10 @@ def rope_(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) -> Tensor:
         return x
     t, d, half = x.shape[0], x.shape[-1], cos.shape[-1]
     rows_per_t = x.numel() // (t * d)
-    _rope_cols_kernel[(t, rows_per_t)](x, cos.float().contiguous(), sin.float().contiguous(), rows_per_t, d, half,
-                                       -1.0 if inverse else 1.0, BLOCK=triton.next_power_of_2(2 * half),
-                                       **triton_kw(x.device))
+    rows = min(triton.next_power_of_2(rows_per_t), ROPE_COLS_ROWS)
+    _rope_cols_kernel[(t, triton.cdiv(rows_per_t, rows))](
+        x, cos.float().contiguous(), sin.float().contiguous(), rows_per_t, d, half, -1.0 if inverse else 1.0,
+        BLOCK=triton.next_power_of_2(2 * half), ROWS_PER_PROGRAM=rows, **triton_kw(x.device))
     return x
 
 
@@ -119,19 +126,22 @@ if triton is not None:
         return tl.where(rot, x * c + tl.where(odd, xp * s, -xp * s), x)
 
     @triton.jit
-    def _rope_cols_kernel(x_ptr, cos_ptr, sin_ptr, ROWS, D, HALF, sign, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _rope_cols_kernel(x_ptr, cos_ptr, sin_ptr, ROWS, D, HALF, sign, BLOCK: tl.constexpr,
+                          ROWS_PER_PROGRAM: tl.constexpr, PDL: tl.constexpr):
         prologue(PDL)
-        t, h = tl.program_id(0), tl.program_id(1)
+        t = tl.program_id(0)
+        h = tl.program_id(1) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)[:, None]  # rows (heads) of token t
         start = D - 2 * HALF
         base = (t.to(tl.int64) * ROWS + h) * D + start
-        j = tl.arange(0, BLOCK)  # column start + j; pairs (2i, 2i+1) stay in this program's columns
+        j = tl.arange(0, BLOCK)[None, :]  # column start + j; pairs (2i, 2i+1) stay in this program's columns
         rot = j < 2 * HALF
-        x = tl.load(x_ptr + base + j, mask=rot, other=0.0).to(tl.float32)
-        xp = tl.load(x_ptr + base + (j ^ 1), mask=rot, other=0.0).to(tl.float32)
+        m = rot & (h < ROWS)
+        x = tl.load(x_ptr + base + j, mask=m, other=0.0).to(tl.float32)
+        xp = tl.load(x_ptr + base + (j ^ 1), mask=m, other=0.0).to(tl.float32)
         c = tl.load(cos_ptr + t * HALF + j // 2, mask=rot, other=1.0)
         s = tl.load(sin_ptr + t * HALF + j // 2, mask=rot, other=0.0) * sign
         y = _rotate(x, xp, c, s, j % 2 == 1, rot)
-        tl.store(x_ptr + base + j, y.to(x_ptr.dtype.element_ty), mask=rot)
+        tl.store(x_ptr + base + j, y.to(x_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
     def _norm_rope_kernel(x_ptr, y_ptr, w_ptr, cos_ptr, sin_ptr, D, stride_x, HALF, eps, BLOCK: tl.constexpr,

@@ -9,9 +9,7 @@ the reference; :func:`.dispatch.use_cuda` decides whether to try at all):
   M ≤ :data:`MAX_ROWS`.
 * :func:`grouped`: expert weights ``[E, N, K]`` over rows sorted by expert (:func:`.moe.grouped_linear`'s
   contract), when the pairs per expert slot (``min(E, P)`` slots) average at most :data:`MAX_ROWS_PER_EXPERT`:
-  decode steps; prefill chunks and long verify steps take the Triton kernel — or, for MXFP4 experts with at
-  least :data:`WIDE_MIN_ROWS_PER_EXPERT` pairs per slot, this kernel in wide passes of 64 rows (each weight
-  chunk converted once per 64 rows, not per 8).
+  decode steps; prefill chunks and long verify steps take the Triton kernel.
 
 Both compute what :func:`.linear.linear_ref` / :func:`.moe.grouped_linear_ref` compute (bf16 products are exact;
 only the float32 summation order differs). Launch shape: CTAs of 64 output rows per weight; K is split across
@@ -32,11 +30,6 @@ from .packed import PackedWeight
 
 MAX_ROWS = 8              # dense linears: above this the Triton / BLAS paths win (benches/RESULTS.md)
 MAX_ROWS_PER_EXPERT = 2   # grouped: pairs per expert slot on average (measured at 1: decode up to B = 64)
-# Grouped MXFP4 GEMMs with at least this many pairs per expert slot on average (prefill chunks: ~128 at 8,192
-# tokens of V4.1-Flash) run in wide passes; 0 = never (the Triton grouped GEMM takes them). Off until timed on the
-# H200 against the Triton kernel's 13.2 / 6.8 ms for w13 / w2 at 8,192 tokens (moe_bench.py --wide).
-WIDE_MIN_ROWS_PER_EXPERT = 0
-WIDE_CTAS_PER_SM = 1  # wide passes' register budget: 1 (234 registers: 2 CTAs fit) or 3 (capped at 168, 20 B spilled)
 ROWS_PER_CTA = 64
 CTAS_PER_SM = 3  # split K until this many CTAs per SM (benches/RESULTS.md: 16 and 64 measured slower)
 # Weight bytes a split-K CTA streams at least (0: no floor). At one row the small projections split into slices of
@@ -98,7 +91,7 @@ def _launch_shape(slots: int, n: int, k: int, fmt: str, device: torch.device) ->
 
 
 def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None, active: Tensor | None,
-         p: int, slots: int, n_group: int, x_prefetch: bool, wide: bool = False) -> Tensor:
+         p: int, slots: int, n_group: int, x_prefetch: bool) -> Tensor:
     n, k = w.out_features, w.in_features
     y = torch.empty((p, n), dtype=torch.bfloat16, device=x.device)
     split, per = _launch_shape(slots, n, k, w.fmt, x.device)
@@ -109,7 +102,7 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        counters, FMT_CODES[w.fmt], n_group, w.block[0],
                        32 if w.fmt == "mxfp4" else w.block[1], slots, split, per,
-                       x_prefetch, FIVE_CTAS, WIDE_CTAS_PER_SM if wide else 0, pdl_enabled(x.device))
+                       x_prefetch, FIVE_CTAS, pdl_enabled(x.device))
     return y
 
 
@@ -129,16 +122,14 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int = 1) 
 def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, active: Tensor) -> Tensor | None:
     """The sorted-pair expert GEMM (:func:`.moe.grouped_linear`): x ``[M, K]`` bf16, w ``[E, N, K]``, offsets
     ``[E+1]`` int64, rows ``[P]`` int64 or None, active ``[min(E, P)]`` int64 (−1 padded) → ``[P, N]``; None
-    when not taken (more than MAX_ROWS_PER_EXPERT pairs per slot on average and fewer than a wide pass's
-    WIDE_MIN_ROWS_PER_EXPERT, or operands it cannot read)."""
+    when not taken (more than MAX_ROWS_PER_EXPERT pairs per slot on average, or operands it cannot read)."""
     p = x.shape[0] if rows is None else rows.shape[0]
     if w.data.dim() != 3:
         return None
     n_exp, n, k = w.shape
     slots = active.shape[0]
-    wide = bool(WIDE_MIN_ROWS_PER_EXPERT) and w.fmt == "mxfp4" and p >= WIDE_MIN_ROWS_PER_EXPERT * slots
-    if p == 0 or (p > MAX_ROWS_PER_EXPERT * slots and not wide) or not _takes(x, w, k, n):
+    if p == 0 or p > MAX_ROWS_PER_EXPERT * slots or not _takes(x, w, k, n):
         return None
     if offsets.dtype != torch.int64 or active.dtype != torch.int64 or (rows is not None and rows.dtype != torch.int64):
         return None
-    return _run(x, rows, w, offsets, active, p, slots, n, x_prefetch=False, wide=wide)
+    return _run(x, rows, w, offsets, active, p, slots, n, x_prefetch=False)
