@@ -16,10 +16,13 @@
 #   verify   (~5 min) the checks of the sampler's kernels, mHC, linear, norms and the window pool (column views),
 #            the engine's greedy tokens (tiny V4.1 / V4, bf16 / fp8 records: the stacked sibling projections),
 #            speculation's graphs vs eager, host synchronisation, PDL and the side stream;
-#   final    (~6 min) flash-slice-v41 B = 1, 64 and its prefill rates at 2,048 / 8,192 tokens; flash-slice-v4
-#            B = 1;
+#   final    (~6 min) the RoPE / RMSNorm checks, flash-slice-v41 B = 1, 64 and its prefill rates at 2,048 /
+#            8,192 tokens; flash-slice-v4 B = 1;
 #   profiles (~7 min) B = 1 decode profiles of flash-slice-v41 (fp8) and -v4 and the 8,192-token prefill profile
 #            (PDL off);
+#   table    (~7 min) the per-kernel table of issue 17: kernel_bench.py (linears, experts, sparse MQA, indexer
+#            scores and top-k at B = 1, 8, 64), glue_bench.py (mHC mixes, float32-output linears, the sampler's
+#            race at 1, 8, 64 tokens; the mixes at 2,048 / 8,192), moe_bench.py at 2,048 / 8,192 tokens;
 #   moe      (~2 min) the MoE GEMM at 2,048- and 8,192-token prefill chunks over V4.1's experts (moe_bench.py);
 #            the mHC mixes at prefill sizes (glue_bench.py --ops mhc: column "64-token tiles" is mhc.MIX_WIDE_T);
 # The exit status is 1 when a test run failed.
@@ -75,6 +78,8 @@ case "${MODE:-tests}" in
       or speculation_replays or pdl or side_stream or pinned_memory" > "$OUT/tests4.txt" 2>&1 || rc=1
     tail -12 "$OUT/tests4.txt" ;;
   final)
+    timeout 100 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and norm_rope" > "$OUT/tests8.txt" 2>&1 || rc=1
+    tail -2 "$OUT/tests8.txt"
     timeout 300 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill 2048,8192 \
       --kv-cache-dtype fp8 --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
     tail -6 "$OUT/fs_v41.txt"
@@ -91,12 +96,23 @@ case "${MODE:-tests}" in
     timeout 200 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 256 --prefill 8192 \
       --kv-cache-dtype fp8 --top 40 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_prefill.txt" 2>&1
     grep -A20 "== prefill" "$OUT/profile_prefill.txt" | head -22 ;;
+  table)
+    timeout 150 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and (norm_rope or mhc)" > "$OUT/tests7.txt" 2>&1 || rc=1
+    tail -2 "$OUT/tests7.txt"
+    timeout 240 python3 benches/gpu/kernel_bench.py --batches 1,8,64 --reps 16 > "$OUT/kernels.txt" 2>&1
+    tail -40 "$OUT/kernels.txt"
+    timeout 100 python3 benches/gpu/glue_bench.py > "$OUT/glue.txt" 2>&1
+    tail -12 "$OUT/glue.txt"
+    timeout 60 python3 benches/gpu/glue_bench.py --tokens 2048,8192 --ops mhc > "$OUT/glue_prefill.txt" 2>&1
+    tail -3 "$OUT/glue_prefill.txt"
+    timeout 120 python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --reps 5 > "$OUT/moe.txt" 2>&1
+    tail -6 "$OUT/moe.txt" ;;
   moe)
     timeout 200 python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --reps 5 \
       > "$OUT/moe.txt" 2>&1
     tail -7 "$OUT/moe.txt"
     timeout 150 python3 benches/gpu/glue_bench.py --tokens 2048,8192 --ops mhc > "$OUT/glue_prefill.txt" 2>&1
     tail -3 "$OUT/glue_prefill.txt" ;;
-  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles or moe"; exit 2 ;;
+  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table or moe"; exit 2 ;;
 esac
 exit $rc

@@ -6,8 +6,9 @@ Sinkhorn procedure: one column normalisation, then ``iters − 1`` rounds of row
 tiny element-wise ops in PyTorch. The Triton path is a split-K pass that reads H once in its own dtype and leaves
 partial dot products and sums of squares, then the finish: the sigmoids, the softmax and Sinkhorn in registers,
 the partials summed in slice order. With :data:`ONE_LAUNCH` the last program of a token block to arrive (an arrival
-counter it resets, :func:`.wstream.split_counters`) finishes the block in the same launch; otherwise, or where the
-counters do not exist yet (a CUDA-graph capture before any eager run), a second kernel does. Collapse and expand
+counter it resets, :func:`.wstream.split_counters`) finishes the block in the same launch; otherwise, at the 64-token tiles of
+:data:`MIX_WIDE_T` (faster in two), or where the counters do not exist yet (a CUDA-graph capture before any eager
+run), a second kernel does. Collapse and expand
 are one launch each; :func:`hc_collapse_norm` joins the collapse with the sub-layer's RMSNorm, which is the only
 reader of its result (one launch per seam fewer; the same rounding as the two launches).
 """
@@ -48,6 +49,8 @@ GEMV_BK = 256
 # the seam's 2 MB of mix weights again per tile (1 GB from L2 per seam at 8,192 tokens) with a 16-row dot.
 # glue_bench.py --tokens 2048,8192 --ops mhc (benches/RESULTS.md "2026-12-04 (night)"): 143 against 163 µs per
 # seam at 2,048 tokens, 536 against 635 at 8,192; smaller steps were not timed, so they keep the 16-token tiles.
+# These steps take two launches whatever ONE_LAUNCH says: 105 against 144 µs at 2,048 tokens, 378 against 541 at
+# 8,192 (the same call).
 MIX_WIDE_T = 2048
 
 
@@ -86,7 +89,8 @@ def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters:
     flat = h.reshape(t, -1)
     k = flat.shape[1]
     gemv = t <= MIX_GEMV_T
-    bt, bk = (1, GEMV_BK) if gemv else (64, 64) if MIX_WIDE_T and t >= MIX_WIDE_T else (16, 128)
+    wide = not gemv and MIX_WIDE_T and t >= MIX_WIDE_T
+    bt, bk = (1, GEMV_BK) if gemv else (64, 64) if wide else (16, 128)
     n_tb = triton.cdiv(t, bt)
     split = max(1, min(triton.cdiv(k, bk), MIX_SPLIT_MAX, 264 // n_tb))
     k_split = triton.cdiv(triton.cdiv(k, bk), split) * bk
@@ -96,7 +100,8 @@ def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters:
     pre = torch.empty(t, 4, dtype=torch.float32, device=h.device)
     post = torch.empty_like(pre)
     comb = torch.empty(t, 4, 4, dtype=torch.float32, device=h.device)
-    counters = wstream.split_counters(h.device) if ONE_LAUNCH and n_tb <= wstream.COUNTER_SLOTS else None
+    one_launch = ONE_LAUNCH and not wide and n_tb <= wstream.COUNTER_SLOTS
+    counters = wstream.split_counters(h.device) if one_launch else None
     scale, base = scale.float().contiguous(), base.float().contiguous()
     args = (flat, fn.float().contiguous(), part, part if counters is None else counters, scale, base, pre, post, comb,
             t, k, k_split, flat.stride(0), float(norm_eps), iters, hc_eps)

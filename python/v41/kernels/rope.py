@@ -121,9 +121,10 @@ if triton is not None:
 
     @triton.jit
     def _rotate(x, xp, c, s, odd, rot):
-        """Channel values x with their pair partners xp (float32) rotated where ``rot``; shared by both kernels, so
-        the compiler forms the same products and sums in each."""
-        return tl.where(rot, x * c + tl.where(odd, xp * s, -xp * s), x)
+        """Channel values x with their pair partners xp (float32) rotated where ``rot``: ``x·c ∓ xp·s`` as one
+        explicit FMA over the rounded ``xp·(±s)``, shared by every kernel here so each gives the same bits whatever
+        its tile shape (left to the compiler, the 2-D tiles of :func:`rope_` contracted it the other way round)."""
+        return tl.where(rot, tl.fma(x, c, xp * tl.where(odd, s, -s)), x)
 
     @triton.jit
     def _rope_cols_kernel(x_ptr, cos_ptr, sin_ptr, ROWS, D, HALF, sign, BLOCK: tl.constexpr,
