@@ -16,8 +16,8 @@ import torch
 
 from v41 import quant
 from v41.cache.records import RecordFormat
-from v41.kernels import (dequant, engram_gate, engram_rows, indexer, linear, mhc, moe, moe_align, norm, paged,
-                         record_store, rope, router, sampling, segments, softmax, sparse_attention, swiglu, topk,
+from v41.kernels import (dequant, engram_gate, engram_rows, indexer, linear, mhc, moe, moe_align, moe_prefill, norm,
+                         paged, record_store, rope, router, sampling, segments, softmax, sparse_attention, swiglu, topk,
                          window_pool, wstream)
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
@@ -106,6 +106,38 @@ def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
         got = moe.combine_pairs(yp, inv, top, ex)
         want = moe.combine_pairs_ref(yp.double(), inv, top, None if ex is None else ex.double())
         out.append((f"combine/{'shared' if ex is not None else 'routed'}", rel(got, want), tol(dtype)))
+    return out
+
+
+def check_moe_prefill(device: str, dtype: torch.dtype, g: torch.Generator):
+    """MXFP4 experts dequantized in one launch equal the PyTorch form bit for bit (a run of experts from the
+    middle, partial tiles, scales over ~40 binades); in bf16, dequantize-then-grouped-GEMM over chunks of 3 of 7
+    experts (one chunk part-filled, one expert empty, gathered and pre-sorted rows) against the reference."""
+    out = []
+    e, n, k = 5, 40, 224  # partial tiles of 32 rows × 128 inputs
+    w = stack_experts([packed(torch.randn(n, k, generator=g) * 2.0 ** torch.randint(-20, 20, (n, 1), generator=g),
+                              "mxfp4") for _ in range(e)]).to(device)
+    for a, b in ((0, e), (2, 4)):
+        for want in sorted({dtype, torch.float32}, key=str):
+            poison(device)
+            got = dequant.dequantize_experts(w, a, b, torch.empty(b - a + 1, n, k, dtype=want, device=device))
+            ref = PackedWeight(w.data[a:b], w.scale[a:b], "mxfp4", w.block).dequantize(want)
+            same = torch.equal(got[:b - a], ref)
+            out.append((f"dequantize_experts/{a}..{b}/{str(want)[6:]}", 0.0 if same else float("inf"), 0.0))
+    if dtype != torch.bfloat16:  # the grouped GEMM takes bf16
+        return out
+    e, n, k, t, top = 7, 64, 256, 40, 3
+    w = stack_experts([packed(torch.randn(n, k, generator=g) / k ** 0.5, "mxfp4") for _ in range(e)]).to(device)
+    ids = torch.randint(0, e - 1, (t, top), generator=g).to(device)  # expert e-1 stays empty
+    pairs = moe_align.route_pairs(ids, e)
+    x = torch.randn(t, k, generator=g).to(device, dtype)
+    for rows in (pairs.order // top, None):
+        xin = x if rows is not None else torch.randn(t * top, k, generator=g).to(device, dtype)
+        poison(device)
+        y = moe_prefill.grouped_dequant_mm(xin, w, pairs.offsets, rows, chunk=3)
+        r = moe.grouped_linear_ref(xin.double().cpu(), w.to("cpu"), pairs.offsets.cpu(),
+                                   None if rows is None else rows.cpu())
+        out.append((f"grouped_dequant_mm/{'gather' if rows is not None else 'rows'}", rel(y.cpu(), r), tol(dtype)))
     return out
 
 
@@ -573,7 +605,7 @@ def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
     return out
 
 
-CHECKS = [check_linear, check_grouped, check_route_pairs, check_window_pool, check_attention, check_index_scores,
+CHECKS = [check_linear, check_grouped, check_moe_prefill, check_route_pairs, check_window_pool, check_attention, check_index_scores,
           check_record_store, check_mhc, check_uniforms, check_race, check_softmax, check_angle_tables,
           check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
           check_order_keys, check_engram_gate, check_engram_rows, check_segments]

@@ -23,6 +23,10 @@
 #   table    (~7 min) the per-kernel table of issue 17: kernel_bench.py (linears, experts, sparse MQA, indexer
 #            scores and top-k at B = 1, 8, 64), glue_bench.py (mHC mixes, float32-output linears, the sampler's
 #            race at 1, 8, 64 tokens; the mixes at 2,048 / 8,192), moe_bench.py at 2,048 / 8,192 tokens;
+#   paths    (~3 min) the MoE prefill path's tests (tests/test_moe_prefill.py, check_moe_prefill), then the MoE
+#            prefill GEMM four ways (moe_prefill_paths.py: W4A16, pipelined, bf16 and FP8 grouped GEMMs);
+#   long     (~4 min) flash-slice-v41 decode at 32k, 128k and 1M tokens of context (recency prefill), its cache per
+#            kind;
 #   moe      (~2 min) the MoE GEMM at 2,048- and 8,192-token prefill chunks over V4.1's experts (moe_bench.py);
 #            the mHC mixes at prefill sizes (glue_bench.py --ops mhc: column "64-token tiles" is mhc.MIX_WIDE_T);
 # The exit status is 1 when a test run failed.
@@ -107,12 +111,22 @@ case "${MODE:-tests}" in
     tail -3 "$OUT/glue_prefill.txt"
     timeout 120 python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --reps 5 > "$OUT/moe.txt" 2>&1
     tail -6 "$OUT/moe.txt" ;;
+  paths)
+    timeout 120 $PT tests/test_moe_prefill.py tests/test_gpu_fast.py -k "moe_prefill or dequant_mm or pipelined" \
+      > "$OUT/tests9.txt" 2>&1 || rc=1
+    tail -3 "$OUT/tests9.txt"
+    timeout 200 python3 benches/gpu/moe_prefill_paths.py > "$OUT/paths.txt" 2>&1
+    tail -7 "$OUT/paths.txt" ;;
+  long)
+    timeout 280 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x32768,1x131072,1x1048320 --prefill , \
+      --budget 8192 --kv-cache-dtype fp8 --recent-index-prefill --out "$OUT/fs_long" > "$OUT/fs_long.txt" 2>&1
+    tail -9 "$OUT/fs_long.txt" ;;
   moe)
     timeout 200 python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --reps 5 \
       > "$OUT/moe.txt" 2>&1
     tail -7 "$OUT/moe.txt"
     timeout 150 python3 benches/gpu/glue_bench.py --tokens 2048,8192 --ops mhc > "$OUT/glue_prefill.txt" 2>&1
     tail -3 "$OUT/glue_prefill.txt" ;;
-  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table or moe"; exit 2 ;;
+  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long or moe"; exit 2 ;;
 esac
 exit $rc

@@ -20,7 +20,7 @@ from v41.models.fast.attention_v4 import V4Attention
 from v41.models.fast.attention_v41 import CSA2Attention
 
 
-def _recent(self, x: Tensor, qr: Tensor, ctx) -> Tensor:
+def _recent(self, x: Tensor, qr: Tensor, proj: dict[str, Tensor], ctx) -> Tensor:
     """The ``min(index_topk, N)`` most recent visible entry ids per query, ascending (−1 = none)."""
     r = self.plan.ratio
     k = min(self.cfg.index_topk, ctx.n_max[r])

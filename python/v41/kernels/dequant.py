@@ -1,5 +1,6 @@
-"""An FP8 block-scaled weight dequantized in one launch (docs/kernels.md §2 "Dense FP8 GEMMs": the prefill path
-dequantizes each dense weight once per call and uses the BLAS GEMM).
+"""Packed weights dequantized in one launch: an FP8 block-scaled weight (docs/kernels.md §2 "Dense FP8 GEMMs": the
+prefill path dequantizes each dense weight once per call and uses the BLAS GEMM), and a run of MXFP4 experts into
+bf16 (:func:`dequantize_experts`, the MoE prefill path of :mod:`.moe_prefill`).
 
 :meth:`.packed.PackedWeight.dequantize` forms ``fp8 → float32``, the scale tiles expanded to the weight's shape
 twice (``repeat_interleave`` per dim), the product and the cast: five full-size passes, about 30 bytes moved per
@@ -38,9 +39,35 @@ def dequantize(w: PackedWeight, dtype: torch.dtype) -> Tensor:
     return out
 
 
+def dequantize_experts(w: PackedWeight, start: int, stop: int, out: Tensor) -> Tensor:
+    """Experts ``start .. stop`` of an MXFP4 ``[E, N, K]`` weight into ``out[:stop − start]`` (bf16 / fp16 / float32
+    ``[≥ stop − start, N, K]``, contiguous), exact: ``e2m1 · 2^(byte − 127)`` (:func:`v41.quant.dequant_mxfp4`; a
+    scale byte 255, NaN there, gives ±inf or NaN here). One Triton launch where :func:`.dispatch.use_triton` says so,
+    else the PyTorch form. Returns ``out``. Raises ValueError for another format or a wrong ``out``."""
+    if w.fmt != "mxfp4" or w.data.dim() != 3:
+        raise ValueError(f"dequantize_experts takes a 3-D mxfp4 weight, got {w.fmt} {tuple(w.data.shape)}")
+    e, n, k = w.shape
+    if not 0 <= start <= stop <= e or out.dim() != 3 or out.shape[0] < stop - start or tuple(out.shape[1:]) != (n, k) \
+            or not out.is_contiguous():
+        raise ValueError(f"experts {start}..{stop} of {e} into out {tuple(out.shape)}: expected a contiguous "
+                         f"[>= {stop - start}, {n}, {k}] tensor")
+    if stop == start:
+        return out
+    part = PackedWeight(w.data[start:stop], w.scale[start:stop], w.fmt, w.block)
+    if out.dtype not in (torch.bfloat16, torch.float16, torch.float32) or w.data.stride(-1) != 1 \
+            or not use_triton(w.data, out):
+        out[:stop - start] = part.dequantize(out.dtype)
+        return out
+    _mxfp4_kernel[(stop - start, triton.cdiv(n, BN), triton.cdiv(k, BK))](
+        part.data, part.scale, out, n, k, part.data.stride(0), part.data.stride(1), part.scale.stride(0),
+        part.scale.stride(1), BN=BN, BK=BK, **triton_kw(out.device))
+    return out
+
+
 if triton is not None:
     import triton.language as tl
     from .pdl import prologue
+    from .wtile import w_tile
 
     @triton.jit
     def _fp8_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_wn, stride_sn, B0: tl.constexpr, B1: tl.constexpr,
@@ -53,3 +80,16 @@ if triton is not None:
         s = tl.load(s_ptr + (rn // B0)[:, None] * stride_sn + (rk // B1)[None, :], mask=mask, other=0.0)
         tl.store(out_ptr + rn[:, None].to(tl.int64) * K + rk[None, :],
                  (w.to(tl.float32) * s).to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _mxfp4_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_we, stride_wn, stride_se, stride_sn, BN: tl.constexpr,
+                      BK: tl.constexpr, PDL: tl.constexpr):
+        prologue(PDL)
+        e = tl.program_id(0).to(tl.int64)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        k0 = tl.program_id(2) * BK
+        nmask = rn < N
+        w = w_tile(w_ptr + e * stride_we, s_ptr + e * stride_se, rn, k0, nmask, stride_wn, stride_sn, K, 1, 32, BK,
+                   2, out_ptr.dtype.element_ty)  # the GEMM kernels' tile: e2m1 × 2^(byte − 127) in float32
+        rk = k0 + tl.arange(0, BK)
+        tl.store(out_ptr + (e * N + rn[:, None]) * K + rk[None, :], w, mask=nmask[:, None] & (rk < K)[None, :])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import wstream
+from . import moe_prefill, wstream
 from .dispatch import TRITON_DTYPES, dot_dtype, interpreting, triton, use_cuda, use_triton
 from .pdl import triton_kw
 from .moe_align import active_experts
@@ -64,9 +64,10 @@ def grouped_linear_ref(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor
 def grouped_linear(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None = None,
                    active: Tensor | None = None) -> Tensor:
     """:func:`grouped_linear_ref` as one launch of the CUDA weight-streaming kernel where :func:`.dispatch.use_cuda`
-    says so and it takes the step (:func:`.wstream.grouped`: decode-sized steps), else one Triton launch where
-    :func:`.dispatch.use_triton` says so; ``active``: the live experts (:class:`.moe_align.PairRouting`), derived
-    from ``offsets`` when not given."""
+    says so and it takes the step (:func:`.wstream.grouped`: decode-sized steps), else where
+    :func:`.dispatch.use_triton` says so the dequantize-then-grouped-GEMM path when it takes the step
+    (:func:`.moe_prefill.grouped`: prefill chunks, off by default) or one Triton launch; ``active``: the live
+    experts (:class:`.moe_align.PairRouting`), derived from ``offsets`` when not given."""
     if use_cuda(x, w.data, family="moe"):
         if active is None:
             active = active_experts(offsets, min(w.shape[0], x.shape[0] if rows is None else rows.shape[0]))
@@ -74,7 +75,8 @@ def grouped_linear(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | N
         if y is not None:
             return y
     if x.dtype in TRITON_DTYPES and use_triton(x, w.data, family="moe"):
-        return grouped_linear_triton(x, w, offsets, rows, active=active)
+        y = moe_prefill.grouped(x, w, offsets, rows)  # prefill chunks: dequantize, then a grouped bf16 GEMM
+        return y if y is not None else grouped_linear_triton(x, w, offsets, rows, active=active)
     return grouped_linear_ref(x, w, offsets, rows)
 
 

@@ -1,0 +1,74 @@
+"""The MoE prefill path (python/v41/kernels/moe_prefill.py) on the CPU: dequantize-then-grouped-GEMM over chunks of
+experts equals the reference for any chunk size (empty experts, a part-filled last chunk, gathered and pre-sorted
+rows); the dispatch never takes it off CUDA or while it is switched off. Its Triton dequantization is checked in
+``kernel_checks.check_moe_prefill`` (interpreter here, GPU in test_gpu_fast.py); the CUDA pipeline in
+test_gpu_cuda.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_checks import packed
+from v41.kernels import moe, moe_align, moe_prefill
+from v41.kernels.packed import stack_experts
+
+pytestmark = pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this PyTorch has no torch._grouped_mm")
+
+
+def _case(seed: int, e: int = 7, n: int = 48, k: int = 128, t: int = 30, top: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    w = stack_experts([packed(torch.randn(n, k, generator=g) / k ** 0.5, "mxfp4") for _ in range(e)])
+    ids = torch.randint(0, e - 2, (t, top), generator=g)  # the last two experts stay empty
+    ids[:, 0] = 1  # expert 1 takes a pair of every token
+    pairs = moe_align.route_pairs_ref(ids, e)
+    x = torch.randn(t, k, generator=g).to(torch.bfloat16)
+    return w, pairs, x, top
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 16])
+def test_chunked_dequant_mm_equals_the_reference(chunk):
+    w, pairs, x, top = _case(chunk)
+    for rows in (pairs.order // top, None):
+        xin = x if rows is not None else torch.randn(x.shape[0] * top, x.shape[1]).to(torch.bfloat16)
+        y = moe_prefill.grouped_dequant_mm(xin, w, pairs.offsets, rows, chunk=chunk)
+        ref = moe.grouped_linear_ref(xin.double(), w, pairs.offsets, rows)
+        assert y.dtype == torch.bfloat16 and y.shape == ref.shape
+        assert float((y.double() - ref).norm() / ref.norm()) < 1e-2, (chunk, rows is None)
+
+
+def test_offsets_that_do_not_match_the_rows_are_an_error():
+    w, pairs, x, top = _case(0)
+    with pytest.raises(ValueError, match="offsets"):
+        moe_prefill.grouped_dequant_mm(x, w, pairs.offsets, None)  # t rows, t·top pairs
+
+
+def test_the_dispatch_takes_it_only_on_cuda_and_when_switched_on(monkeypatch):
+    w, pairs, x, top = _case(1)
+    rows = pairs.order // top
+    assert moe_prefill.grouped(x, w, pairs.offsets, rows) is None  # off (MIN_ROWS_PER_EXPERT = 0)
+    monkeypatch.setattr(moe_prefill, "MIN_ROWS_PER_EXPERT", 1)
+    assert not moe_prefill.available(x, w)  # CPU tensors
+    assert moe_prefill.grouped(x, w, pairs.offsets, rows) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pipelined_on_cuda_through_the_dispatch(monkeypatch):
+    """moe.grouped_linear takes the path when switched on: chunks of 5 of 24 experts on two streams (each scratch
+    buffer reused several times), poisoned memory, twice in a row, against the reference."""
+    from kernel_checks import poison
+
+    monkeypatch.setattr(moe_prefill, "MIN_ROWS_PER_EXPERT", 1)
+    monkeypatch.setattr(moe_prefill, "CHUNK", 5)
+    calls = []
+    real = moe_prefill.grouped_dequant_mm
+    monkeypatch.setattr(moe_prefill, "grouped_dequant_mm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    w, pairs, x, top = _case(2, e=24, n=256, k=512, t=300, top=6)
+    w, x = w.to("cuda"), x.to("cuda")
+    rows, offsets = (pairs.order // top).to("cuda"), pairs.offsets.to("cuda")
+    ref = moe.grouped_linear_ref(x.double().cpu(), w.to("cpu"), pairs.offsets, pairs.order // top)
+    for _ in range(2):
+        poison("cuda")
+        y = moe.grouped_linear(x, w, offsets, rows)
+        assert float((y.double().cpu() - ref).norm() / ref.norm()) < 4e-3
+    assert len(calls) == 2
