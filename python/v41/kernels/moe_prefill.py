@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import side_stream
 from .dequant import dequantize_experts
 from .packed import PackedWeight
 
@@ -71,7 +72,7 @@ def grouped_dequant_mm(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor
         return y
     bufs = [torch.empty(min(chunk, e), n, k, dtype=xs.dtype, device=xs.device) for _ in range(min(2, len(chunks)))]
     main = torch.cuda.current_stream(xs.device) if xs.is_cuda else None
-    side = _side_stream(xs.device) if xs.is_cuda else None
+    side = side_stream.stream_for(xs.device) if xs.is_cuda else None
     if side is not None:
         side.wait_stream(main)  # the weight, x and the buffers are ready for the side stream
     freed: list[torch.cuda.Event | None] = [None, None]  # per buffer: the GEMM that last read it
@@ -96,14 +97,3 @@ def grouped_dequant_mm(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor
             freed[i % 2].record(main)
     return y
 
-
-_streams: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """This module's dequantization stream on ``device`` (one per device, made on first use)."""
-    if device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    if device not in _streams:
-        _streams[device] = torch.cuda.Stream(device)
-    return _streams[device]

@@ -53,7 +53,9 @@ class Pending(Generic[T]):
         return self._value
 
 
-def _side(device: torch.device) -> torch.cuda.Stream:
+def stream_for(device: torch.device) -> torch.cuda.Stream:
+    """The side stream of a CUDA ``device`` (one per device, made on first use; also the MoE prefill path's
+    dequantization stream, :mod:`.moe_prefill`)."""
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if device not in _streams:
@@ -67,7 +69,7 @@ def beside(fn: Callable[[], T], like: Tensor, site: str) -> Pending[T]:
     not in :data:`SITES`, or when already inside :func:`beside`."""
     if not ENABLED or site not in SITES.split(",") or like.device.type != "cuda" or _lane[0]:
         return Pending(fn(), None)
-    side = _side(like.device)
+    side = stream_for(like.device)
     side.wait_stream(torch.cuda.current_stream(like.device))
     _lane[0] = 1
     try:
