@@ -1,8 +1,8 @@
 """The MoE prefill path (python/v41/kernels/moe_prefill.py) on the CPU: dequantize-then-grouped-GEMM over chunks of
 experts equals the reference for any chunk size (empty experts, a part-filled last chunk, gathered and pre-sorted
 rows); the dispatch never takes it off CUDA or while it is switched off. Its Triton dequantization is checked in
-``kernel_checks.check_moe_prefill`` (interpreter here, GPU in test_gpu_fast.py); the CUDA pipeline in
-test_gpu_cuda.py."""
+``kernel_checks.check_moe_prefill`` (interpreter here, GPU in test_gpu_fast.py); the CUDA pipeline in the last
+test here (skipped without CUDA)."""
 
 from __future__ import annotations
 

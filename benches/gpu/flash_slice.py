@@ -15,8 +15,8 @@ of L tokens in one chunk, cold, median of 3 after a warm-up; floors = bytes the 
 format used — dense parts plus the experts uniform routing touches in expectation — and the KV read) over the
 device-to-device copy bandwidth measured in the same call; a prefill's floor is its roofline, the tokens per second
 at the bf16 dense-GEMM rate of the same call over the FLOPs of its linears per token (layer_times.py
-``gemm_flops_per_token``: attention's products left out, so the percentage understates). Prints the environment, writes JSON next to --out,
-prints one table last.
+``gemm_flops_per_token``: attention's products left out, so the percentage understates). Prints the environment,
+writes JSON next to --out, prints one table last.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@
 #   long     (~4 min) flash-slice-v41 decode at 32k, 128k and 1M tokens of context (recency prefill), its cache per
 #            kind;
 #   moe      (~2 min) the MoE GEMM at 2,048- and 8,192-token prefill chunks over V4.1's experts (moe_bench.py);
-#            the mHC mixes at prefill sizes (glue_bench.py --ops mhc: column "64-token tiles" is mhc.MIX_WIDE_T);
+#            the mHC mixes at prefill sizes (glue_bench.py --ops mhc: columns "64-token tiles" / "16-token tiles"
+#            set mhc.MIX_WIDE_T to 1 / 0);
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail

@@ -1,4 +1,4 @@
-"""The MoE GEMM of a prefill chunk three ways (issue 17: "FP8 re-encode or bf16 grouped GEMM — measure both, keep
+"""The MoE GEMM of a prefill chunk four ways (issue 17: "FP8 re-encode or bf16 grouped GEMM — measure both, keep
 the faster"), over V4.1-Flash's 384 MXFP4 experts (``w13`` [4608, 5120], ``w2`` [5120, 2304]) at the pair counts of
 2,048- and 8,192-token chunks (uniform top-6 routing), one call:
 
@@ -15,8 +15,8 @@ the faster"), over V4.1-Flash's 384 MXFP4 experts (``w13`` [4608, 5120], ``w2`` 
 For bf16 and FP8 the table gives the GEMM alone, the re-encode of the whole weight (bf16: the Triton
 ``dequant.dequantize_experts``; FP8: PyTorch, chunks of 32 experts), and the re-encode's bytes floor (MXFP4 read +
 the new format written, over the copy bandwidth of the call) — a full-model deployment cannot keep a second copy
-of the experts, so a chunk pays it every call. Rel. err is against float32 products of the dequantized weight (the FP8 path also rounds the
-activations, which the other two do not). Times: CUDA events, median of ``--reps``.
+of the experts, so a chunk pays it every call. Rel. err is against float32 products of the dequantized weight (the
+FP8 path also rounds the activations, which the others do not). Times: CUDA events, median of ``--reps``.
 
     python3 benches/gpu/moe_prefill_paths.py [--batches 2048,8192] [--reps 5] [--chunks 16,32]
 """
@@ -161,7 +161,8 @@ def main() -> None:
         errs = " / ".join(f"{c[p][1]:.1e}" if isinstance(c[p][1], float) else c[p][1]
                           for p in ("w4a16", f"pipelined {chunks[0]}" if chunks else "bf16", "fp8"))
         piped = "".join(f"{ms((*c[f'pipelined {ch}'], c['flop']))} | " for ch in chunks)
-        print(f"| {c['batch']} | {c['weight']} | {ms((*c['w4a16'], c['flop']))} | {piped}{ms((*c['bf16'], c['flop']))} | "
+        print(f"| {c['batch']} | {c['weight']} | {ms((*c['w4a16'], c['flop']))} | {piped}"
+              f"{ms((*c['bf16'], c['flop']))} | "
               f"{c['reencode']['bf16']:.2f} / {c['reencode_floor']['bf16']:.2f} | {ms((*c['fp8'], c['flop']))} | "
               f"{c.get('fp8 act quant', float('nan')):.2f} | {c['reencode']['fp8']:.2f} / "
               f"{c['reencode_floor']['fp8']:.2f} | {errs} |")

@@ -55,6 +55,7 @@ def dequantize_experts(w: PackedWeight, start: int, stop: int, out: Tensor) -> T
         return out
     part = PackedWeight(w.data[start:stop], w.scale[start:stop], w.fmt, w.block)
     if out.dtype not in (torch.bfloat16, torch.float16, torch.float32) or w.data.stride(-1) != 1 \
+            or w.scale.stride(-1) != 1 \
             or not use_triton(w.data, out):
         out[:stop - start] = part.dequantize(out.dtype)
         return out

@@ -6,9 +6,9 @@ Sinkhorn procedure: one column normalisation, then ``iters − 1`` rounds of row
 tiny element-wise ops in PyTorch. The Triton path is a split-K pass that reads H once in its own dtype and leaves
 partial dot products and sums of squares, then the finish: the sigmoids, the softmax and Sinkhorn in registers,
 the partials summed in slice order. With :data:`ONE_LAUNCH` the last program of a token block to arrive (an arrival
-counter it resets, :func:`.wstream.split_counters`) finishes the block in the same launch; otherwise, at the 64-token tiles of
-:data:`MIX_WIDE_T` (faster in two), or where the counters do not exist yet (a CUDA-graph capture before any eager
-run), a second kernel does. Collapse and expand
+counter it resets, :func:`.wstream.split_counters`) finishes the block in the same launch; otherwise, at the
+64-token tiles of :data:`MIX_WIDE_T` (faster in two), or where the counters do not exist yet (a CUDA-graph capture
+before any eager run), a second kernel does. Collapse and expand
 are one launch each; :func:`hc_collapse_norm` joins the collapse with the sub-layer's RMSNorm, which is the only
 reader of its result (one launch per seam fewer; the same rounding as the two launches).
 """

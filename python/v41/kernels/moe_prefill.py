@@ -2,18 +2,18 @@
 
 The W4A16 Triton kernel (:func:`.moe.grouped_linear_triton`) upcasts each FP4 weight tile in registers between its
 loads and its MMAs. At prefill sizes that upcast is what bounds it: over V4.1-Flash's experts at 8,192 tokens
-(~128 rows per expert) it ran ``w13`` / ``w2`` in 14.0 / 7.5 ms, where PyTorch's grouped bf16 GEMM
-(``torch._grouped_mm``, CUTLASS on SM90) over already-dequantized experts took 6.1 / 3.2 ms, at the same products
+(~128 rows per expert) it ran ``w13`` / ``w2`` in 13.8 / 7.1 ms, where PyTorch's grouped bf16 GEMM
+(``torch._grouped_mm``, CUTLASS on SM90) over already-dequantized experts took 5.9 / 3.1 ms, at the same products
 (``benches/gpu/moe_prefill_paths.py``; benches/RESULTS.md "2026-12-04 (night)"). The dequantization is a pure
-stream of bytes (0.53 B read and 2 B written per weight) whose floor is 5.5 / 2.8 ms, and it needs no tensor cores.
+stream of bytes (0.53 B read and 2 B written per weight) whose floor is 5.4 / 2.7 ms, and it needs no tensor cores.
 So :func:`grouped` pipelines the two over chunks of :data:`CHUNK` experts: a side stream dequantizes chunk i + 1
 (:func:`.dequant.dequantize_experts`) into one of two bf16 scratch buffers while the current stream multiplies
-chunk i. Scratch: 2 · CHUNK · N · K bf16 (2 · 16 · 4608 · 5120 · 2 B = 1.5 GB for V4.1's ``w13``), freed after the
-call.
+chunk i. Scratch: 2 · CHUNK · N · K bf16 (2 · 16 · 4608 · 5120 · 2 B = 1.5 GB for V4.1's ``w13``), freed
+after the call, and not in the engine's memory budget (a reason more to keep the path off until it pays).
 
 Measured on the H200 (same bench and section): it does **not** pay yet, and is off (:data:`MIN_ROWS_PER_EXPERT`).
 At 8,192 tokens ``w13`` took 16.2–16.6 ms against the W4A16 kernel's 13.8 (2,048 tokens: 14.8–15.0 against 8.1):
-about the dequantization (8.6 ms, 63 % of its bytes floor of 5.4) plus the GEMM (5.9), so the two streams barely
+about the dequantization (8.6 ms, 1.6× its bytes floor of 5.4) plus the GEMM (5.9), so the two streams barely
 overlap — a dequantization grid fills every SM and the GEMM waits for free ones. What would make it pay: the
 dequantization at its floor on a bounded number of SMs (a persistent grid), leaving the rest to the GEMM.
 
@@ -56,13 +56,16 @@ def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None = N
 
 
 def grouped_dequant_mm(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None = None,
-                       chunk: int = CHUNK) -> Tensor:
+                       chunk: int | None = None) -> Tensor:
     """The computation of :func:`grouped` without its conditions (CUDA: pipelined over two streams; CPU: the same
     chunks in order, for tests where ``torch._grouped_mm`` has a CPU kernel): x ``[M, K]``, w ``[E, N, K]`` MXFP4,
     offsets ``[E + 1]`` int64 (pairs sorted by expert), rows ``[P]`` int64 or None (x already holds the P rows)
-    → ``[P, N]`` in x's dtype. Raises ValueError when K is odd or the offsets do not end at P."""
+    → ``[P, N]`` in x's dtype; ``chunk`` experts per chunk (None: :data:`CHUNK`). Raises ValueError when K is odd or
+    the offsets do not end at P."""
     e, n, k = w.shape
+    chunk = chunk or CHUNK
     xs = x if rows is None else x.index_select(0, rows)
+    xs = xs.contiguous()  # the GEMM's TMA reads rows of unit stride
     bounds = offsets.tolist()
     if k % 2 or len(bounds) != e + 1 or bounds[-1] != xs.shape[0]:
         raise ValueError(f"{e} experts of K = {k}: offsets must be [E + 1] ending at the {xs.shape[0]} pairs")
