@@ -430,7 +430,6 @@ def main() -> None:
         fl_s, ratio = ("", "") if fl is None else (f"{fl:.2f}", f"{v / fl:.1f}x")
         if fl is not None and r["unit"] == "tok/s":  # a prefill rate against its roofline
             fl_s, ratio = f"{fl:.0f}", f"{100 * v / fl:.0f}% roof"
-
         print(f"{r['what']:<24}{v:>10.2f} {r['unit']:<2}{fl_s:>9}{ratio:>11}{hf_s:>14}")
 
 if __name__ == "__main__":

@@ -61,20 +61,30 @@ def routings(batch: int, experts: int, reps: int, gen: torch.Generator):
     return out
 
 
-def check(x, w, route, cfg, gather: bool) -> float:
-    rows, offsets, _ = route
-    rows = rows if gather else None
-    got = grouped_linear_triton(x, w, offsets, rows, cfg).float()
-    xs = (x if rows is None else x[rows]).float()
-    ref = torch.zeros_like(got)
+def expert_reference(xs: torch.Tensor, w: PackedWeight, offsets: torch.Tensor) -> torch.Tensor:
+    """float32 ``[P, N]``: each expert's sorted rows ``xs`` times its dequantized weight, one expert at a time (the
+    whole weight in float32 would not fit)."""
+    ref = torch.zeros(xs.shape[0], w.shape[1], device=xs.device)
     bounds = offsets.tolist()
     for e in range(w.shape[0]):
         a, b = bounds[e], bounds[e + 1]
         if b > a:
-            ref[a:b] = xs[a:b] @ PackedWeight(w.data[e], w.scale[e], "mxfp4", w.block).dequantize(torch.float32).T
-    if not torch.isfinite(got).all():
-        return float("inf")
-    return float((got - ref).norm() / ref.norm())
+            we = PackedWeight(w.data[e], w.scale[e], "mxfp4", w.block).dequantize(torch.float32)
+            ref[a:b] = xs[a:b].float() @ we.T
+    return ref
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative L2 error of ``got`` against ``ref``; inf when ``got`` holds a non-finite value."""
+    got = got.float()
+    return float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
+
+
+def check(x, w, route, cfg, gather: bool) -> float:
+    rows, offsets, _ = route
+    rows = rows if gather else None
+    got = grouped_linear_triton(x, w, offsets, rows, cfg)
+    return rel_err(got, expert_reference(x if rows is None else x[rows], w, offsets))
 
 
 def timed(x, w, routes, cfg, gather: bool) -> float:

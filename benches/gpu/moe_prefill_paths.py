@@ -28,7 +28,7 @@ import argparse
 import torch
 
 from event_timing import median_ms
-from moe_bench import SHAPES, TOP_K, bf16_rate, copy_bandwidth, mxfp4, routings
+from moe_bench import SHAPES, TOP_K, bf16_rate, copy_bandwidth, expert_reference, mxfp4, rel_err, routings
 from v41.kernels import moe_prefill
 from v41.kernels.dequant import dequantize_experts
 from v41.kernels.moe import grouped_config, grouped_linear_triton
@@ -63,21 +63,6 @@ def padded_layout(offsets: torch.Tensor, align: int = 16) -> tuple[torch.Tensor,
     return starts[expert] + within, ends.to(torch.int32)
 
 
-def reference(x: torch.Tensor, w: PackedWeight, offsets: torch.Tensor) -> torch.Tensor:
-    ref = torch.empty(x.shape[0], w.shape[1], device="cuda")
-    bounds = offsets.tolist()
-    for e in range(w.shape[0]):
-        if bounds[e + 1] > bounds[e]:
-            we = PackedWeight(w.data[e], w.scale[e], "mxfp4", w.block).dequantize(torch.float32)
-            ref[bounds[e]:bounds[e + 1]] = x[bounds[e]:bounds[e + 1]].float() @ we.T
-    return ref
-
-
-def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
-    got = got.float()
-    return float((got - ref).norm() / ref.norm()) if torch.isfinite(got).all() else float("inf")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="2048,8192")
@@ -99,19 +84,19 @@ def main() -> None:
             _, offsets, _ = routings(batch, experts, 1, gen)[0]
             pairs = batch * TOP_K
             x = torch.randn(pairs, k, device="cuda", dtype=torch.bfloat16)  # the pairs' rows, sorted by expert
-            ref = reference(x, w, offsets)
+            ref = expert_reference(x, w, offsets)
             flop = 2 * pairs * n * k
             cfg = grouped_config(pairs, w, x.dtype)
             cell = {"batch": batch, "weight": name}
             cell["w4a16"] = (median_ms(lambda: grouped_linear_triton(x, w, offsets, None, cfg), a.reps),
-                             rel(grouped_linear_triton(x, w, offsets, None, cfg), ref))
+                             rel_err(grouped_linear_triton(x, w, offsets, None, cfg), ref))
             dest, ends = padded_layout(offsets)
             xp = torch.zeros(int(ends[-1]), k, device="cuda", dtype=torch.bfloat16)
             xp[dest] = x
             try:
                 def bf16_gemm():
                     return torch._grouped_mm(xp, w_bf.transpose(-2, -1), offs=ends, out_dtype=torch.bfloat16)
-                cell["bf16"] = (median_ms(bf16_gemm, a.reps), rel(bf16_gemm()[dest], ref))
+                cell["bf16"] = (median_ms(bf16_gemm, a.reps), rel_err(bf16_gemm()[dest], ref))
             except (RuntimeError, AttributeError, TypeError) as exc:
                 cell["bf16"] = (float("nan"), f"{type(exc).__name__}: {str(exc)[:80]}")
             try:
@@ -126,14 +111,14 @@ def main() -> None:
                     s = xp.abs().amax(-1).float().clamp(min=1e-30) / E4M3_MAX
                     return (xp.float() / s[:, None]).to(torch.float8_e4m3fn)
 
-                cell["fp8"] = (median_ms(fp8_gemm, a.reps), rel(fp8_gemm()[dest], ref))
+                cell["fp8"] = (median_ms(fp8_gemm, a.reps), rel_err(fp8_gemm()[dest], ref))
                 cell["fp8 act quant"] = median_ms(quant_x, a.reps)
             except (RuntimeError, AttributeError, TypeError) as exc:
                 cell["fp8"] = (float("nan"), f"{type(exc).__name__}: {str(exc)[:80]}")
             for chunk in [int(c) for c in a.chunks.split(",") if c]:
                 def piped(chunk=chunk):
                     return moe_prefill.grouped_dequant_mm(x, w, offsets, None, chunk=chunk)
-                cell[f"pipelined {chunk}"] = (median_ms(piped, a.reps), rel(piped(), ref))
+                cell[f"pipelined {chunk}"] = (median_ms(piped, a.reps), rel_err(piped(), ref))
             cell["flop"] = flop
             rows.append(cell)
             print(cell, flush=True)
