@@ -11,6 +11,7 @@
 #include "indexer/index_scores.h"
 #include "indexer/select_topk.h"
 #include "linear/wstream.h"
+#include "mhc/hc_mix.h"
 
 #ifndef V41_ARCHS
 #error "cuda/build.py defines V41_ARCHS (the compiled architectures, e.g. sm_90a,sm_100a)"
@@ -340,6 +341,66 @@ void index_scores(const at::Tensor& q, const at::Tensor& w, const at::Tensor& ke
               "not fit this GPU's shared memory)");
 }
 
+// The mixes of one mHC seam, optionally after the expansion (python/v41/kernels/mhc_cuda.py).
+void hc_mix(const at::Tensor& h, const c10::optional<at::Tensor>& y, const c10::optional<at::Tensor>& post_in,
+            const c10::optional<at::Tensor>& comb_in, const c10::optional<at::Tensor>& h_out, const at::Tensor& fn,
+            const at::Tensor& scale, const at::Tensor& base, at::Tensor& pre, at::Tensor& post, at::Tensor& comb,
+            at::Tensor& partial, at::Tensor& counters, int64_t iters, double norm_eps, double hc_eps, bool pdl) {
+  TORCH_CHECK(h.is_cuda() && h.scalar_type() == at::kBFloat16 && h.dim() == 3 && h.size(1) == 4 && h.is_contiguous(),
+              "h must be a contiguous bfloat16 CUDA tensor [T, 4, D]");
+  const int64_t t = h.size(0), d = h.size(2);
+  TORCH_CHECK(t >= 1 && t <= v41::kHcMaxTokens && d % v41::kHcCols == 0 && d > 0,
+              "h: T must be 1..kHcMaxTokens and D a positive multiple of kHcCols");
+  auto f32 = [&](const at::Tensor& x, int64_t n) {
+    return x.scalar_type() == at::kFloat && x.is_contiguous() && x.device() == h.device() && x.numel() == n;
+  };
+  TORCH_CHECK(f32(fn, 24 * 4 * d) && f32(scale, 3) && f32(base, 24),
+              "fn [24, 4D], scale [3] and base [24] must be contiguous float32 tensors on h's device");
+  TORCH_CHECK(f32(pre, 4 * t) && f32(post, 4 * t) && f32(comb, 16 * t),
+              "pre [T, 4], post [T, 4] and comb [T, 4, 4] must be contiguous float32 tensors on h's device");
+  TORCH_CHECK(partial.scalar_type() == at::kFloat && partial.is_contiguous() && partial.device() == h.device() &&
+                  partial.numel() >= (d / v41::kHcCols) * t * 32,
+              "partial must be a contiguous float32 tensor of at least (D / kHcCols) * T * 32 elements");
+  TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() >= 1 && counters.device() == h.device(),
+              "counters must be an int32 tensor on h's device");
+  TORCH_CHECK(iters >= 1, "iters must be at least 1");
+  const bool expand = y.has_value();
+  TORCH_CHECK(expand == post_in.has_value() && expand == comb_in.has_value() && expand == h_out.has_value(),
+              "y, post_in, comb_in and h_out are given together or not at all");
+  if (expand) {
+    TORCH_CHECK(y->scalar_type() == at::kBFloat16 && y->is_contiguous() && y->device() == h.device() &&
+                    y->numel() == t * d,
+                "y must be a contiguous bfloat16 tensor [T, D] on h's device");
+    TORCH_CHECK(f32(*post_in, 4 * t) && f32(*comb_in, 16 * t),
+                "post_in [T, 4] and comb_in [T, 4, 4] must be contiguous float32 tensors on h's device");
+    TORCH_CHECK(h_out->scalar_type() == at::kBFloat16 && h_out->is_contiguous() && h_out->device() == h.device() &&
+                    h_out->numel() == h.numel() && h_out->data_ptr() != h.data_ptr(),
+                "h_out must be a contiguous bfloat16 tensor shaped like h, not h itself");
+  }
+  const c10::cuda::CUDAGuard guard(h.device());
+  v41::HcMixParams p{};
+  p.h = reinterpret_cast<const __nv_bfloat16*>(h.data_ptr());
+  p.y = expand ? reinterpret_cast<const __nv_bfloat16*>(y->data_ptr()) : nullptr;
+  p.post_in = opt_ptr<float>(post_in);
+  p.comb_in = opt_ptr<float>(comb_in);
+  p.h_out = expand ? reinterpret_cast<__nv_bfloat16*>(h_out->data_ptr()) : nullptr;
+  p.fn = fn.data_ptr<float>();
+  p.scale = scale.data_ptr<float>();
+  p.base = base.data_ptr<float>();
+  p.pre = pre.data_ptr<float>();
+  p.post = post.data_ptr<float>();
+  p.comb = comb.data_ptr<float>();
+  p.partial = partial.data_ptr<float>();
+  p.counter = counters.data_ptr<int>();
+  p.T = int(t);
+  p.D = int(d);
+  p.iters = int(iters);
+  p.norm_eps = float(norm_eps);
+  p.hc_eps = float(hc_eps);
+  const cudaError_t err = v41::hc_mix_launch(p, at::cuda::getCurrentCUDAStream(), pdl);
+  TORCH_CHECK(launch_ok(err, "hc_mix launch failed"), "hc_mix launch failed (the CUDA error is on stderr)");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -360,6 +421,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("w"), py::arg("keys"), py::arg("block_table"), py::arg("req_index"),
         py::arg("n_visible"), py::arg("out"), py::arg("rows_per_block"), py::arg("fmt"), py::arg("queries_per_cta"),
         py::arg("entries_per_cta"), py::arg("pdl") = false);
+  m.def("hc_mix", &hc_mix, "the mixes of one mHC seam, optionally after the expansion (python/v41/kernels/mhc_cuda.py)",
+        py::arg("h"), py::arg("y"), py::arg("post_in"), py::arg("comb_in"), py::arg("h_out"), py::arg("fn"),
+        py::arg("scale"), py::arg("base"), py::arg("pre"), py::arg("post"), py::arg("comb"), py::arg("partial"),
+        py::arg("counters"), py::arg("iters"), py::arg("norm_eps"), py::arg("hc_eps"), py::arg("pdl") = false);
+  m.attr("HC_MAX_TOKENS") = v41::kHcMaxTokens;
+  m.attr("HC_COLS") = v41::kHcCols;
   m.attr("TOPK_MAX_K") = v41::kTopkMaxK;
   m.attr("TOPK_MAX_N") = v41::kTopkMaxN;
   // the architectures cuda/build.py compiled for, e.g. "sm_90a" or "sm_90a,sm_100a"

@@ -283,7 +283,7 @@ def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
     """The seam's mixes in one launch (split-K, the last program of a token block finishes it) at 37 tokens over 2
     K slices and one token over 16 (a decode step), twice (the arrival counters must be left zeroed), and in two
     launches (mhc.ONE_LAUNCH off, or no counters: a CUDA-graph capture before any eager run); collapse, collapse
-    with the RMSNorm (equal to the two launches bit for bit), and expand."""
+    with the RMSNorm (equal to the two launches bit for bit), expand, and expand then the next seam's mixes."""
     out = []
     for t, d in ((37, 64), (1, 512)):
         h = torch.randn(t, 4, d, generator=g).to(device, dtype)
@@ -350,6 +350,12 @@ def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
     poison(device)
     out.append(("mhc/expand", rel(mhc.hc_expand(h, y, post, comb),
                                   mhc.hc_expand_ref(h.double(), y.double(), post.double(), comb.double())), tol(dtype)))
+    poison(device)  # the next seam's mixes of the expanded copies as stored
+    h2, *mixes = mhc.hc_expand_mixes(h, y, post, comb, fn, scale, base, 4, 20, 1e-6, 1e-6)
+    out.append(("mhc/expand_mixes copies", rel(h2, mhc.hc_expand_ref(h.double(), y.double(), post.double(),
+                                                                      comb.double())), tol(dtype)))
+    want = mhc.hc_mixes_ref(h2.double(), fn.double(), scale.double(), base.double(), 4, 20, 1e-6, 1e-6)
+    out += [(f"mhc/expand_mixes {name}", rel(a, b), 1e-5) for name, a, b in zip(("pre", "post", "comb"), mixes, want)]
     return out
 
 

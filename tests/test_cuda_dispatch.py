@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from v41.kernels import dispatch, indexer, linear, moe, moe_align, wstream
+from v41.kernels import dispatch, indexer, linear, mhc, mhc_cuda, moe, moe_align, wstream
 from v41.kernels.packed import PackedWeight
 
 
@@ -80,6 +80,7 @@ def test_the_start_up_log_names_each_op_familys_path(monkeypatch):
     assert "sparse attention: CUDA for bf16, else Triton" in line, line
     assert "indexer scores: CUDA over long contexts, else Triton" in line and "other ops: Triton" in line, line
     assert "MoE experts: CUDA at decode sizes, else Triton" in line, line
+    assert "mHC seams: CUDA at decode sizes, else Triton" in line, line
     assert "launches: " in line, line  # programmatic dependent (PDL) on sm_90+, else serial
     monkeypatch.setenv("V41_ATTENTION_KERNELS", "triton")
     assert "sparse attention: Triton;" in dispatch.describe_paths("cuda")
@@ -101,6 +102,31 @@ def test_the_kernel_declines_operands_it_cannot_read():
                        (32, 48))
     assert not wstream._takes(torch.zeros(2, 192, dtype=torch.bfloat16), w48, 192, 64)  # 48-input scale blocks
     assert wstream.linear(torch.zeros(wstream.MAX_ROWS + 1, 128, dtype=torch.bfloat16), w, torch.bfloat16) is None
+
+
+def test_the_cuda_seam_takes_decode_sized_bf16_steps_only():
+    """cuda/mhc/hc_mix.cu takes bf16 copies of 1..MAX_TOKENS tokens, hc = 4, D a multiple of 64, float32 mix
+    parameters; anything else goes to Triton (checked before any launch, so CPU tensors show it)."""
+    def case(t=1, d=512, dtype=torch.bfloat16, hc=4, fn_dtype=torch.float32):
+        return mhc_cuda.takes(torch.zeros(t, hc, d, dtype=dtype), torch.zeros(24, 4 * d, dtype=fn_dtype),
+                              torch.ones(3), torch.zeros(24))
+    assert case() and case(t=mhc_cuda.MAX_TOKENS) and case(d=5120)
+    assert not case(t=mhc_cuda.MAX_TOKENS + 1)  # prefill-sized steps
+    assert not case(t=0) and not case(d=96) and not case(dtype=torch.float32) and not case(hc=2)
+    assert not case(fn_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("mode", ["auto", "cuda", "torch"])
+def test_the_seam_falls_back_to_expand_then_mixes_on_the_cpu(no_extension, monkeypatch, mode):
+    monkeypatch.setenv("V41_KERNELS", mode)
+    g = torch.Generator().manual_seed(1)
+    h, y = torch.randn(3, 4, 64, generator=g), torch.randn(3, 64, generator=g)
+    post, comb = torch.rand(3, 4, generator=g), torch.rand(3, 4, 4, generator=g)
+    fn, scale, base = torch.randn(24, 256, generator=g) * 0.1, torch.ones(3), torch.randn(24, generator=g)
+    got = mhc.hc_expand_mixes(h, y, post, comb, fn, scale, base, 4, 20, 1e-6, 1e-6)
+    h2 = mhc.hc_expand_ref(h, y, post, comb)
+    want = (h2, *mhc.hc_mixes_ref(h2, fn, scale, base, 4, 20, 1e-6, 1e-6))
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, want))
 
 
 def test_grouped_takes_decode_steps_and_leaves_prefill_to_triton():

@@ -1,8 +1,9 @@
-"""The small Triton kernels between a decode step's GEMMs, at V4.1-Flash shapes: the mHC seam's mixes
-(``kernels/mhc.py``: split-K pass + finish), the bf16 linears with float32 outputs that the CUDA kernel does not
-take (router gate, compressor, indexer weights; ``kernels/linear.py``), each at its switches' settings, and the
-sampler's softmax with its temperature and keyed race over 129,280 columns (``kernels/softmax.py``,
-``kernels/sampling.py``; column "PyTorch": their PyTorch forms).
+"""The small kernels between a decode step's GEMMs, at V4.1-Flash shapes: the mHC seam's mixes, alone and after
+the expansion (``kernels/mhc.py``: the CUDA seam up to 16 tokens; column "Triton": the split-K pass + finish, and
+the expansion as its own launch), the bf16 linears with float32 outputs that the CUDA kernel does not take
+(router gate, compressor, indexer weights; ``kernels/linear.py``), each at its switches' settings, and the sampler's
+softmax with its temperature and keyed race over 129,280 columns (``kernels/softmax.py``, ``kernels/sampling.py``;
+column "PyTorch": their PyTorch forms).
 
     python3 benches/gpu/glue_bench.py [--tokens 1,8,64] [--reps 24] [--ops mhc,linear,race]
 
@@ -48,7 +49,7 @@ def switched(module, settings: dict, fn):
             setattr(module, k, v)
 
 
-MHC_VARIANTS = {"default": {}, "two launches": {"ONE_LAUNCH": False}, "finish unroll 1": {"FINISH_UNROLL": 1},
+MHC_VARIANTS = {"default": {}, "Triton": {"CUDA_SEAM": False}, "two launches": {"ONE_LAUNCH": False}, "finish unroll 1": {"FINISH_UNROLL": 1},
                 "finish unroll 8": {"FINISH_UNROLL": 8}, "gemv ≤ 8 tokens": {"MIX_GEMV_T": 8},
                 "split ≤ 16": {"MIX_SPLIT_MAX": 16},
                 "split ≤ 64": {"MIX_SPLIT_MAX": 64}, "64-token tiles": {"MIX_WIDE_T": 1},
@@ -75,6 +76,21 @@ def mhc_cells(tokens, reps, bw):
               for name, s in MHC_VARIANTS.items()}
         floor = (fn.numel() * 4 + hs[0].numel() * 2) / bw * 1e6
         rows.append(("mhc mixes", f"T={t}", us, floor, err))
+        # the seam after a sub-layer: its output expanded into the copies, then the next mixes
+        ys = [torch.randn(t, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
+        post = torch.rand(t, HC, device="cuda", generator=g) * 2
+        comb = torch.rand(t, HC, HC, device="cuda", generator=g) / HC
+        seam = lambda i: mhc.hc_expand_mixes(hs[i % 4], ys[i % 4], post, comb, fns[i % len(fns)], scale, base,  # noqa
+                                             HC, 20, 1e-6, 1e-6)
+        got = seam(0)
+        h2 = mhc.hc_expand_ref(hs[0].double(), ys[0].double(), post.double(), comb.double())
+        want = (h2, *mhc.hc_mixes_ref(got[0].double(), fn.double(), scale.double(), base.double(), HC, 20, 1e-6,
+                                      1e-6))
+        err = max(rel(a, b) for a, b in zip(got, want))
+        us = {name: switched(mhc, s, lambda: graph_us([lambda i=i: seam(i) for i in range(n)]))
+              for name, s in (("default", {}), ("Triton", {"CUDA_SEAM": False}))}
+        floor = (fn.numel() * 4 + 2 * hs[0].numel() * 2 + ys[0].numel() * 2) / bw * 1e6
+        rows.append(("mhc expand + mixes", f"T={t}", us, floor, err))
     return rows
 
 

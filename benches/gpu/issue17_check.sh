@@ -30,6 +30,9 @@
 #   moe      (~2 min) the MoE GEMM at 2,048- and 8,192-token prefill chunks over V4.1's experts (moe_bench.py);
 #            the mHC mixes at prefill sizes (glue_bench.py --ops mhc: columns "64-token tiles" / "16-token tiles"
 #            set mhc.MIX_WIDE_T to 1 / 0);
+#   seam     (~6 min) the CUDA mHC seam's tests (tests/test_gpu_cuda_mhc.py) and the engine's CUDA-vs-Triton and
+#            FP8-vs-bf16 tests; glue_bench.py --ops mhc at 1, 8, 16 tokens (CUDA seam against Triton);
+#            flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1;
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
@@ -128,6 +131,18 @@ case "${MODE:-tests}" in
     tail -7 "$OUT/moe.txt"
     timeout 150 python3 benches/gpu/glue_bench.py --tokens 2048,8192 --ops mhc > "$OUT/glue_prefill.txt" 2>&1
     tail -3 "$OUT/glue_prefill.txt" ;;
-  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long or moe"; exit 2 ;;
+  seam)
+    timeout 240 $PT tests/test_gpu_cuda_mhc.py tests/test_gpu_cuda_attention.py -k "seam or dispatch or binding \
+      or repeats or triton_paths or deployed_bound" > "$OUT/tests10.txt" 2>&1 || rc=1
+    grep -h "rel L2\|relative L2" "$OUT/tests10.txt" | head -8; tail -6 "$OUT/tests10.txt"
+    timeout 120 python3 benches/gpu/glue_bench.py --tokens 1,8,16 --ops mhc > "$OUT/glue.txt" 2>&1
+    tail -8 "$OUT/glue.txt"
+    timeout 150 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
+      --kv-cache-dtype fp8 --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
+    tail -4 "$OUT/fs_v41.txt"
+    timeout 90 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
+      --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
+    tail -3 "$OUT/fs_v4.txt" ;;
+  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe or seam"; exit 2 ;;
 esac
 exit $rc

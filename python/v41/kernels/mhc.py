@@ -11,6 +11,9 @@ counter it resets, :func:`.wstream.split_counters`) finishes the block in the sa
 before any eager run), a second kernel does. Collapse and expand
 are one launch each; :func:`hc_collapse_norm` joins the collapse with the sub-layer's RMSNorm, which is the only
 reader of its result (one launch per seam fewer; the same rounding as the two launches).
+
+Where :func:`.dispatch.use_cuda` says so, decode-sized steps take the CUDA seam (:mod:`.mhc_cuda`) instead: the
+mixes in one launch, and :func:`hc_expand_mixes` joins them with the expansion before them (one launch for two).
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import wstream
-from .dispatch import triton, use_triton
+from . import mhc_cuda, wstream
+from .dispatch import triton, use_cuda, use_triton
 from .pdl import triton_kw
 from .norm import rms_norm, rms_norm_ref
 
@@ -52,6 +55,8 @@ GEMV_BK = 256
 # These steps take two launches whatever ONE_LAUNCH says: 105 against 144 µs at 2,048 tokens, 378 against 541 at
 # 8,192 (the same call).
 MIX_WIDE_T = 2048
+# Decode-sized steps (≤ mhc_cuda.MAX_TOKENS tokens, bf16) take the CUDA seam where it runs (False: the Triton path).
+CUDA_SEAM = True
 
 
 def hc_mixes_ref(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
@@ -82,7 +87,11 @@ def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters:
              norm_eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """:func:`hc_mixes_ref` as one or two Triton launches where :func:`.dispatch.use_triton` says so (hc = 4):
     the split-K pass over tiles of 16 tokens (64 from :data:`MIX_WIDE_T` tokens), or one token per program at most
-    :data:`MIX_GEMV_T` tokens."""
+    :data:`MIX_GEMV_T` tokens; the CUDA seam first where it takes the step (module docstring)."""
+    if CUDA_SEAM and use_cuda(h):
+        got = mhc_cuda.seam(h, fn, scale, base, iters, hc_eps, norm_eps)
+        if got is not None:
+            return got[1:]
     if h.dtype == torch.float64 or hc != 4 or h.shape[0] == 0 or not use_triton(h):
         return hc_mixes_ref(h, fn, scale, base, hc, iters, hc_eps, norm_eps)
     t = h.shape[0]
@@ -115,6 +124,19 @@ def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters:
         _finish_kernel[(n_tb,)](part, scale, base, pre, post, comb, t, split, k, float(norm_eps), iters, hc_eps, BT=bt,
                                 UNROLL=FINISH_UNROLL, **triton_kw(part.device))
     return pre, post, comb
+
+
+def hc_expand_mixes(h: Tensor, y: Tensor, post: Tensor, comb: Tensor, fn: Tensor, scale: Tensor, base: Tensor,
+                    hc: int, iters: int, hc_eps: float, norm_eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``h' = hc_expand(h, y, post, comb)`` and the next sub-layer's mixes of it: ``(h', pre', post', comb')``
+    (:func:`hc_expand_ref`, then :func:`hc_mixes_ref`); one CUDA launch where the CUDA seam takes the step, else
+    :func:`hc_expand` then :func:`hc_mixes`."""
+    if CUDA_SEAM and use_cuda(h):
+        got = mhc_cuda.seam(h, fn, scale, base, iters, hc_eps, norm_eps, y, post, comb)
+        if got is not None:
+            return got
+    h = hc_expand(h, y, post, comb)
+    return (h, *hc_mixes(h, fn, scale, base, hc, iters, hc_eps, norm_eps))
 
 
 def hc_collapse_ref(h: Tensor, pre: Tensor) -> Tensor:

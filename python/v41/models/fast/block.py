@@ -27,8 +27,7 @@ class FastBlock(nn.Module):
         the attention reads (a target step's :class:`~.attention.StepContext`, a draft pass's context)."""
         pre_a, post_a, comb_a = self.hc_attn(h)
         x = collapse_norm(h, pre_mix if self.delayed else pre_a, self.attn_norm)  # the normed sub-layer input
-        h = expand(h, self.attn(x, ctx), post_a, comb_a)
-        pre_f, post_f, comb_f = self.hc_ffn(h)
+        h, pre_f, post_f, comb_f = self.hc_ffn.after_expand(h, self.attn(x, ctx), post_a, comb_a)
         x = collapse_norm(h, pre_a if self.delayed else pre_f, self.ffn_norm)
         h = expand(h, self.ffn(x, token_ids), post_f, comb_f)
         return h, pre_f

@@ -11,7 +11,7 @@ from ...config import ModelConfig
 from ...kernels.mhc import hc_collapse as collapse
 from ...kernels.mhc import hc_collapse_norm
 from ...kernels.mhc import hc_expand as expand
-from ...kernels.mhc import hc_mixes
+from ...kernels.mhc import hc_expand_mixes, hc_mixes
 
 
 def collapse_norm(h: Tensor, pre: Tensor, norm) -> Tensor:
@@ -36,6 +36,13 @@ class HcSeam(nn.Module):
         """h [T, hc, D] → (pre [T, hc], post [T, hc], comb [T, hc, hc]) float32."""
         c = self.cfg
         return hc_mixes(h, self.fn, self.scale, self.base, c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
+
+    def after_expand(self, h: Tensor, y: Tensor, post: Tensor, comb: Tensor) -> tuple[Tensor, ...]:
+        """``h' = expand(h, y, post, comb)`` (the previous sub-layer's output into the copies) and this seam's
+        mixes of h': ``(h', pre, post', comb')``, in one launch where the CUDA seam runs."""
+        c = self.cfg
+        return hc_expand_mixes(h, y, post, comb, self.fn, self.scale, self.base, c.hc_mult, c.hc_sinkhorn_iters,
+                               c.hc_eps, c.rms_norm_eps)
 
 
 def _ctype(h: Tensor) -> torch.dtype:
