@@ -11,7 +11,7 @@
 #include "indexer/index_scores.h"
 #include "indexer/select_topk.h"
 #include "linear/wstream.h"
-#include "mhc/hc_mix.h"
+#include "mhc/hc_seam.h"
 
 #ifndef V41_ARCHS
 #error "cuda/build.py defines V41_ARCHS (the compiled architectures, e.g. sm_90a,sm_100a)"
@@ -341,18 +341,25 @@ void index_scores(const at::Tensor& q, const at::Tensor& w, const at::Tensor& ke
               "not fit this GPU's shared memory)");
 }
 
-// The mixes of one mHC seam, optionally after the expansion (python/v41/kernels/mhc_cuda.py).
-void hc_mix(const at::Tensor& h, const c10::optional<at::Tensor>& y, const c10::optional<at::Tensor>& post_in,
-            const c10::optional<at::Tensor>& comb_in, const c10::optional<at::Tensor>& h_out, const at::Tensor& fn,
-            const at::Tensor& scale, const at::Tensor& base, at::Tensor& pre, at::Tensor& post, at::Tensor& comb,
-            at::Tensor& partial, at::Tensor& counters, int64_t iters, double norm_eps, double hc_eps, bool pdl) {
+// One mHC seam: the expansion, the mixes and the collapse into the sub-layer's normed input, the first and last
+// optional (python/v41/kernels/mhc_cuda.py).
+void hc_seam(const at::Tensor& h, const c10::optional<at::Tensor>& y, const c10::optional<at::Tensor>& post_in,
+             const c10::optional<at::Tensor>& comb_in, const c10::optional<at::Tensor>& h_out, const at::Tensor& fn,
+             const at::Tensor& scale, const at::Tensor& base, at::Tensor& pre, at::Tensor& post, at::Tensor& comb,
+             at::Tensor& partial, at::Tensor& counters, int64_t collapse, const c10::optional<at::Tensor>& pre_c,
+             const c10::optional<at::Tensor>& norm_w, const c10::optional<at::Tensor>& x, int64_t iters,
+             double norm_eps, double hc_eps, double x_eps, bool pdl) {
   TORCH_CHECK(h.is_cuda() && h.scalar_type() == at::kBFloat16 && h.dim() == 3 && h.size(1) == 4 && h.is_contiguous(),
               "h must be a contiguous bfloat16 CUDA tensor [T, 4, D]");
   const int64_t t = h.size(0), d = h.size(2);
   TORCH_CHECK(t >= 1 && t <= v41::kHcMaxTokens && d % v41::kHcCols == 0 && d > 0,
               "h: T must be 1..kHcMaxTokens and D a positive multiple of kHcCols");
-  auto f32 = [&](const at::Tensor& x, int64_t n) {
-    return x.scalar_type() == at::kFloat && x.is_contiguous() && x.device() == h.device() && x.numel() == n;
+  auto f32 = [&](const at::Tensor& v, int64_t n) {
+    return v.scalar_type() == at::kFloat && v.is_contiguous() && v.device() == h.device() && v.numel() == n;
+  };
+  auto bf16 = [&](const at::Tensor& v, int64_t n, bool aligned8) {
+    return v.scalar_type() == at::kBFloat16 && v.is_contiguous() && v.device() == h.device() && v.numel() == n &&
+           (!aligned8 || (reinterpret_cast<uintptr_t>(v.data_ptr()) & 7) == 0);
   };
   TORCH_CHECK(f32(fn, 24 * 4 * d) && f32(scale, 3) && f32(base, 24),
               "fn [24, 4D], scale [3] and base [24] must be contiguous float32 tensors on h's device");
@@ -368,17 +375,23 @@ void hc_mix(const at::Tensor& h, const c10::optional<at::Tensor>& y, const c10::
   TORCH_CHECK(expand == post_in.has_value() && expand == comb_in.has_value() && expand == h_out.has_value(),
               "y, post_in, comb_in and h_out are given together or not at all");
   if (expand) {
-    TORCH_CHECK(y->scalar_type() == at::kBFloat16 && y->is_contiguous() && y->device() == h.device() &&
-                    y->numel() == t * d,
-                "y must be a contiguous bfloat16 tensor [T, D] on h's device");
+    TORCH_CHECK(bf16(*y, t * d, false), "y must be a contiguous bfloat16 tensor [T, D] on h's device");
     TORCH_CHECK(f32(*post_in, 4 * t) && f32(*comb_in, 16 * t),
                 "post_in [T, 4] and comb_in [T, 4, 4] must be contiguous float32 tensors on h's device");
-    TORCH_CHECK(h_out->scalar_type() == at::kBFloat16 && h_out->is_contiguous() && h_out->device() == h.device() &&
-                    h_out->numel() == h.numel() && h_out->data_ptr() != h.data_ptr(),
+    TORCH_CHECK(bf16(*h_out, h.numel(), false) && h_out->data_ptr() != h.data_ptr(),
                 "h_out must be a contiguous bfloat16 tensor shaped like h, not h itself");
   }
+  TORCH_CHECK(collapse >= 0 && collapse <= 2, "collapse must be 0 (none), 1 (given weights) or 2 (this seam's pre)");
+  TORCH_CHECK(pre_c.has_value() == (collapse == 1) && norm_w.has_value() == (collapse > 0) &&
+                  x.has_value() == (collapse > 0),
+              "pre_c goes with collapse 1, norm_w and x with collapse 1 or 2");
+  if (collapse > 0) {
+    TORCH_CHECK(bf16(*norm_w, d, true) && bf16(*x, t * d, true),
+                "norm_w [D] and x [T, D] must be contiguous 8-byte aligned bfloat16 tensors on h's device");
+    TORCH_CHECK(collapse == 2 || f32(*pre_c, 4 * t), "pre_c must be a contiguous float32 tensor [T, 4]");
+  }
   const c10::cuda::CUDAGuard guard(h.device());
-  v41::HcMixParams p{};
+  v41::HcSeamParams p{};
   p.h = reinterpret_cast<const __nv_bfloat16*>(h.data_ptr());
   p.y = expand ? reinterpret_cast<const __nv_bfloat16*>(y->data_ptr()) : nullptr;
   p.post_in = opt_ptr<float>(post_in);
@@ -390,6 +403,9 @@ void hc_mix(const at::Tensor& h, const c10::optional<at::Tensor>& y, const c10::
   p.pre = pre.data_ptr<float>();
   p.post = post.data_ptr<float>();
   p.comb = comb.data_ptr<float>();
+  p.pre_c = opt_ptr<float>(pre_c);
+  p.norm_w = collapse > 0 ? reinterpret_cast<const __nv_bfloat16*>(norm_w->data_ptr()) : nullptr;
+  p.x = collapse > 0 ? reinterpret_cast<__nv_bfloat16*>(x->data_ptr()) : nullptr;
   p.partial = partial.data_ptr<float>();
   p.counter = counters.data_ptr<int>();
   p.T = int(t);
@@ -397,8 +413,10 @@ void hc_mix(const at::Tensor& h, const c10::optional<at::Tensor>& y, const c10::
   p.iters = int(iters);
   p.norm_eps = float(norm_eps);
   p.hc_eps = float(hc_eps);
-  const cudaError_t err = v41::hc_mix_launch(p, at::cuda::getCurrentCUDAStream(), pdl);
-  TORCH_CHECK(launch_ok(err, "hc_mix launch failed"), "hc_mix launch failed (the CUDA error is on stderr)");
+  p.x_eps = float(x_eps);
+  const cudaError_t err =
+      v41::hc_seam_launch(p, static_cast<v41::HcCollapse>(collapse), at::cuda::getCurrentCUDAStream(), pdl);
+  TORCH_CHECK(launch_ok(err, "hc_seam launch failed"), "hc_seam launch failed (the CUDA error is on stderr)");
 }
 
 }  // namespace
@@ -421,10 +439,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("w"), py::arg("keys"), py::arg("block_table"), py::arg("req_index"),
         py::arg("n_visible"), py::arg("out"), py::arg("rows_per_block"), py::arg("fmt"), py::arg("queries_per_cta"),
         py::arg("entries_per_cta"), py::arg("pdl") = false);
-  m.def("hc_mix", &hc_mix, "the mixes of one mHC seam, optionally after the expansion (python/v41/kernels/mhc_cuda.py)",
+  m.def("hc_seam", &hc_seam, "one mHC seam: expansion, mixes, collapse + RMSNorm (python/v41/kernels/mhc_cuda.py)",
         py::arg("h"), py::arg("y"), py::arg("post_in"), py::arg("comb_in"), py::arg("h_out"), py::arg("fn"),
         py::arg("scale"), py::arg("base"), py::arg("pre"), py::arg("post"), py::arg("comb"), py::arg("partial"),
-        py::arg("counters"), py::arg("iters"), py::arg("norm_eps"), py::arg("hc_eps"), py::arg("pdl") = false);
+        py::arg("counters"), py::arg("collapse"), py::arg("pre_c"), py::arg("norm_w"), py::arg("x"),
+        py::arg("iters"), py::arg("norm_eps"), py::arg("hc_eps"), py::arg("x_eps"), py::arg("pdl") = false);
   m.attr("HC_MAX_TOKENS") = v41::kHcMaxTokens;
   m.attr("HC_COLS") = v41::kHcCols;
   m.attr("TOPK_MAX_K") = v41::kTopkMaxK;

@@ -283,7 +283,7 @@ def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
     """The seam's mixes in one launch (split-K, the last program of a token block finishes it) at 37 tokens over 2
     K slices and one token over 16 (a decode step), twice (the arrival counters must be left zeroed), and in two
     launches (mhc.ONE_LAUNCH off, or no counters: a CUDA-graph capture before any eager run); collapse, collapse
-    with the RMSNorm (equal to the two launches bit for bit), expand, and expand then the next seam's mixes."""
+    with the RMSNorm (equal to the two launches bit for bit), expand, and the whole seam (:func:`mhc.hc_seam`)."""
     out = []
     for t, d in ((37, 64), (1, 512)):
         h = torch.randn(t, 4, d, generator=g).to(device, dtype)
@@ -350,12 +350,18 @@ def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
     poison(device)
     out.append(("mhc/expand", rel(mhc.hc_expand(h, y, post, comb),
                                   mhc.hc_expand_ref(h.double(), y.double(), post.double(), comb.double())), tol(dtype)))
-    poison(device)  # the next seam's mixes of the expanded copies as stored
-    h2, *mixes = mhc.hc_expand_mixes(h, y, post, comb, fn, scale, base, 4, 20, 1e-6, 1e-6)
-    out.append(("mhc/expand_mixes copies", rel(h2, mhc.hc_expand_ref(h.double(), y.double(), post.double(),
-                                                                      comb.double())), tol(dtype)))
-    want = mhc.hc_mixes_ref(h2.double(), fn.double(), scale.double(), base.double(), 4, 20, 1e-6, 1e-6)
-    out += [(f"mhc/expand_mixes {name}", rel(a, b), 1e-5) for name, a, b in zip(("pre", "post", "comb"), mixes, want)]
+    for given in (True, False):  # the whole seam: expansion, mixes of the copies as stored, collapse + norm
+        poison(device)
+        pre_c = pre if given else None
+        h2, *mixes, x = mhc.hc_seam(h, fn, scale, base, 4, 20, 1e-6, 1e-6, pre_c, 1e-5, w, y, post, comb)
+        out.append((f"mhc/seam copies given={given}",
+                    rel(h2, mhc.hc_expand_ref(h.double(), y.double(), post.double(), comb.double())), tol(dtype)))
+        want = mhc.hc_mixes_ref(h2.double(), fn.double(), scale.double(), base.double(), 4, 20, 1e-6, 1e-6)
+        out += [(f"mhc/seam {name} given={given}", rel(a, b), 1e-5) for name, a, b in zip(("pre", "post", "comb"),
+                                                                                            mixes, want)]
+        w_c = (pre if given else mixes[0]).double()
+        out.append((f"mhc/seam x given={given}",
+                    rel(x, mhc.hc_collapse_norm_ref(h2.double(), w_c, 1e-5, w.double())), tol(dtype)))
     return out
 
 

@@ -116,17 +116,20 @@ def test_the_cuda_seam_takes_decode_sized_bf16_steps_only():
     assert not case(fn_dtype=torch.bfloat16)
 
 
+@pytest.mark.parametrize("given", [True, False])
 @pytest.mark.parametrize("mode", ["auto", "cuda", "torch"])
-def test_the_seam_falls_back_to_expand_then_mixes_on_the_cpu(no_extension, monkeypatch, mode):
+def test_the_seam_falls_back_to_expand_mixes_and_collapse_on_the_cpu(no_extension, monkeypatch, mode, given):
     monkeypatch.setenv("V41_KERNELS", mode)
     g = torch.Generator().manual_seed(1)
     h, y = torch.randn(3, 4, 64, generator=g), torch.randn(3, 64, generator=g)
     post, comb = torch.rand(3, 4, generator=g), torch.rand(3, 4, 4, generator=g)
     fn, scale, base = torch.randn(24, 256, generator=g) * 0.1, torch.ones(3), torch.randn(24, generator=g)
-    got = mhc.hc_expand_mixes(h, y, post, comb, fn, scale, base, 4, 20, 1e-6, 1e-6)
+    pre_c, norm_w = (torch.rand(3, 4, generator=g) if given else None), torch.rand(64, generator=g)
+    got = mhc.hc_seam(h, fn, scale, base, 4, 20, 1e-6, 1e-6, pre_c, 1e-5, norm_w, y, post, comb)
     h2 = mhc.hc_expand_ref(h, y, post, comb)
-    want = (h2, *mhc.hc_mixes_ref(h2, fn, scale, base, 4, 20, 1e-6, 1e-6))
-    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, want))
+    mixes = mhc.hc_mixes_ref(h2, fn, scale, base, 4, 20, 1e-6, 1e-6)
+    x = mhc.hc_collapse_norm_ref(h2, mixes[0] if pre_c is None else pre_c, 1e-5, norm_w)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, (h2, *mixes, x)))
 
 
 def test_grouped_takes_decode_steps_and_leaves_prefill_to_triton():

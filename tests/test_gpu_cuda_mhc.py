@@ -1,7 +1,8 @@
-"""The CUDA mHC seam (cuda/mhc/hc_mix.cu) against its PyTorch references (``kernels/mhc.py`` hc_expand_ref,
-hc_mixes_ref, in float64): 1 to 16 tokens, the tiny and V4.1-Flash hidden sizes, with and without the expansion,
-outputs poisoned first; the arrival counter left zeroed, repeat runs and CUDA-graph replay bit for bit; the
-dispatch's choice. Skips without CUDA or v41._cuda."""
+"""The CUDA mHC seam (cuda/mhc/hc_seam.cu) against its PyTorch references (``kernels/mhc.py`` hc_expand_ref,
+hc_mixes_ref, hc_collapse_norm_ref, in float64): 1 to 16 tokens, the tiny, V4 and V4.1-Flash hidden sizes, with
+and without the expansion, without a collapse or collapsing with given weights or the seam's own pre, outputs
+poisoned first; the arrival counter left zeroed, repeat runs and CUDA-graph replay bit for bit; the dispatch's
+choice; the binding's refusals. Skips without CUDA or v41._cuda."""
 
 from __future__ import annotations
 
@@ -25,18 +26,23 @@ def _case(t: int, d: int, seed: int = 0):
     fn = torch.randn(24, 4 * d, generator=g, device="cuda") * 0.05
     scale = 1 + torch.randn(3, generator=g, device="cuda") * 0.1
     base = torch.randn(24, generator=g, device="cuda") * 0.3
-    return h, y, post, comb, fn, scale, base
+    pre_c = torch.rand(t, 4, generator=g, device="cuda") + 0.5
+    norm_w = (1 + torch.randn(d, generator=g, device="cuda") * 0.1).to(torch.bfloat16)
+    return h, y, post, comb, fn, scale, base, pre_c, norm_w
 
 
-def _run(h, fn, scale, base, expand=None):
-    """One launch into NaN-filled outputs (and copies)."""
-    t = h.shape[0]
+def _run(h, fn, scale, base, expand=None, collapse=None):
+    """One launch into NaN-filled outputs (copies, x)."""
+    t, _, d = h.shape
     pre, post = (torch.full((t, 4), float("nan"), device="cuda") for _ in range(2))
     comb = torch.full((t, 4, 4), float("nan"), device="cuda")
     if expand is not None:
         expand = (*expand, torch.full_like(h, float("nan")))
-    mhc_cuda.launch(h, fn, scale, base, 20, 1e-6, 1e-6, pre, post, comb, wstream.split_counters(h.device), expand)
-    return (h if expand is None else expand[3]), pre, post, comb
+    if collapse is not None:
+        collapse = (*collapse, torch.full((t, d), float("nan"), device="cuda", dtype=torch.bfloat16))
+    mhc_cuda.launch(h, fn, scale, base, 20, 1e-6, 1e-6, pre, post, comb, wstream.split_counters(h.device), expand,
+                    collapse)
+    return (h if expand is None else expand[3]), pre, post, comb, (None if collapse is None else collapse[3])
 
 
 def _bf16_close(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -44,28 +50,35 @@ def _bf16_close(got: torch.Tensor, want: torch.Tensor) -> bool:
     return bool(((got.double() - want).abs() <= want.abs() * 2.0 ** -7 + 1e-30).all())
 
 
-@pytest.mark.parametrize("expand", [False, True], ids=["mixes", "expand+mixes"])
+@pytest.mark.parametrize("collapse", [None, "given", "fresh"])
+@pytest.mark.parametrize("expand", [False, True], ids=["mixes", "expand"])
 @pytest.mark.parametrize("t,d", [(1, 64), (1, 5120), (3, 512), (8, 5120), (16, 4096)])
-def test_the_seam_equals_its_reference(t, d, expand):
-    h, y, post, comb, fn, scale, base = _case(t, d, seed=t * 7 + d)
-    h2, *mixes = _run(h, fn, scale, base, (y, post, comb) if expand else None)
+def test_the_seam_equals_its_reference(t, d, expand, collapse):
+    h, y, post, comb, fn, scale, base, pre_c, norm_w = _case(t, d, seed=t * 7 + d)
+    col = None if collapse is None else (pre_c if collapse == "given" else None, norm_w, 1e-5)
+    h2, pre, *mixes, x = _run(h, fn, scale, base, (y, post, comb) if expand else None, col)
     if expand:
-        want = mhc.hc_expand_ref(h.double(), y.double(), post.double(), comb.double())
-        assert _bf16_close(h2, want)
+        assert _bf16_close(h2, mhc.hc_expand_ref(h.double(), y.double(), post.double(), comb.double()))
     want = mhc.hc_mixes_ref(h2.double(), fn.double(), scale.double(), base.double(), 4, 20, 1e-6, 1e-6)
-    for name, a, b in zip(("pre", "post", "comb"), mixes, want):
+    for name, a, b in zip(("pre", "post", "comb"), (pre, *mixes), want):
         assert rel(a, b) <= 1e-5, (name, rel(a, b))
+    if collapse is not None:  # the reference does not round the collapse to bf16 before the norm: two roundings
+        w = (pre_c if collapse == "given" else pre).double()
+        assert rel(x, mhc.hc_collapse_norm_ref(h2.double(), w, 1e-5, norm_w.double())) <= 8e-3
+        # against the Triton launches it replaces: the same roundings, float32 sums in another order
+        same = mhc.hc_collapse_norm(h2, w.float(), 1e-5, norm_w)
+        assert (x.float() - same.float()).abs().max() <= same.float().abs().max() * 2.0 ** -7
     assert int(wstream.split_counters(h.device)[0]) == 0  # left zeroed for the next launch
 
 
 def test_repeats_and_graph_replay_are_bit_equal():
-    h, y, post, comb, fn, scale, base = _case(8, 5120, seed=3)
-    first = mhc_cuda.seam(h, fn, scale, base, 20, 1e-6, 1e-6, y, post, comb)
-    again = mhc_cuda.seam(h, fn, scale, base, 20, 1e-6, 1e-6, y, post, comb)
+    h, y, post, comb, fn, scale, base, pre_c, norm_w = _case(8, 5120, seed=3)
+    call = lambda: mhc_cuda.seam(h, fn, scale, base, 20, 1e-6, 1e-6, y, post, comb, (pre_c, norm_w, 1e-5))  # noqa
+    first, again = call(), call()
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = mhc_cuda.seam(h, fn, scale, base, 20, 1e-6, 1e-6, y, post, comb)
+        out = call()
     for _ in range(3):
         for x in out:
             x.fill_(float("nan"))
@@ -74,24 +87,28 @@ def test_repeats_and_graph_replay_are_bit_equal():
         assert all(torch.equal(a, b) for a, b in zip(first, out))
 
 
-def test_the_dispatch_takes_decode_steps_and_leaves_longer_ones_to_triton(monkeypatch):
+@pytest.mark.parametrize("given", [True, False])
+def test_the_dispatch_takes_decode_steps_and_leaves_longer_ones_to_triton(monkeypatch, given):
     calls = []
     real = mhc_cuda.seam
-    monkeypatch.setattr(mhc_cuda, "seam", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(mhc_cuda, "seam", lambda *a, **k: calls.append(real(*a, **k)) or calls[-1])
     for t in (1, mhc_cuda.MAX_TOKENS + 1):
-        h, y, post, comb, fn, scale, base = _case(t, 512)
+        h, y, post, comb, fn, scale, base, pre_c, norm_w = _case(t, 512)
         calls.clear()
-        got = mhc.hc_expand_mixes(h, y, post, comb, fn, scale, base, 4, 20, 1e-6, 1e-6)
-        assert (real(h, fn, scale, base, 20, 1e-6, 1e-6, y, post, comb) is not None) == (t == 1)
-        want = mhc.hc_mixes_ref(got[0].double(), fn.double(), scale.double(), base.double(), 4, 20, 1e-6, 1e-6)
-        assert all(rel(a, b) <= 1e-5 for a, b in zip(got[1:], want))
-        assert calls, "the dispatch did not try the CUDA seam"
+        pre_c = pre_c if given else None
+        h2, pre, *mixes, x = mhc.hc_seam(h, fn, scale, base, 4, 20, 1e-6, 1e-6, pre_c, 1e-5, norm_w, y, post, comb)
+        assert len(calls) == 1 and (calls[0] is not None) == (t == 1)
+        want = mhc.hc_mixes_ref(h2.double(), fn.double(), scale.double(), base.double(), 4, 20, 1e-6, 1e-6)
+        assert all(rel(a, b) <= 1e-5 for a, b in zip((pre, *mixes), want))
+        w = (pre if pre_c is None else pre_c).double()
+        assert rel(x, mhc.hc_collapse_norm_ref(h2.double(), w, 1e-5, norm_w.double())) <= 8e-3
 
 
 def test_the_binding_rejects_what_the_kernel_cannot_read():
-    h, y, post, comb, fn, scale, base = _case(2, 512)
+    h, y, post, comb, fn, scale, base, pre_c, norm_w = _case(2, 512)
     pre, pst, cmb = torch.empty(2, 4, device="cuda"), torch.empty(2, 4, device="cuda"), torch.empty(2, 4, 4, device="cuda")
     counters = wstream.split_counters(h.device)
+    x = torch.empty(2, 512, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="D a positive multiple"):
         mhc_cuda.launch(h[..., :500].contiguous(), fn[:, :2000].contiguous(), scale, base, 20, 1e-6, 1e-6, pre, pst,
                         cmb, counters)
@@ -99,3 +116,7 @@ def test_the_binding_rejects_what_the_kernel_cannot_read():
         mhc_cuda.launch(h, fn, scale, base, 20, 1e-6, 1e-6, pre, pst, cmb, counters, (y, post, comb, h))
     with pytest.raises(RuntimeError, match="fn \\[24, 4D\\]"):
         mhc_cuda.launch(h, fn.to(torch.bfloat16), scale, base, 20, 1e-6, 1e-6, pre, pst, cmb, counters)
+    with pytest.raises(RuntimeError, match="norm_w \\[D\\] and x"):
+        mhc_cuda.launch(h, fn, scale, base, 20, 1e-6, 1e-6, pre, pst, cmb, counters, None,
+                        (pre_c, norm_w.float(), 1e-5, x))
+    assert int(counters[0]) == 0

@@ -1,9 +1,9 @@
-"""The small kernels between a decode step's GEMMs, at V4.1-Flash shapes: the mHC seam's mixes, alone and after
-the expansion (``kernels/mhc.py``: the CUDA seam up to 16 tokens; column "Triton": the split-K pass + finish, and
-the expansion as its own launch), the bf16 linears with float32 outputs that the CUDA kernel does not take
-(router gate, compressor, indexer weights; ``kernels/linear.py``), each at its switches' settings, and the sampler's
-softmax with its temperature and keyed race over 129,280 columns (``kernels/softmax.py``, ``kernels/sampling.py``;
-column "PyTorch": their PyTorch forms).
+"""The small kernels between a decode step's GEMMs, at V4.1-Flash shapes: the mHC seam's mixes, alone and between
+the expansion and the collapse + RMSNorm (``kernels/mhc.py``: the CUDA seam up to 16 tokens; column "Triton": the
+split-K pass + finish, the expansion and the collapse as their own launches), the bf16 linears with float32
+outputs that the CUDA kernel does not take (router gate, compressor, indexer weights; ``kernels/linear.py``), each
+at its switches' settings, and the sampler's softmax with its temperature and keyed race over 129,280 columns
+(``kernels/softmax.py``, ``kernels/sampling.py``; column "PyTorch": their PyTorch forms).
 
     python3 benches/gpu/glue_bench.py [--tokens 1,8,64] [--reps 24] [--ops mhc,linear,race]
 
@@ -21,7 +21,7 @@ import argparse
 import torch
 
 from event_timing import graph_us, median_ms, rel
-from v41.kernels import linear, mhc, sampling, softmax
+from v41.kernels import linear, mhc, pdl, sampling, softmax
 from v41.kernels.packed import from_dense
 
 D, HC = 5120, 4
@@ -74,23 +74,33 @@ def mhc_cells(tokens, reps, bw):
         n = max(reps, min(len(fns), 128))
         us = {name: switched(mhc, s, lambda: graph_us([lambda i=i: call(i) for i in range(n)]))
               for name, s in MHC_VARIANTS.items()}
+        # where the default's time goes: one Sinkhorn iteration instead of 20, one mix weight (in L2), PDL off
+        one = lambda i: mhc.hc_mixes(hs[i % 4], fns[i % len(fns)], scale, base, HC, 1, 1e-6, 1e-6)  # noqa: E731
+        us["Sinkhorn 1 iteration"] = graph_us([lambda i=i: one(i) for i in range(n)])
+        us["weight in L2"] = graph_us([lambda i=i: mhc.hc_mixes(hs[i % 4], fn, scale, base, HC, 20, 1e-6, 1e-6)
+                                       for i in range(n)])
+        us["PDL off"] = switched(pdl, {"ENABLED": False}, lambda: graph_us([lambda i=i: call(i) for i in range(n)]))
         floor = (fn.numel() * 4 + hs[0].numel() * 2) / bw * 1e6
         rows.append(("mhc mixes", f"T={t}", us, floor, err))
-        # the seam after a sub-layer: its output expanded into the copies, then the next mixes
+        # the whole seam after a sub-layer: its output expanded into the copies, the next mixes, the collapse with
+        # the delayed pre-mix and the sub-layer's RMSNorm
         ys = [torch.randn(t, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4)]
         post = torch.rand(t, HC, device="cuda", generator=g) * 2
         comb = torch.rand(t, HC, HC, device="cuda", generator=g) / HC
-        seam = lambda i: mhc.hc_expand_mixes(hs[i % 4], ys[i % 4], post, comb, fns[i % len(fns)], scale, base,  # noqa
-                                             HC, 20, 1e-6, 1e-6)
+        pre_c = torch.rand(t, HC, device="cuda", generator=g) + 0.5
+        norm_w = torch.ones(D, device="cuda", dtype=torch.bfloat16)
+        seam = lambda i: mhc.hc_seam(hs[i % 4], fns[i % len(fns)], scale, base, HC, 20, 1e-6, 1e-6, pre_c,  # noqa
+                                     1e-6, norm_w, ys[i % 4], post, comb)
         got = seam(0)
         h2 = mhc.hc_expand_ref(hs[0].double(), ys[0].double(), post.double(), comb.double())
         want = (h2, *mhc.hc_mixes_ref(got[0].double(), fn.double(), scale.double(), base.double(), HC, 20, 1e-6,
-                                      1e-6))
+                                      1e-6), mhc.hc_collapse_norm_ref(got[0].double(), pre_c.double(), 1e-6,
+                                                                      norm_w.double()))
         err = max(rel(a, b) for a, b in zip(got, want))
         us = {name: switched(mhc, s, lambda: graph_us([lambda i=i: seam(i) for i in range(n)]))
               for name, s in (("default", {}), ("Triton", {"CUDA_SEAM": False}))}
-        floor = (fn.numel() * 4 + 2 * hs[0].numel() * 2 + ys[0].numel() * 2) / bw * 1e6
-        rows.append(("mhc expand + mixes", f"T={t}", us, floor, err))
+        floor = (fn.numel() * 4 + 2 * hs[0].numel() * 2 + 2 * ys[0].numel() * 2) / bw * 1e6
+        rows.append(("mhc seam (expand, mixes, collapse + norm)", f"T={t}", us, floor, err))
     return rows
 
 

@@ -32,7 +32,7 @@
 #            set mhc.MIX_WIDE_T to 1 / 0);
 #   seam     (~6 min) the CUDA mHC seam's tests (tests/test_gpu_cuda_mhc.py) and the engine's CUDA-vs-Triton and
 #            FP8-vs-bf16 tests; glue_bench.py --ops mhc at 1, 8, 16 tokens (CUDA seam against Triton);
-#            flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1;
+#            flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1; the B = 1 profile of flash-slice-v41 (PDL off);
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
@@ -142,7 +142,10 @@ case "${MODE:-tests}" in
     tail -4 "$OUT/fs_v41.txt"
     timeout 90 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
       --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
-    tail -3 "$OUT/fs_v4.txt" ;;
+    tail -3 "$OUT/fs_v4.txt"
+    timeout 150 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 2048 --prefill 0 \
+      --kv-cache-dtype fp8 --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
+    grep -A24 "== decode" "$OUT/profile_b1.txt" | head -26 ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe or seam"; exit 2 ;;
 esac
 exit $rc

@@ -13,7 +13,8 @@ are one launch each; :func:`hc_collapse_norm` joins the collapse with the sub-la
 reader of its result (one launch per seam fewer; the same rounding as the two launches).
 
 Where :func:`.dispatch.use_cuda` says so, decode-sized steps take the CUDA seam (:mod:`.mhc_cuda`) instead: the
-mixes in one launch, and :func:`hc_expand_mixes` joins them with the expansion before them (one launch for two).
+mixes in one launch, and :func:`hc_seam` joins them with the expansion before them and the collapse + RMSNorm
+after them (one launch for three).
 """
 
 from __future__ import annotations
@@ -126,17 +127,23 @@ def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters:
     return pre, post, comb
 
 
-def hc_expand_mixes(h: Tensor, y: Tensor, post: Tensor, comb: Tensor, fn: Tensor, scale: Tensor, base: Tensor,
-                    hc: int, iters: int, hc_eps: float, norm_eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``h' = hc_expand(h, y, post, comb)`` and the next sub-layer's mixes of it: ``(h', pre', post', comb')``
-    (:func:`hc_expand_ref`, then :func:`hc_mixes_ref`); one CUDA launch where the CUDA seam takes the step, else
-    :func:`hc_expand` then :func:`hc_mixes`."""
+def hc_seam(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int, hc_eps: float,
+            norm_eps: float, pre_c: Tensor | None, norm_eps_x: float, norm_w: Tensor, y: Tensor | None = None,
+            post: Tensor | None = None, comb: Tensor | None = None) -> tuple[Tensor, ...]:
+    """A whole seam: ``h' = hc_expand(h, y, post, comb)`` when ``y`` is given (the previous sub-layer's output
+    into the copies; else h' = h), the next sub-layer's mixes of h', and its normed input ``x =
+    hc_collapse_norm(h', pre_c, norm_eps_x, norm_w)`` — ``pre_c`` None: collapsed with the seam's own pre. Returns
+    ``(h', pre', post', comb', x)``. One CUDA launch where the CUDA seam takes the step (:mod:`.mhc_cuda`), else
+    :func:`hc_expand`, :func:`hc_mixes` and :func:`hc_collapse_norm`."""
     if CUDA_SEAM and use_cuda(h):
-        got = mhc_cuda.seam(h, fn, scale, base, iters, hc_eps, norm_eps, y, post, comb)
+        got = mhc_cuda.seam(h, fn, scale, base, iters, hc_eps, norm_eps, y, post, comb, (pre_c, norm_w, norm_eps_x))
         if got is not None:
             return got
-    h = hc_expand(h, y, post, comb)
-    return (h, *hc_mixes(h, fn, scale, base, hc, iters, hc_eps, norm_eps))
+    if y is not None:
+        h = hc_expand(h, y, post, comb)
+    pre, post_n, comb_n = hc_mixes(h, fn, scale, base, hc, iters, hc_eps, norm_eps)
+    x = hc_collapse_norm(h, pre if pre_c is None else pre_c, norm_eps_x, norm_w)
+    return h, pre, post_n, comb_n, x
 
 
 def hc_collapse_ref(h: Tensor, pre: Tensor) -> Tensor:

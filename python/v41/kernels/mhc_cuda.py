@@ -1,15 +1,22 @@
-"""The CUDA mHC seam of ``cuda/mhc/hc_mix.cu`` (docs/model.md §3.4; docs/kernels.md §2 "mHC, router,
-compressor"): a sub-layer's mixes ``pre`` [T, 4], ``post`` [T, 4], ``comb`` [T, 4, 4] (float32) from the residual
-copies h [T, 4, D] (bf16), optionally after expanding the previous sub-layer's output y into them — one launch
-for what the Triton path does in two (expand, then the split-K mixes with their finish).
+"""The CUDA mHC seam of ``cuda/mhc/hc_seam.cu`` (docs/model.md §3.4, §3.2; docs/kernels.md §2 "mHC, router,
+compressor"): in one launch, for T ≤ :data:`MAX_TOKENS` tokens of bf16 residual copies h [T, 4, D],
 
-It computes :func:`.mhc.hc_mixes_ref` (and :func:`.mhc.hc_expand_ref` first when expanding); only the float32
-summation order differs, and the Sinkhorn divisions are reciprocals times the entries. The mix weights are loaded
-before the programmatic-dependent wait (:mod:`.pdl`): ``fn`` must not be written by the kernels queued before it.
+* optionally the expansion of the previous sub-layer's output y [T, D]: ``h' = hc_expand_ref(h, y, post, comb)``;
+* the next sub-layer's mixes of h': ``pre`` [T, 4], ``post`` [T, 4], ``comb`` [T, 4, 4] float32
+  (:func:`.mhc.hc_mixes_ref`);
+* optionally the collapse into that sub-layer's normed input x [T, D] bf16 =
+  ``hc_collapse_norm_ref(h', w, eps, norm_w)`` with w the given ``pre_c`` (V4.1's delayed pre-mix) or this seam's
+  ``pre`` (V4).
+
+What the Triton path does in up to three launches (expand, the split-K mixes with their finish, collapse + norm).
+Only the float32 summation order differs from the references, and the Sinkhorn and softmax divisions are
+reciprocals (within an ulp) times the entries. The mix weights are loaded before the programmatic-dependent wait
+(:mod:`.pdl`): ``fn`` must not be written by the kernels queued before it.
 
 :func:`seam` returns None when the kernel does not take the operands (not bf16, T outside 1..:data:`MAX_TOKENS`,
-hc ≠ 4, D not a multiple of 64, float32 mix parameters missing, or no split-K counters during a CUDA-graph
-capture); the caller then runs the Triton or PyTorch path. :func:`.dispatch.use_cuda` decides whether to try.
+hc ≠ 4, D not a multiple of 64, mix parameters not contiguous float32, a norm weight not bf16, or no split-K
+counters during a CUDA-graph capture); the caller then runs the Triton or PyTorch path.
+:func:`.dispatch.use_cuda` decides whether to try.
 """
 
 from __future__ import annotations
@@ -21,40 +28,50 @@ from . import wstream
 from .dispatch import cuda_ext
 from .pdl import enabled as pdl_enabled
 
-MAX_TOKENS = 16  # cuda/mhc/hc_mix.h kHcMaxTokens
+MAX_TOKENS = 16  # cuda/mhc/hc_seam.h kHcMaxTokens
 COLS = 64        # kHcCols: columns of each copy per CTA
+COLLAPSE = {None: 0, "given": 1, "fresh": 2}  # HcCollapse
 
 
-def takes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor) -> bool:
+def takes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, norm_w: Tensor | None = None) -> bool:
     """Whether the kernel takes these operands (cuda/bindings.cpp checks the same and raises)."""
     t, hc, d = h.shape
     return (h.dtype == torch.bfloat16 and hc == 4 and 0 < t <= MAX_TOKENS and d % COLS == 0
             and all(x.dtype == torch.float32 and x.is_contiguous() for x in (fn, scale, base))
-            and fn.shape == (24, 4 * d))
+            and fn.shape == (24, 4 * d)
+            and (norm_w is None or (norm_w.dtype == torch.bfloat16 and norm_w.is_contiguous()
+                                    and norm_w.data_ptr() % 8 == 0)))
 
 
 def launch(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, iters: int, hc_eps: float, norm_eps: float,
-           pre: Tensor, post: Tensor, comb: Tensor, counters: Tensor, expand: tuple | None = None) -> None:
-    """One launch writing ``pre``, ``post``, ``comb`` (and, with ``expand = (y, post_in, comb_in, h_out)``,
-    ``h_out``); the arrival counter ``counters[0]`` must be zero and is left zero. Raises RuntimeError for
-    operands the binding rejects."""
+           pre: Tensor, post: Tensor, comb: Tensor, counters: Tensor, expand: tuple | None = None,
+           collapse: tuple | None = None) -> None:
+    """One launch writing ``pre``, ``post``, ``comb``; with ``expand = (y, post_in, comb_in, h_out)`` also
+    ``h_out``; with ``collapse = (pre_c or None, norm_w, x_eps, x)`` also ``x`` (``pre_c`` None: this seam's pre).
+    The arrival counter ``counters[0]`` must be zero and is left zero. Raises RuntimeError for operands the binding
+    rejects."""
     t, _, d = h.shape
     partial = torch.empty(d // COLS * t * 32, dtype=torch.float32, device=h.device)
     y, post_in, comb_in, h_out = expand if expand is not None else (None, None, None, None)
-    cuda_ext().hc_mix(h, y, post_in, comb_in, h_out, fn, scale, base, pre, post, comb, partial, counters, iters,
-                      float(norm_eps), float(hc_eps), pdl_enabled(h.device))
+    pre_c, norm_w, x_eps, x = collapse if collapse is not None else (None, None, 0.0, None)
+    mode = COLLAPSE[None if collapse is None else "fresh" if pre_c is None else "given"]
+    cuda_ext().hc_seam(h, y, post_in, comb_in, h_out, fn, scale, base, pre, post, comb, partial, counters, mode,
+                       pre_c, norm_w, x, iters, float(norm_eps), float(hc_eps), float(x_eps), pdl_enabled(h.device))
 
 
 def seam(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, iters: int, hc_eps: float, norm_eps: float,
-         y: Tensor | None = None, post_in: Tensor | None = None, comb_in: Tensor | None = None):
-    """``(h', pre, post, comb)``: h' = :func:`.mhc.hc_expand_ref` (h, y, post_in, comb_in) when ``y`` is given,
-    else h itself; then the mixes of h'. None when not taken (module docstring)."""
-    if not takes(h, fn, scale, base) or (y is not None and y.dtype != torch.bfloat16):
+         y: Tensor | None = None, post_in: Tensor | None = None, comb_in: Tensor | None = None,
+         collapse: tuple | None = None):
+    """``(h', pre, post, comb)``, and ``x`` last with ``collapse = (pre_c or None, norm_w, x_eps)``: h' =
+    :func:`.mhc.hc_expand_ref` (h, y, post_in, comb_in) when ``y`` is given, else h itself. None when not taken
+    (module docstring)."""
+    norm_w = collapse[1] if collapse is not None else None
+    if not takes(h, fn, scale, base, norm_w) or (y is not None and y.dtype != torch.bfloat16):
         return None
     counters = wstream.split_counters(h.device)
     if counters is None:
         return None
-    t = h.shape[0]
+    t, _, d = h.shape
     h = h.contiguous()
     pre = torch.empty(t, 4, dtype=torch.float32, device=h.device)
     post = torch.empty_like(pre)
@@ -62,5 +79,10 @@ def seam(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, iters: int, hc_eps:
     expand = None
     if y is not None:
         expand = (y.contiguous(), post_in.float().contiguous(), comb_in.float().contiguous(), torch.empty_like(h))
-    launch(h, fn, scale, base, iters, hc_eps, norm_eps, pre, post, comb, counters, expand)
-    return (h if expand is None else expand[3]), pre, post, comb
+    full = None
+    if collapse is not None:
+        pre_c = collapse[0].float().contiguous() if collapse[0] is not None else None
+        full = (pre_c, norm_w, collapse[2], torch.empty(t, d, dtype=torch.bfloat16, device=h.device))
+    launch(h, fn, scale, base, iters, hc_eps, norm_eps, pre, post, comb, counters, expand, full)
+    out = ((h if expand is None else expand[3]), pre, post, comb)
+    return out if full is None else (*out, full[3])

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from ...config import ModelConfig
 from .attention import FastAttention
 from .layers import RMSNorm
-from .mhc import HcSeam, collapse_norm, expand
+from .mhc import HcSeam, expand
 from .moe import FastMoE
 
 
@@ -25,9 +25,9 @@ class FastBlock(nn.Module):
     def forward(self, h: Tensor, pre_mix: Tensor, token_ids: Tensor, ctx) -> tuple[Tensor, Tensor]:
         """h [T, hc, D], pre_mix [T, hc] float32 (V4.1's carried pre-mix) → (h', the FFN pre-mix). ``ctx``: what
         the attention reads (a target step's :class:`~.attention.StepContext`, a draft pass's context)."""
-        pre_a, post_a, comb_a = self.hc_attn(h)
-        x = collapse_norm(h, pre_mix if self.delayed else pre_a, self.attn_norm)  # the normed sub-layer input
-        h, pre_f, post_f, comb_f = self.hc_ffn.after_expand(h, self.attn(x, ctx), post_a, comb_a)
-        x = collapse_norm(h, pre_a if self.delayed else pre_f, self.ffn_norm)
+        # each seam: (the previous sub-layer's output expanded into the copies,) mixes, the normed sub-layer input
+        _, pre_a, post_a, comb_a, x = self.hc_attn.enter(h, pre_mix if self.delayed else None, self.attn_norm)
+        h, pre_f, post_f, comb_f, x = self.hc_ffn.enter(h, pre_a if self.delayed else None, self.ffn_norm,
+                                                        self.attn(x, ctx), post_a, comb_a)
         h = expand(h, self.ffn(x, token_ids), post_f, comb_f)
         return h, pre_f

@@ -11,7 +11,7 @@ from ...config import ModelConfig
 from ...kernels.mhc import hc_collapse as collapse
 from ...kernels.mhc import hc_collapse_norm
 from ...kernels.mhc import hc_expand as expand
-from ...kernels.mhc import hc_expand_mixes, hc_mixes
+from ...kernels.mhc import hc_mixes, hc_seam
 
 
 def collapse_norm(h: Tensor, pre: Tensor, norm) -> Tensor:
@@ -37,12 +37,16 @@ class HcSeam(nn.Module):
         c = self.cfg
         return hc_mixes(h, self.fn, self.scale, self.base, c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
 
-    def after_expand(self, h: Tensor, y: Tensor, post: Tensor, comb: Tensor) -> tuple[Tensor, ...]:
-        """``h' = expand(h, y, post, comb)`` (the previous sub-layer's output into the copies) and this seam's
-        mixes of h': ``(h', pre, post', comb')``, in one launch where the CUDA seam runs."""
+    def enter(self, h: Tensor, pre_c: Tensor | None, norm, y: Tensor | None = None, post: Tensor | None = None,
+              comb: Tensor | None = None) -> tuple[Tensor, ...]:
+        """The seam into a sub-layer: ``h' = expand(h, y, post, comb)`` when ``y`` (the previous sub-layer's
+        output) is given, this seam's mixes of h', and the sub-layer's input ``norm(collapse(h', w))`` with ``w`` =
+        ``pre_c`` (V4.1's delayed pre-mix) or, when None, this seam's pre. Returns ``(h', pre, post', comb', x)``;
+        one launch where the CUDA seam runs (:func:`v41.kernels.mhc.hc_seam`). ``norm``: the sub-layer's
+        :class:`~.layers.RMSNorm`."""
         c = self.cfg
-        return hc_expand_mixes(h, y, post, comb, self.fn, self.scale, self.base, c.hc_mult, c.hc_sinkhorn_iters,
-                               c.hc_eps, c.rms_norm_eps)
+        return hc_seam(h, self.fn, self.scale, self.base, c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps,
+                       pre_c, norm.eps, norm.weight, y, post, comb)
 
 
 def _ctype(h: Tensor) -> torch.dtype:
