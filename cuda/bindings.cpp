@@ -346,7 +346,7 @@ void index_scores(const at::Tensor& q, const at::Tensor& w, const at::Tensor& ke
 void hc_seam(const at::Tensor& h, const c10::optional<at::Tensor>& y, const c10::optional<at::Tensor>& post_in,
              const c10::optional<at::Tensor>& comb_in, const c10::optional<at::Tensor>& h_out, const at::Tensor& fn,
              const at::Tensor& scale, const at::Tensor& base, at::Tensor& pre, at::Tensor& post, at::Tensor& comb,
-             at::Tensor& partial, at::Tensor& counters, int64_t collapse, const c10::optional<at::Tensor>& pre_c,
+             at::Tensor& partial, at::Tensor& sync, int64_t collapse, const c10::optional<at::Tensor>& pre_c,
              const c10::optional<at::Tensor>& norm_w, const c10::optional<at::Tensor>& x, int64_t iters,
              double norm_eps, double hc_eps, double x_eps, bool pdl) {
   TORCH_CHECK(h.is_cuda() && h.scalar_type() == at::kBFloat16 && h.dim() == 3 && h.size(1) == 4 && h.is_contiguous(),
@@ -366,10 +366,12 @@ void hc_seam(const at::Tensor& h, const c10::optional<at::Tensor>& y, const c10:
   TORCH_CHECK(f32(pre, 4 * t) && f32(post, 4 * t) && f32(comb, 16 * t),
               "pre [T, 4], post [T, 4] and comb [T, 4, 4] must be contiguous float32 tensors on h's device");
   TORCH_CHECK(partial.scalar_type() == at::kFloat && partial.is_contiguous() && partial.device() == h.device() &&
-                  partial.numel() >= (d / v41::kHcCols) * t * 32,
-              "partial must be a contiguous float32 tensor of at least (D / kHcCols) * T * 32 elements");
-  TORCH_CHECK(counters.scalar_type() == at::kInt && counters.numel() >= 1 && counters.device() == h.device(),
-              "counters must be an int32 tensor on h's device");
+                  partial.numel() >= (d / v41::kHcCols) * t * 32 + v41::kHcMaxTokens,
+              "partial must be a contiguous float32 tensor of at least (D / kHcCols) * T * 32 + kHcMaxTokens "
+              "elements");
+  TORCH_CHECK(sync.scalar_type() == at::kInt && sync.numel() >= 2 && sync.is_contiguous() &&
+                  sync.device() == h.device(),
+              "sync must be a contiguous int32 tensor of 2 words (arrival counter, generation) on h's device");
   TORCH_CHECK(iters >= 1, "iters must be at least 1");
   const bool expand = y.has_value();
   TORCH_CHECK(expand == post_in.has_value() && expand == comb_in.has_value() && expand == h_out.has_value(),
@@ -407,7 +409,7 @@ void hc_seam(const at::Tensor& h, const c10::optional<at::Tensor>& y, const c10:
   p.norm_w = collapse > 0 ? reinterpret_cast<const __nv_bfloat16*>(norm_w->data_ptr()) : nullptr;
   p.x = collapse > 0 ? reinterpret_cast<__nv_bfloat16*>(x->data_ptr()) : nullptr;
   p.partial = partial.data_ptr<float>();
-  p.counter = counters.data_ptr<int>();
+  p.sync = sync.data_ptr<int>();
   p.T = int(t);
   p.D = int(d);
   p.iters = int(iters);
@@ -442,7 +444,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("hc_seam", &hc_seam, "one mHC seam: expansion, mixes, collapse + RMSNorm (python/v41/kernels/mhc_cuda.py)",
         py::arg("h"), py::arg("y"), py::arg("post_in"), py::arg("comb_in"), py::arg("h_out"), py::arg("fn"),
         py::arg("scale"), py::arg("base"), py::arg("pre"), py::arg("post"), py::arg("comb"), py::arg("partial"),
-        py::arg("counters"), py::arg("collapse"), py::arg("pre_c"), py::arg("norm_w"), py::arg("x"),
+        py::arg("sync"), py::arg("collapse"), py::arg("pre_c"), py::arg("norm_w"), py::arg("x"),
         py::arg("iters"), py::arg("norm_eps"), py::arg("hc_eps"), py::arg("x_eps"), py::arg("pdl") = false);
   m.attr("HC_MAX_TOKENS") = v41::kHcMaxTokens;
   m.attr("HC_COLS") = v41::kHcCols;

@@ -333,7 +333,7 @@ def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
             mhc.FINISH_UNROLL, mhc.ONE_LAUNCH = unroll, one
         same = all(torch.equal(a, b) for a, b in zip(*runs))
         out.append((f"mhc/T={t} finish unrolled = rolled", 0.0 if same else float("inf"), 0.0))
-    left = wstream.split_counters(torch.device(device))
+    left = wstream.split_counters(torch.device(device))[:wstream.COUNTER_SLOTS]
     out.append(("mhc/counters left zeroed", float(left.abs().sum()), 0.0))
     pre, post, comb = (x.float() for x in want)
     y = torch.randn(t, d, generator=g).to(device, dtype)

@@ -11,15 +11,18 @@
 // Layout of the work (decode sizes, T ≤ kHcMaxTokens). CTA c owns columns [64c, 64c + 64) of each of the 4 copies;
 // thread (copy i, column d) holds fn's 24 weights of flat column i·D + d in registers — loaded before the
 // programmatic-dependent wait, so the seam's 2 MB of float32 mix weights stream in while the previous kernel ends —
-// and, per token, its element of H' (computed there when expanding and stored rounded to bf16: the mixes and the
-// collapse read the copies as stored). With a given collapse weight, the copies' elements meet in shared memory
-// and the threads of copy 0 form the collapsed column, store it rounded to bf16 and square it. Each thread's 26
-// values (24 products, H'², x²) are summed over the warp by a transposing butterfly (31 shuffles: lane l ends with
-// value l's sum), then over the 8 warps in order, and written as the CTA's float32 partials. The last CTA to arrive
-// (an arrival counter it resets) sums every CTA's partials in a fixed order, finishes each token in one thread
-// (sigmoids, softmax and Sinkhorn in registers; reciprocals by rcp.approx, within an ulp), then scales the collapsed
-// row by its RMS (a given weight), or collapses and normalises the whole row itself (this seam's pre). Sums never
-// depend on timing, so results repeat bit for bit; they differ from the Triton kernels' only in summation order.
+// and puts its element of H' for each token in shared memory (computed there when expanding and stored rounded to
+// bf16: the mixes and the collapse read the copies as stored). With a given collapse weight the threads of copy 0
+// form the collapsed column from the four copies' elements, round it to bf16 and square it. Each thread's 26 values
+// (24 products, H'², x²) are summed over the warp by a transposing butterfly (31 shuffles: lane l ends with value
+// l's sum), then over the 8 warps in order, and written as the CTA's float32 partials. The last CTA to arrive (an
+// arrival counter it resets) sums every CTA's partials in a fixed order and finishes each token in one thread
+// (sigmoids, softmax and Sinkhorn in registers; reciprocals by rcp.approx, within an ulp). With a given collapse
+// weight it then publishes each row's RMS scale and moves a generation word on; the other CTAs, which wait for that
+// word after arriving (so every CTA of the grid is resident and nothing waits on a CTA that is not), read the
+// scales and store their own normalised columns. With this seam's pre the last CTA collapses and normalises the
+// whole rows itself (few tokens: python/v41/kernels/mhc_cuda.py). Sums never depend on timing, so results repeat
+// bit for bit; they differ from the Triton kernels' only in summation order.
 #include "../common/pdl.cuh"
 #include "hc_seam.h"
 
@@ -144,32 +147,6 @@ struct Bf4 {  // 4 bf16 ↔ 4 floats
   }
 };
 
-// x[t] ← bf16((x[t] · rx[t]) · norm_w) over the whole [T, D] (the collapsed rows the CTAs stored), 4 columns a step
-__device__ void scale_rows(const HcSeamParams& p, const float* rx, int tid) {
-  const int n4 = p.D / 4, total = p.T * n4;
-  uint2* x4 = reinterpret_cast<uint2*>(p.x);
-  const uint2* w4 = reinterpret_cast<const uint2*>(p.norm_w);
-  for (int i0 = tid; i0 < total; i0 += 4 * kThreads) {
-    uint2 raw[4], wr[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {  // loads of 4 steps first
-      const int i = i0 + j * kThreads;
-      if (i < total) raw[j] = __ldcg(x4 + i), wr[j] = __ldg(w4 + i % n4);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int i = i0 + j * kThreads;
-      if (i >= total) break;
-      Bf4 x(raw[j]);
-      const Bf4 w(wr[j]);
-      const float r = rx[i / n4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) x.v[e] = (x.v[e] * r) * w.v[e];
-      x4[i] = x.pack();
-    }
-  }
-}
-
 // With this seam's pre (pre_s [T, 4]): x[t] = rms_norm(bf16(Σ_i pre[t, i]·H'[t, i])) · norm_w, the whole rows in
 // the last CTA (H' from h_out, written by every CTA, when expanding).
 template <bool EXPAND>
@@ -209,15 +186,25 @@ __device__ void collapse_rows(const HcSeamParams& p, const float* pre_s, float* 
   }
 }
 
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 template <bool EXPAND, HcCollapse C>
 __global__ void __launch_bounds__(kThreads) hc_seam_kernel(const HcSeamParams p) {
   constexpr bool kGiven = C == HcCollapse::kGiven;
   __shared__ __align__(16) float red[kWarps * kHcMaxTokens * 32];  // per warp and token; then the finish's groups
-  __shared__ float hx[kGiven ? kHcMaxTokens * 4 * kHcCols : 1];     // the copies' elements, for the collapse
+  __shared__ float xv[kHcMaxTokens * kThreads];  // [t][copy][column]: H'; copy 0's slot then the collapsed column
   __shared__ float tot[kHcMaxTokens * 32];
   __shared__ float pre_s[kHcMaxTokens * 4];
   __shared__ float rx[kHcMaxTokens];
-  __shared__ int is_last;
+  __shared__ int is_last, gen0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int copy = tid / kHcCols, col = tid % kHcCols, d = blockIdx.x * kHcCols + col;
   const int64_t D = p.D, K = 4 * D, k = copy * D + d;
@@ -226,43 +213,45 @@ __global__ void __launch_bounds__(kThreads) hc_seam_kernel(const HcSeamParams p)
   for (int m = 0; m < kMix; ++m) f[m] = __ldg(p.fn + m * K + k);  // constants: before the wait
   pdl_wait();
   pdl_launch_dependents();
+  if (tid == 0) gen0 = ld_acquire(p.sync + 1);  // before arriving: the finisher moves it on after everyone has
 
-  float x[kHcMaxTokens];  // this thread's element of each token's flat H' (loads of all tokens issued together)
+  // H', 4 tokens a round: their loads are issued together (past the last token they read it again, unstored)
+  for (int t0 = 0; t0 < p.T; t0 += 4) {
 #pragma unroll
-  for (int t = 0; t < kHcMaxTokens; ++t) {
-    if (t >= p.T) break;
-    const __nv_bfloat16* h = p.h + t * K;
-    if constexpr (EXPAND) {
-      const float* cb = p.comb_in + t * 16 + copy;  // comb[i, copy] at 4i + copy
-      float v = p.post_in[t * 4 + copy] * __bfloat162float(p.y[t * D + d]);
+    for (int j = 0; j < 4; ++j) {
+      const int t = min(t0 + j, p.T - 1);
+      const __nv_bfloat16* h = p.h + t * K;
+      float v;
+      if constexpr (EXPAND) {
+        const float* cb = p.comb_in + t * 16 + copy;  // comb[i, copy] at 4i + copy
+        v = p.post_in[t * 4 + copy] * __bfloat162float(p.y[t * D + d]);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) v = fmaf(cb[4 * i], __bfloat162float(h[i * D + d]), v);
-      const __nv_bfloat16 hb = __float2bfloat16_rn(v);
-      p.h_out[t * K + k] = hb;
-      x[t] = __bfloat162float(hb);
-    } else {
-      x[t] = __bfloat162float(h[k]);
+        for (int i = 0; i < 4; ++i) v = fmaf(cb[4 * i], __bfloat162float(h[i * D + d]), v);
+        const __nv_bfloat16 hb = __float2bfloat16_rn(v);
+        if (t0 + j < p.T) p.h_out[t * K + k] = hb;
+        v = __bfloat162float(hb);
+      } else {
+        v = __bfloat162float(h[k]);
+      }
+      if (t0 + j < p.T) xv[t * kThreads + tid] = v;
     }
-    if constexpr (kGiven) hx[(t * 4 + copy) * kHcCols + col] = x[t];
   }
-  if constexpr (kGiven) __syncthreads();
+  __syncthreads();
 #pragma unroll 1
   for (int t = 0; t < p.T; ++t) {
-    float xt = x[0];
-#pragma unroll
-    for (int u = 1; u < kHcMaxTokens; ++u) xt = t == u ? x[u] : xt;  // registers, not local memory
+    const float xt = xv[t * kThreads + tid];
     float a[32];
 #pragma unroll
     for (int m = 0; m < kMix; ++m) a[m] = f[m] * xt;
     a[kSqH] = xt * xt;
     a[kSqX] = 0.f;
-    if (kGiven && copy == 0) {  // the collapsed column, as stored
+    if (kGiven && copy == 0) {  // the collapsed column, rounded as stored; kept in copy 0's slot
       float acc = 0.f;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc = fmaf(p.pre_c[t * 4 + i], hx[(t * 4 + i) * kHcCols + col], acc);
-      const __nv_bfloat16 xb = __float2bfloat16_rn(acc);
-      p.x[t * D + d] = xb;
-      a[kSqX] = __bfloat162float(xb) * __bfloat162float(xb);
+      for (int i = 0; i < 4; ++i) acc = fmaf(p.pre_c[t * 4 + i], xv[t * kThreads + i * kHcCols + col], acc);
+      const float xb = __bfloat162float(__float2bfloat16_rn(acc));
+      xv[t * kThreads + col] = xb;
+      a[kSqX] = xb * xb;
     }
 #pragma unroll
     for (int m = kSqX + 1; m < 32; ++m) a[m] = 0.f;
@@ -277,48 +266,67 @@ __global__ void __launch_bounds__(kThreads) hc_seam_kernel(const HcSeamParams p)
   }
   __threadfence();
   __syncthreads();
-  if (tid == 0) is_last = atomicAdd(p.counter, 1) == int(gridDim.x) - 1;
+  if (tid == 0) is_last = atomicAdd(p.sync, 1) == int(gridDim.x) - 1;
   __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-
-  // The finish. Thread (group g, float4 column q) sums slices g, g + groups, … in that order (8 loads in flight);
-  // then the groups in order; then one thread per token.
-  const int n4 = p.T * 8, groups = kThreads / n4, slices = gridDim.x;
-  float4* grp = reinterpret_cast<float4*>(red);
-  if (tid < groups * n4) {
-    const int q = tid % n4, g = tid / n4;
-    const float4* part = reinterpret_cast<const float4*>(p.partial) + q;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = g; s0 < slices; s0 += 8 * groups) {
-      float4 v[8];
+  const int slices = gridDim.x;
+  float* rx_out = p.partial + int64_t(slices) * p.T * 32;  // the rows' RMS scales, published by the finisher
+  if (!is_last) {
+    if constexpr (!kGiven) return;
+    // wait for the finisher (every CTA of the grid is resident: each has arrived) and read its scales
+    if (tid == 0)
+      while (ld_acquire(p.sync + 1) == gen0) __nanosleep(32);
+    __syncthreads();
+    if (tid < p.T) rx[tid] = __ldcg(rx_out + tid);
+    __syncthreads();
+  } else {
+    __threadfence();
+    // The finish. Thread (group g, float4 column q) sums slices g, g + groups, … in that order (16 loads in
+    // flight); then the groups in order; then one thread per token.
+    const int n4 = p.T * 8, groups = kThreads / n4;
+    float4* grp = reinterpret_cast<float4*>(red);
+    if (tid < groups * n4) {
+      const int q = tid % n4, g = tid / n4;
+      const float4* part = reinterpret_cast<const float4*>(p.partial) + q;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int s0 = g; s0 < slices; s0 += 16 * groups) {
+        float4 v[16];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int s = s0 + j * groups;
-        v[j] = s < slices ? __ldcg(part + int64_t(s) * n4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int j = 0; j < 16; ++j) {
+          const int s = s0 + j * groups;
+          v[j] = s < slices ? __ldcg(part + int64_t(s) * n4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+          if (s0 + j * groups < slices)
+            acc = make_float4(acc.x + v[j].x, acc.y + v[j].y, acc.z + v[j].z, acc.w + v[j].w);
       }
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (s0 + j * groups < slices)
-          acc = make_float4(acc.x + v[j].x, acc.y + v[j].y, acc.z + v[j].z, acc.w + v[j].w);
+      grp[g * n4 + q] = acc;
     }
-    grp[g * n4 + q] = acc;
+    __syncthreads();
+    for (int i = tid; i < p.T * 32; i += kThreads) {
+      float s = 0.f;
+      for (int g = 0; g < groups; ++g) s += red[g * n4 * 4 + i];
+      tot[i] = s;
+    }
+    __syncthreads();
+    if (tid < p.T) {
+      finish_token(p, tot + tid * 32, tid, pre_s + tid * 4);
+      if constexpr (kGiven) rx_out[tid] = rx[tid] = 1.f / sqrtf(tot[tid * 32 + kSqX] / float(p.D) + p.x_eps);
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      p.sync[0] = 0;  // the arrival counter, for the next launch
+      if constexpr (kGiven) st_release(p.sync + 1, gen0 + 1);  // release the waiting CTAs
+    }
+    if constexpr (C == HcCollapse::kFresh) collapse_rows<EXPAND>(p, pre_s, tot, tid);
   }
-  __syncthreads();
-  for (int i = tid; i < p.T * 32; i += kThreads) {
-    float s = 0.f;
-    for (int g = 0; g < groups; ++g) s += red[g * n4 * 4 + i];
-    tot[i] = s;
+  if constexpr (kGiven) {  // every CTA scales its own collapsed columns
+    if (copy == 0) {
+      const float w = __bfloat162float(p.norm_w[d]);
+      for (int t = 0; t < p.T; ++t) p.x[t * D + d] = __float2bfloat16_rn((xv[t * kThreads + col] * rx[t]) * w);
+    }
   }
-  __syncthreads();
-  if (tid < p.T) {
-    finish_token(p, tot + tid * 32, tid, pre_s + tid * 4);
-    if constexpr (kGiven) rx[tid] = 1.f / sqrtf(tot[tid * 32 + kSqX] / float(p.D) + p.x_eps);
-  }
-  if constexpr (C != HcCollapse::kNone) __syncthreads();
-  if constexpr (kGiven) scale_rows(p, rx, tid);
-  if constexpr (C == HcCollapse::kFresh) collapse_rows<EXPAND>(p, pre_s, tot, tid);
-  if (tid == 0) *p.counter = 0;
 }
 
 template <bool EXPAND>

@@ -31,8 +31,8 @@ struct HcSeamParams {
   const float* pre_c;           // [T, 4] the collapse's weights (kGiven)
   const __nv_bfloat16* norm_w;  // [D] the sub-layer's RMSNorm weight (a collapse)
   __nv_bfloat16* x;             // [T, D] the sub-layer's normed input (a collapse)
-  float* partial;               // [gridDim.x, T, 32] float32 partial sums per CTA
-  int* counter;                 // a zeroed arrival counter; the last CTA leaves it zeroed
+  float* partial;               // [gridDim.x, T, 32] float32 partial sums per CTA, then [kHcMaxTokens] RMS scales
+  int* sync;                    // [2]: an arrival counter, zero before and after; a generation word, any value
   int T, D, iters;              // tokens (1..kHcMaxTokens), hidden size (a multiple of kHcCols), Sinkhorn iterations
   float norm_eps, hc_eps, x_eps;  // the mixes' RMS eps, mHC's eps, the sub-layer RMSNorm's eps
 };

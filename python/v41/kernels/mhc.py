@@ -133,12 +133,15 @@ def hc_seam(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: 
     """A whole seam: ``h' = hc_expand(h, y, post, comb)`` when ``y`` is given (the previous sub-layer's output
     into the copies; else h' = h), the next sub-layer's mixes of h', and its normed input ``x =
     hc_collapse_norm(h', pre_c, norm_eps_x, norm_w)`` — ``pre_c`` None: collapsed with the seam's own pre. Returns
-    ``(h', pre', post', comb', x)``. One CUDA launch where the CUDA seam takes the step (:mod:`.mhc_cuda`), else
+    ``(h', pre', post', comb', x)``. One CUDA launch where the CUDA seam takes the step (:mod:`.mhc_cuda`; with
+    ``pre_c`` None above ``mhc_cuda.FRESH_MAX_TOKENS`` tokens the collapse is a launch of its own), else
     :func:`hc_expand`, :func:`hc_mixes` and :func:`hc_collapse_norm`."""
     if CUDA_SEAM and use_cuda(h):
-        got = mhc_cuda.seam(h, fn, scale, base, iters, hc_eps, norm_eps, y, post, comb, (pre_c, norm_w, norm_eps_x))
+        fused = pre_c is not None or h.shape[0] <= mhc_cuda.FRESH_MAX_TOKENS
+        got = mhc_cuda.seam(h, fn, scale, base, iters, hc_eps, norm_eps, y, post, comb,
+                            (pre_c, norm_w, norm_eps_x) if fused else None)
         if got is not None:
-            return got
+            return got if fused else (*got, hc_collapse_norm(got[0], got[1], norm_eps_x, norm_w))
     if y is not None:
         h = hc_expand(h, y, post, comb)
     pre, post_n, comb_n = hc_mixes(h, fn, scale, base, hc, iters, hc_eps, norm_eps)

@@ -30,6 +30,9 @@ from .pdl import enabled as pdl_enabled
 
 MAX_TOKENS = 16  # cuda/mhc/hc_seam.h kHcMaxTokens
 COLS = 64        # kHcCols: columns of each copy per CTA
+# Collapsing with the seam's own pre (V4) is done by the last CTA alone, over whole rows: worth it for few tokens
+# (more: the caller collapses in its own launch). The given weights (V4.1) are collapsed by every CTA at any T.
+FRESH_MAX_TOKENS = 2
 COLLAPSE = {None: 0, "given": 1, "fresh": 2}  # HcCollapse
 
 
@@ -48,14 +51,15 @@ def launch(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, iters: int, hc_ep
            collapse: tuple | None = None) -> None:
     """One launch writing ``pre``, ``post``, ``comb``; with ``expand = (y, post_in, comb_in, h_out)`` also
     ``h_out``; with ``collapse = (pre_c or None, norm_w, x_eps, x)`` also ``x`` (``pre_c`` None: this seam's pre).
-    The arrival counter ``counters[0]`` must be zero and is left zero. Raises RuntimeError for operands the binding
-    rejects."""
+    ``counters``: :func:`.wstream.split_counters`, whose last two words are the kernel's arrival counter (zero, left
+    zero) and generation word. Raises RuntimeError for operands the binding rejects."""
     t, _, d = h.shape
-    partial = torch.empty(d // COLS * t * 32, dtype=torch.float32, device=h.device)
+    partial = torch.empty(d // COLS * t * 32 + MAX_TOKENS, dtype=torch.float32, device=h.device)
     y, post_in, comb_in, h_out = expand if expand is not None else (None, None, None, None)
     pre_c, norm_w, x_eps, x = collapse if collapse is not None else (None, None, 0.0, None)
     mode = COLLAPSE[None if collapse is None else "fresh" if pre_c is None else "given"]
-    cuda_ext().hc_seam(h, y, post_in, comb_in, h_out, fn, scale, base, pre, post, comb, partial, counters, mode,
+    sync = counters[wstream.COUNTER_SLOTS:]
+    cuda_ext().hc_seam(h, y, post_in, comb_in, h_out, fn, scale, base, pre, post, comb, partial, sync, mode,
                        pre_c, norm_w, x, iters, float(norm_eps), float(hc_eps), float(x_eps), pdl_enabled(h.device))
 
 

@@ -60,8 +60,9 @@ def _takes(x: Tensor, w: PackedWeight, k: int, n_group: int) -> bool:
 
 
 def split_counters(device: torch.device) -> Tensor | None:
-    """The zeroed split-K arrival counters of ``device`` (int32 [COUNTER_SLOTS]; each launch of this kernel or of
-    the Triton linear leaves them zeroed), or None while a CUDA graph is being captured and they do not exist yet:
+    """The zeroed split-K arrival counters of ``device`` (int32 [COUNTER_SLOTS + 2]; each launch of this kernel or
+    of the Triton linear leaves the first COUNTER_SLOTS zeroed; the last two are the CUDA mHC seam's arrival
+    counter, left zeroed, and its generation word, any value: :mod:`.mhc_cuda`), or None while a CUDA graph is being captured and they do not exist yet:
     made inside a capture they would be zeroed only when that graph replays, so such a launch does without them
     (this kernel: no split-K; the Triton linear: its partials summed after the kernel). The engine's eager warm-up
     makes them first. One buffer per device and stream lane (:func:`.side_stream.lane`): two launches that may
@@ -72,7 +73,7 @@ def split_counters(device: torch.device) -> Tensor | None:
     if key not in _counters:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        _counters[key] = torch.zeros(COUNTER_SLOTS, dtype=torch.int32, device=device)
+        _counters[key] = torch.zeros(COUNTER_SLOTS + 2, dtype=torch.int32, device=device)
     return _counters[key]
 
 
