@@ -391,6 +391,7 @@ void hc_seam(const at::Tensor& h, const c10::optional<at::Tensor>& y, const c10:
     TORCH_CHECK(bf16(*norm_w, d, true) && bf16(*x, t * d, true),
                 "norm_w [D] and x [T, D] must be contiguous 8-byte aligned bfloat16 tensors on h's device");
     TORCH_CHECK(collapse == 2 || f32(*pre_c, 4 * t), "pre_c must be a contiguous float32 tensor [T, 4]");
+    TORCH_CHECK(collapse == 1 || d <= v41::kHcFreshMaxD, "collapse 2 (this seam's pre) takes D up to kHcFreshMaxD");
   }
   const c10::cuda::CUDAGuard guard(h.device());
   v41::HcSeamParams p{};
@@ -448,6 +449,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("iters"), py::arg("norm_eps"), py::arg("hc_eps"), py::arg("x_eps"), py::arg("pdl") = false);
   m.attr("HC_MAX_TOKENS") = v41::kHcMaxTokens;
   m.attr("HC_COLS") = v41::kHcCols;
+  m.attr("HC_FRESH_MAX_D") = v41::kHcFreshMaxD;
   m.attr("TOPK_MAX_K") = v41::kTopkMaxK;
   m.attr("TOPK_MAX_N") = v41::kTopkMaxN;
   // the architectures cuda/build.py compiled for, e.g. "sm_90a" or "sm_90a,sm_100a"

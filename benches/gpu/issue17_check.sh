@@ -33,6 +33,9 @@
 #   seam     (~6 min) the CUDA mHC seam's tests (tests/test_gpu_cuda_mhc.py) and the engine's CUDA-vs-Triton and
 #            FP8-vs-bf16 tests; glue_bench.py --ops mhc at 1, 8, 16 tokens (CUDA seam against Triton);
 #            flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1; the B = 1 profile of flash-slice-v41 (PDL off);
+#   seam_ab  (~6 min) the CUDA seam's tests; flash-slice-v4 B = 1 with the seam, with its own-pre collapse in a
+#            launch of its own (FRESH_MAX_TOKENS=0) and without it (CUDA_SEAM=0); flash-slice-v41 B = 1 with and
+#            without it; the B = 1 profile of flash-slice-v4 (PDL off);
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
@@ -146,6 +149,22 @@ case "${MODE:-tests}" in
     timeout 150 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 2048 --prefill 0 \
       --kv-cache-dtype fp8 --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
     grep -A24 "== decode" "$OUT/profile_b1.txt" | head -26 ;;
-  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe or seam"; exit 2 ;;
+  seam_ab)
+    timeout 150 $PT tests/test_gpu_cuda_mhc.py > "$OUT/tests11.txt" 2>&1 || rc=1
+    tail -2 "$OUT/tests11.txt"
+    for s in "" "--set v41.kernels.mhc_cuda.FRESH_MAX_TOKENS=0" "--set v41.kernels.mhc.CUDA_SEAM=0"; do
+      timeout 90 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , $s \
+        --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
+      echo "v4 $s: $(grep "decode B=1" "$OUT/fs_v4.txt")"
+    done
+    for s in "" "--set v41.kernels.mhc.CUDA_SEAM=0"; do
+      timeout 120 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
+        $s --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
+      echo "v41 $s: $(grep "decode B=1" "$OUT/fs_v41.txt")"
+    done
+    timeout 120 python3 benches/gpu/profile_step.py --slice v4 --batch 1 --context 2048 --prefill 0 \
+      --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_v4_b1.txt" 2>&1
+    grep -A22 "== decode" "$OUT/profile_v4_b1.txt" | head -24 ;;
+  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe, seam or seam_ab"; exit 2 ;;
 esac
 exit $rc

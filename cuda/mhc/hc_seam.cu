@@ -148,40 +148,51 @@ struct Bf4 {  // 4 bf16 ↔ 4 floats
 };
 
 // With this seam's pre (pre_s [T, 4]): x[t] = rms_norm(bf16(Σ_i pre[t, i]·H'[t, i])) · norm_w, the whole rows in
-// the last CTA (H' from h_out, written by every CTA, when expanding).
+// the last CTA (H' from h_out, written by every CTA, when expanding). A thread's kFreshChunks chunks of 4 columns
+// are loaded together and kept in registers between the sum of squares and the scaling (D ≤ kHcFreshMaxD).
 template <bool EXPAND>
 __device__ void collapse_rows(const HcSeamParams& p, const float* pre_s, float* scratch, int tid) {
+  constexpr int kChunks = kHcFreshMaxD / 4 / kThreads;
   const int n4 = p.D / 4;
   const uint2* h4 = reinterpret_cast<const uint2*>(EXPAND ? p.h_out : p.h);
   uint2* x4 = reinterpret_cast<uint2*>(p.x);
   const uint2* w4 = reinterpret_cast<const uint2*>(p.norm_w);
   for (int t = 0; t < p.T; ++t) {
-    float sq = 0.f;
-    for (int c = tid; c < n4; c += kThreads) {
-      uint2 raw[4];
+    uint2 raw[kChunks][4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) raw[i] = EXPAND ? __ldcg(h4 + (int64_t(t) * 4 + i) * n4 + c)
-                                                  : h4[(int64_t(t) * 4 + i) * n4 + c];
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = min(tid + j * kThreads, n4 - 1);  // past the row: read again, unused
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint2* src = h4 + (int64_t(t) * 4 + i) * n4 + c;
+        raw[j][i] = EXPAND ? __ldcg(src) : *src;
+      }
+    }
+    Bf4 xb[kChunks];
+    float sq = 0.f;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
       Bf4 acc;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const Bf4 hv(raw[i]);
+        const Bf4 hv(raw[j][i]);
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc.v[e] = fmaf(pre_s[t * 4 + i], hv.v[e], acc.v[e]);
       }
-      const uint2 xb = acc.pack();
-      x4[int64_t(t) * n4 + c] = xb;
-      const Bf4 xr(xb);
+      xb[j] = Bf4(acc.pack());  // the collapse as stored
+      if (tid + j * kThreads < n4)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sq = fmaf(xr.v[e], xr.v[e], sq);
+        for (int e = 0; e < 4; ++e) sq = fmaf(xb[j].v[e], xb[j].v[e], sq);
     }
     const float r = 1.f / sqrtf(block_sum(sq, scratch, tid) / float(p.D) + p.x_eps);
-    for (int c = tid; c < n4; c += kThreads) {  // this thread's own stores: visible to it
-      Bf4 x(x4[int64_t(t) * n4 + c]);
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = tid + j * kThreads;
+      if (c >= n4) break;
       const Bf4 w(__ldg(w4 + c));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) x.v[e] = (x.v[e] * r) * w.v[e];
-      x4[int64_t(t) * n4 + c] = x.pack();
+      for (int e = 0; e < 4; ++e) xb[j].v[e] = (xb[j].v[e] * r) * w.v[e];
+      x4[int64_t(t) * n4 + c] = xb[j].pack();
     }
   }
 }

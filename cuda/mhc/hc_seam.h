@@ -39,6 +39,7 @@ struct HcSeamParams {
 
 constexpr int kHcMaxTokens = 16;
 constexpr int kHcCols = 64;  // columns of each copy per CTA: grid = D / kHcCols
+constexpr int kHcFreshMaxD = 8192;  // the largest D collapsed with the seam's own pre (kFresh)
 
 // Launches the kernel on `stream` (grid D / kHcCols); pdl: as a programmatic dependent of the previous kernel
 // (common/pdl.cuh). Returns the launch error.

@@ -33,6 +33,7 @@ COLS = 64        # kHcCols: columns of each copy per CTA
 # Collapsing with the seam's own pre (V4) is done by the last CTA alone, over whole rows: worth it for few tokens
 # (more: the caller collapses in its own launch). The given weights (V4.1) are collapsed by every CTA at any T.
 FRESH_MAX_TOKENS = 2
+FRESH_MAX_D = 8192  # kHcFreshMaxD
 COLLAPSE = {None: 0, "given": 1, "fresh": 2}  # HcCollapse
 
 
@@ -71,6 +72,8 @@ def seam(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, iters: int, hc_eps:
     (module docstring)."""
     norm_w = collapse[1] if collapse is not None else None
     if not takes(h, fn, scale, base, norm_w) or (y is not None and y.dtype != torch.bfloat16):
+        return None
+    if collapse is not None and collapse[0] is None and h.shape[2] > FRESH_MAX_D:
         return None
     counters = wstream.split_counters(h.device)
     if counters is None:
