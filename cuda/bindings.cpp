@@ -1,17 +1,17 @@
 // Python bindings of v41._cuda (built by cuda/build.py). Each function checks what the kernel assumes and launches
 // on the current CUDA stream, so it can be captured in a CUDA graph; the Python wrappers in python/v41/kernels/ pick
-// the launch shapes. Errors are RuntimeError (TORCH_CHECK with literal messages).
+// the launch shapes. Errors are RuntimeError (TORCH_CHECK with literal messages). The small kernels between a step's
+// GEMMs (mHC seam, router) are bound in bindings_glue.cpp; the shared checks are in binding_util.h.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
-#include <cstdio>
 
 #include "attention/sparse_mqa.h"
+#include "binding_util.h"
 #include "indexer/index_scores.h"
 #include "indexer/select_topk.h"
 #include "linear/wstream.h"
-#include "mhc/hc_seam.h"
 
 #ifndef V41_ARCHS
 #error "cuda/build.py defines V41_ARCHS (the compiled architectures, e.g. sm_90a,sm_100a)"
@@ -21,26 +21,7 @@
 
 namespace {
 
-// Messages are literals (or one const char*): on the device machine (torch 2.11) a TORCH_CHECK whose message is
-// built from values, or any exception thrown from this library, crashed the process instead of raising. A failed
-// launch prints its CUDA error on stderr first.
-bool launch_ok(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) std::fprintf(stderr, "v41._cuda: %s: %s\n", what, cudaGetErrorString(err));
-  return err == cudaSuccess;
-}
-
-template <typename T>
-const T* opt_ptr(const c10::optional<at::Tensor>& t) {
-  return t.has_value() ? t->data_ptr<T>() : nullptr;
-}
-
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
-// `what`: the whole message, e.g. "rows must be a contiguous int64 tensor on x's device"
-void check_index(const c10::optional<at::Tensor>& t, const at::Tensor& like, const char* what) {
-  if (!t.has_value()) return;
-  TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->device() == like.device(), what);
-}
+using namespace v41_bind;
 
 // y[p] = x[rows[p]] · W[e]ᵀ for the rows p of expert e (module docstring of python/v41/kernels/wstream.py).
 void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const at::Tensor& w, const at::Tensor& s,
@@ -341,87 +322,6 @@ void index_scores(const at::Tensor& q, const at::Tensor& w, const at::Tensor& ke
               "not fit this GPU's shared memory)");
 }
 
-// One mHC seam: the expansion, the mixes and the collapse into the sub-layer's normed input, the first and last
-// optional (python/v41/kernels/mhc_cuda.py).
-void hc_seam(const at::Tensor& h, const c10::optional<at::Tensor>& y, const c10::optional<at::Tensor>& post_in,
-             const c10::optional<at::Tensor>& comb_in, const c10::optional<at::Tensor>& h_out, const at::Tensor& fn,
-             const at::Tensor& scale, const at::Tensor& base, at::Tensor& pre, at::Tensor& post, at::Tensor& comb,
-             at::Tensor& partial, at::Tensor& sync, int64_t collapse, const c10::optional<at::Tensor>& pre_c,
-             const c10::optional<at::Tensor>& norm_w, const c10::optional<at::Tensor>& x, int64_t iters,
-             double norm_eps, double hc_eps, double x_eps, bool pdl) {
-  TORCH_CHECK(h.is_cuda() && h.scalar_type() == at::kBFloat16 && h.dim() == 3 && h.size(1) == 4 && h.is_contiguous(),
-              "h must be a contiguous bfloat16 CUDA tensor [T, 4, D]");
-  const int64_t t = h.size(0), d = h.size(2);
-  TORCH_CHECK(t >= 1 && t <= v41::kHcMaxTokens && d % v41::kHcCols == 0 && d > 0,
-              "h: T must be 1..kHcMaxTokens and D a positive multiple of kHcCols");
-  auto f32 = [&](const at::Tensor& v, int64_t n) {
-    return v.scalar_type() == at::kFloat && v.is_contiguous() && v.device() == h.device() && v.numel() == n;
-  };
-  auto bf16 = [&](const at::Tensor& v, int64_t n, bool aligned8) {
-    return v.scalar_type() == at::kBFloat16 && v.is_contiguous() && v.device() == h.device() && v.numel() == n &&
-           (!aligned8 || (reinterpret_cast<uintptr_t>(v.data_ptr()) & 7) == 0);
-  };
-  TORCH_CHECK(f32(fn, 24 * 4 * d) && f32(scale, 3) && f32(base, 24),
-              "fn [24, 4D], scale [3] and base [24] must be contiguous float32 tensors on h's device");
-  TORCH_CHECK(f32(pre, 4 * t) && f32(post, 4 * t) && f32(comb, 16 * t),
-              "pre [T, 4], post [T, 4] and comb [T, 4, 4] must be contiguous float32 tensors on h's device");
-  TORCH_CHECK(partial.scalar_type() == at::kFloat && partial.is_contiguous() && partial.device() == h.device() &&
-                  partial.numel() >= (d / v41::kHcCols) * t * 32 + v41::kHcMaxTokens,
-              "partial must be a contiguous float32 tensor of at least (D / kHcCols) * T * 32 + kHcMaxTokens "
-              "elements");
-  TORCH_CHECK(sync.scalar_type() == at::kInt && sync.numel() >= 2 && sync.is_contiguous() &&
-                  sync.device() == h.device(),
-              "sync must be a contiguous int32 tensor of 2 words (arrival counter, generation) on h's device");
-  TORCH_CHECK(iters >= 1, "iters must be at least 1");
-  const bool expand = y.has_value();
-  TORCH_CHECK(expand == post_in.has_value() && expand == comb_in.has_value() && expand == h_out.has_value(),
-              "y, post_in, comb_in and h_out are given together or not at all");
-  if (expand) {
-    TORCH_CHECK(bf16(*y, t * d, false), "y must be a contiguous bfloat16 tensor [T, D] on h's device");
-    TORCH_CHECK(f32(*post_in, 4 * t) && f32(*comb_in, 16 * t),
-                "post_in [T, 4] and comb_in [T, 4, 4] must be contiguous float32 tensors on h's device");
-    TORCH_CHECK(bf16(*h_out, h.numel(), false) && h_out->data_ptr() != h.data_ptr(),
-                "h_out must be a contiguous bfloat16 tensor shaped like h, not h itself");
-  }
-  TORCH_CHECK(collapse >= 0 && collapse <= 2, "collapse must be 0 (none), 1 (given weights) or 2 (this seam's pre)");
-  TORCH_CHECK(pre_c.has_value() == (collapse == 1) && norm_w.has_value() == (collapse > 0) &&
-                  x.has_value() == (collapse > 0),
-              "pre_c goes with collapse 1, norm_w and x with collapse 1 or 2");
-  if (collapse > 0) {
-    TORCH_CHECK(bf16(*norm_w, d, true) && bf16(*x, t * d, true),
-                "norm_w [D] and x [T, D] must be contiguous 8-byte aligned bfloat16 tensors on h's device");
-    TORCH_CHECK(collapse == 2 || f32(*pre_c, 4 * t), "pre_c must be a contiguous float32 tensor [T, 4]");
-    TORCH_CHECK(collapse == 1 || d <= v41::kHcFreshMaxD, "collapse 2 (this seam's pre) takes D up to kHcFreshMaxD");
-  }
-  const c10::cuda::CUDAGuard guard(h.device());
-  v41::HcSeamParams p{};
-  p.h = reinterpret_cast<const __nv_bfloat16*>(h.data_ptr());
-  p.y = expand ? reinterpret_cast<const __nv_bfloat16*>(y->data_ptr()) : nullptr;
-  p.post_in = opt_ptr<float>(post_in);
-  p.comb_in = opt_ptr<float>(comb_in);
-  p.h_out = expand ? reinterpret_cast<__nv_bfloat16*>(h_out->data_ptr()) : nullptr;
-  p.fn = fn.data_ptr<float>();
-  p.scale = scale.data_ptr<float>();
-  p.base = base.data_ptr<float>();
-  p.pre = pre.data_ptr<float>();
-  p.post = post.data_ptr<float>();
-  p.comb = comb.data_ptr<float>();
-  p.pre_c = opt_ptr<float>(pre_c);
-  p.norm_w = collapse > 0 ? reinterpret_cast<const __nv_bfloat16*>(norm_w->data_ptr()) : nullptr;
-  p.x = collapse > 0 ? reinterpret_cast<__nv_bfloat16*>(x->data_ptr()) : nullptr;
-  p.partial = partial.data_ptr<float>();
-  p.sync = sync.data_ptr<int>();
-  p.T = int(t);
-  p.D = int(d);
-  p.iters = int(iters);
-  p.norm_eps = float(norm_eps);
-  p.hc_eps = float(hc_eps);
-  p.x_eps = float(x_eps);
-  const cudaError_t err =
-      v41::hc_seam_launch(p, static_cast<v41::HcCollapse>(collapse), at::cuda::getCurrentCUDAStream(), pdl);
-  TORCH_CHECK(launch_ok(err, "hc_seam launch failed"), "hc_seam launch failed (the CUDA error is on stderr)");
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -442,14 +342,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("w"), py::arg("keys"), py::arg("block_table"), py::arg("req_index"),
         py::arg("n_visible"), py::arg("out"), py::arg("rows_per_block"), py::arg("fmt"), py::arg("queries_per_cta"),
         py::arg("entries_per_cta"), py::arg("pdl") = false);
-  m.def("hc_seam", &hc_seam, "one mHC seam: expansion, mixes, collapse + RMSNorm (python/v41/kernels/mhc_cuda.py)",
-        py::arg("h"), py::arg("y"), py::arg("post_in"), py::arg("comb_in"), py::arg("h_out"), py::arg("fn"),
-        py::arg("scale"), py::arg("base"), py::arg("pre"), py::arg("post"), py::arg("comb"), py::arg("partial"),
-        py::arg("sync"), py::arg("collapse"), py::arg("pre_c"), py::arg("norm_w"), py::arg("x"),
-        py::arg("iters"), py::arg("norm_eps"), py::arg("hc_eps"), py::arg("x_eps"), py::arg("pdl") = false);
-  m.attr("HC_MAX_TOKENS") = v41::kHcMaxTokens;
-  m.attr("HC_COLS") = v41::kHcCols;
-  m.attr("HC_FRESH_MAX_D") = v41::kHcFreshMaxD;
+  v41_bind::register_glue(m);
   m.attr("TOPK_MAX_K") = v41::kTopkMaxK;
   m.attr("TOPK_MAX_N") = v41::kTopkMaxN;
   // the architectures cuda/build.py compiled for, e.g. "sm_90a" or "sm_90a,sm_100a"

@@ -3,7 +3,7 @@
     python cuda/build.py                 # build python/v41/_cuda.so for sm_90a (``make cuda``)
     python cuda/build.py --check         # compile every .cu for sm_90a, sm_100a and sm_120a, link nothing
 
-The extension is made by ``torch.utils.cpp_extension.load`` (ninja) from ``cuda/bindings.cpp`` and every ``*.cu``
+The extension is made by ``torch.utils.cpp_extension.load`` (ninja) from ``cuda/bindings*.cpp`` and every ``*.cu``
 under ``cuda/``, in ``build/cuda/``, and copied to ``python/v41/_cuda.so``; v41 runs without it (the Triton and
 PyTorch paths serve). ``--check`` compiles the kernels alone (no torch headers), which is what CI can afford.
 
@@ -93,7 +93,8 @@ def build(home: Path, archs: tuple[str, ...]) -> Path:
     from torch.utils.cpp_extension import load
 
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    mod = load(name="_cuda", sources=[str(CUDA_DIR / "bindings.cpp"), *map(str, sources())],
+    bindings = sorted(CUDA_DIR.glob("bindings*.cpp"))
+    mod = load(name="_cuda", sources=[*map(str, bindings), *map(str, sources())],
                build_directory=str(BUILD_DIR),
                extra_cflags=["-O3", "-std=c++17", "-DV41_ARCHS=" + ",".join("sm_" + a for a in archs)],
                extra_cuda_cflags=[*NVCC_FLAGS, *map(gencode, archs)], extra_include_paths=[str(CUDA_DIR)],

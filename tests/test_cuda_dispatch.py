@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from v41.kernels import dispatch, indexer, linear, mhc, mhc_cuda, moe, moe_align, wstream
-from v41.kernels.packed import PackedWeight
+from v41.kernels import dispatch, indexer, linear, mhc, mhc_cuda, moe, moe_align, router, wstream
+from v41.kernels.packed import PackedWeight, from_dense
 
 
 @pytest.fixture
@@ -105,15 +105,22 @@ def test_the_kernel_declines_operands_it_cannot_read():
 
 
 def test_the_cuda_seam_takes_decode_sized_bf16_steps_only():
-    """cuda/mhc/hc_mix.cu takes bf16 copies of 1..MAX_TOKENS tokens, hc = 4, D a multiple of 64, float32 mix
-    parameters; anything else goes to Triton (checked before any launch, so CPU tensors show it)."""
-    def case(t=1, d=512, dtype=torch.bfloat16, hc=4, fn_dtype=torch.float32):
-        return mhc_cuda.takes(torch.zeros(t, hc, d, dtype=dtype), torch.zeros(24, 4 * d, dtype=fn_dtype),
-                              torch.ones(3), torch.zeros(24))
+    """cuda/mhc/hc_seam.cu takes contiguous 8-byte aligned bf16 copies of 1..MAX_TOKENS tokens, hc = 4, D a
+    positive multiple of 64, float32 mix parameters, a bf16 norm weight; anything else goes to Triton (checked
+    before any launch, so CPU tensors show it)."""
+    def case(t=1, d=512, dtype=torch.bfloat16, hc=4, fn_dtype=torch.float32, norm_dtype=torch.bfloat16, offset=0):
+        h = torch.zeros(t * hc * d + offset, dtype=dtype)[offset:].view(t, hc, d)
+        return mhc_cuda.takes(h, torch.zeros(24, 4 * d, dtype=fn_dtype), torch.ones(3), torch.zeros(24),
+                              torch.ones(d, dtype=norm_dtype))
     assert case() and case(t=mhc_cuda.MAX_TOKENS) and case(d=5120)
     assert not case(t=mhc_cuda.MAX_TOKENS + 1)  # prefill-sized steps
     assert not case(t=0) and not case(d=96) and not case(dtype=torch.float32) and not case(hc=2)
-    assert not case(fn_dtype=torch.bfloat16)
+    assert not case(fn_dtype=torch.bfloat16) and not case(norm_dtype=torch.float32)
+    assert not case(offset=1)  # h not 8-byte aligned
+    d = mhc_cuda.FRESH_MAX_D + 64  # the seam's own pre over rows longer than the last CTA's registers hold
+    h = torch.zeros(1, 4, d, dtype=torch.bfloat16)
+    assert mhc_cuda.seam(h, torch.zeros(24, 4 * d), torch.ones(3), torch.zeros(24), 20, 1e-6, 1e-6,
+                         collapse=(None, torch.ones(d, dtype=torch.bfloat16), 1e-6)) is None
 
 
 @pytest.mark.parametrize("given", [True, False])
@@ -130,6 +137,33 @@ def test_the_seam_falls_back_to_expand_mixes_and_collapse_on_the_cpu(no_extensio
     mixes = mhc.hc_mixes_ref(h2, fn, scale, base, 4, 20, 1e-6, 1e-6)
     x = mhc.hc_collapse_norm_ref(h2, mixes[0] if pre_c is None else pre_c, 1e-5, norm_w)
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, (h2, *mixes, x)))
+
+
+@pytest.mark.parametrize("mode", ["auto", "cuda", "torch"])
+def test_the_router_falls_back_to_the_gate_linear_and_route_on_the_cpu(no_extension, monkeypatch, mode):
+    monkeypatch.setenv("V41_KERNELS", mode)
+    monkeypatch.setattr(router, "CUDA_ROUTER", True)
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(3, 64, generator=g), torch.randn(32, 64, generator=g)
+    bias = torch.randn(32, generator=g) * 0.1
+    got = router.route_fused(x, from_dense(w), bias, None, 6, 1.5, True, 2.5)
+    want = router.route_ref(linear.linear_ref(x, from_dense(w), torch.float32), bias, None, 6, 1.5, True, 2.5)
+    assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1])
+
+
+def test_the_cuda_router_declines_what_it_cannot_read():
+    """Checked before any launch, so CPU tensors show it: the CUDA router takes bf16 decode steps over a bf16 gate
+    of at most 1,024 experts and top-16."""
+    x, w = torch.zeros(2, 64, dtype=torch.bfloat16), from_dense(torch.zeros(32, 64, dtype=torch.bfloat16))
+    bias = torch.zeros(32)
+    decline = [(x.float(), w, 6), (torch.zeros(17, 64, dtype=torch.bfloat16), w, 6),
+               (x, from_dense(torch.zeros(32, 64)), 6),  # a float32 gate
+               (x, w, 17), (x, w, 33), (torch.zeros(2, 60, dtype=torch.bfloat16), w, 6),
+               (x, from_dense(torch.zeros(1025, 64, dtype=torch.bfloat16)), 6)]
+    for xi, wi, k in decline:
+        b = torch.zeros(wi.data.shape[0])
+        assert router._route_cuda(xi, wi, b, None, k, 1.0, True, 1.0) is None
+    assert router._route_cuda(x, w, bias.double(), None, 6, 1.0, True, 1.0) is None  # a float64 bias
 
 
 def test_grouped_takes_decode_steps_and_leaves_prefill_to_triton():

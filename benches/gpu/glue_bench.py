@@ -2,7 +2,8 @@
 the expansion and the collapse + RMSNorm (``kernels/mhc.py``: the CUDA seam up to 16 tokens; column "Triton": the
 split-K pass + finish, the expansion and the collapse as their own launches), the bf16 linears with float32
 outputs that the CUDA kernel does not take (router gate, compressor, indexer weights; ``kernels/linear.py``), each
-at its switches' settings, and the sampler's softmax with its temperature and keyed race over 129,280 columns
+at its switches' settings, the MoE router (``kernels/router.py``: the CUDA router against the Triton gate linear
+and route kernel; ``--ops router``), and the sampler's softmax with its temperature and keyed race over 129,280 columns
 (``kernels/softmax.py``, ``kernels/sampling.py``; column "PyTorch": their PyTorch forms).
 
     python3 benches/gpu/glue_bench.py [--tokens 1,8,64] [--reps 24] [--ops mhc,linear,race]
@@ -21,7 +22,7 @@ import argparse
 import torch
 
 from event_timing import graph_us, median_ms, rel
-from v41.kernels import linear, mhc, pdl, sampling, softmax
+from v41.kernels import linear, mhc, pdl, router, sampling, softmax
 from v41.kernels.packed import from_dense
 
 D, HC = 5120, 4
@@ -49,11 +50,11 @@ def switched(module, settings: dict, fn):
             setattr(module, k, v)
 
 
-MHC_VARIANTS = {"default": {}, "Triton": {"CUDA_SEAM": False}, "two launches": {"ONE_LAUNCH": False}, "finish unroll 1": {"FINISH_UNROLL": 1},
-                "finish unroll 8": {"FINISH_UNROLL": 8}, "gemv ≤ 8 tokens": {"MIX_GEMV_T": 8},
-                "split ≤ 16": {"MIX_SPLIT_MAX": 16},
-                "split ≤ 64": {"MIX_SPLIT_MAX": 64}, "64-token tiles": {"MIX_WIDE_T": 1},
-                "16-token tiles": {"MIX_WIDE_T": 0}}
+MHC_VARIANTS = {"default": {}, "Triton": {"CUDA_SEAM": False}}
+MHC_VARIANTS.update({name: {"CUDA_SEAM": False, **s} for name, s in {  # the Triton path's switches
+    "two launches": {"ONE_LAUNCH": False}, "finish unroll 1": {"FINISH_UNROLL": 1},
+    "finish unroll 8": {"FINISH_UNROLL": 8}, "gemv ≤ 8 tokens": {"MIX_GEMV_T": 8}, "split ≤ 16": {"MIX_SPLIT_MAX": 16},
+    "split ≤ 64": {"MIX_SPLIT_MAX": 64}, "64-token tiles": {"MIX_WIDE_T": 1}, "16-token tiles": {"MIX_WIDE_T": 0}}.items()})
 LINEAR_VARIANTS = {"default": {}, "sum after": {"SPLIT_REDUCE_BYTES": 0}, "slices ≥ 8 KB": {"MIN_SLICE_BYTES": 8 << 10},
                    "slices ≥ 256 KB": {"MIN_SLICE_BYTES": 256 << 10}}
 
@@ -123,6 +124,28 @@ def linear_cells(tokens, reps, bw):
     return rows
 
 
+def router_cells(tokens, reps, bw):
+    """The MoE router of a decode step, V4.1-Flash's gate [384, 5120] bf16, top-6 with bias: the CUDA router (one
+    launch; column "default" sets router.CUDA_ROUTER) against the Triton gate linear + route kernel."""
+    rows = []
+    e, k = 384, 6
+    gates = [from_dense(torch.randn(e, D, device="cuda").to(torch.bfloat16) / D ** 0.5)
+             for _ in range(ROTATE_BYTES // (e * D * 2))]
+    bias = torch.randn(e, device="cuda") * 0.01
+    for t in tokens:
+        xs = [torch.randn(t, D, device="cuda").to(torch.bfloat16) for _ in range(4)]
+        call = lambda i: router.route_fused(xs[i % 4], gates[i % len(gates)], bias, None, k, 1.0, True, 2.5)  # noqa
+        ids, w = switched(router, {"CUDA_ROUTER": True}, lambda: call(0))
+        want_ids, want_w = router.route_ref(xs[0].double() @ gates[0].data.double().T, bias.double(), None, k, 1.0,
+                                            True, 2.5)
+        err = rel(w, want_w) if torch.equal(ids, want_ids) else float("inf")
+        n = max(reps, min(len(gates), 128))
+        us = {name: switched(router, {"CUDA_ROUTER": on}, lambda: graph_us([lambda i=i: call(i) for i in range(n)]))
+              for name, on in (("default", True), ("Triton", False))}
+        rows.append((f"router gate [{e}, {D}] + top-{k}", f"T={t}", us, e * D * 2 / bw * 1e6, err))
+    return rows
+
+
 def race_cells(tokens, reps, bw):
     rows = []
     vocab = 129280
@@ -148,12 +171,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", default="1,8,64")
     ap.add_argument("--reps", type=int, default=24)
-    ap.add_argument("--ops", default="mhc,linear,race", help="which cells: mhc, linear, race")
+    ap.add_argument("--ops", default="mhc,linear,race", help="which cells: mhc, linear, race, router")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     print(torch.cuda.get_device_name(), flush=True)
     bw = copy_bandwidth()
-    cells = {"mhc": mhc_cells, "linear": linear_cells, "race": race_cells}
+    cells = {"mhc": mhc_cells, "linear": linear_cells, "race": race_cells, "router": router_cells}
     rows = [row for op in args.ops.split(",") for row in cells[op](tokens, args.reps, bw)]
     print(f"\ncopy bandwidth {bw / 1e9:,.0f} GB/s; µs per call (graph replay)")
     cols = list(dict.fromkeys(c for r in rows for c in r[2]))

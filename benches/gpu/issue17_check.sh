@@ -36,6 +36,8 @@
 #   seam_ab  (~6 min) the CUDA seam's tests; flash-slice-v4 B = 1 with the seam, with its own-pre collapse in a
 #            launch of its own (FRESH_MAX_TOKENS=0) and without it (CUDA_SEAM=0); flash-slice-v41 B = 1 with and
 #            without it; the B = 1 profile of flash-slice-v4 (PDL off);
+#   router   (~5 min) the CUDA router's tests (tests/test_gpu_cuda_router.py); glue_bench.py --ops router at 1, 8,
+#            16 tokens; flash-slice-v41 and -v4 B = 1 with router.CUDA_ROUTER on and off;
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
@@ -165,6 +167,19 @@ case "${MODE:-tests}" in
     timeout 120 python3 benches/gpu/profile_step.py --slice v4 --batch 1 --context 2048 --prefill 0 \
       --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_v4_b1.txt" 2>&1
     grep -A22 "== decode" "$OUT/profile_v4_b1.txt" | head -24 ;;
-  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe, seam or seam_ab"; exit 2 ;;
+  router)
+    timeout 200 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda_mhc.py > "$OUT/tests12.txt" 2>&1 || rc=1
+    tail -4 "$OUT/tests12.txt"
+    timeout 100 python3 benches/gpu/glue_bench.py --tokens 1,8,16 --ops router > "$OUT/glue.txt" 2>&1
+    tail -5 "$OUT/glue.txt"
+    for s in 1 0; do
+      timeout 120 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
+        --set v41.kernels.router.CUDA_ROUTER=$s --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
+      echo "v41 CUDA_ROUTER=$s: $(grep "decode B=1" "$OUT/fs_v41.txt" | tail -1)"
+      timeout 90 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
+        --set v41.kernels.router.CUDA_ROUTER=$s --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
+      echo "v4 CUDA_ROUTER=$s: $(grep "decode B=1" "$OUT/fs_v4.txt" | tail -1)"
+    done ;;
+  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe, seam, seam_ab or router"; exit 2 ;;
 esac
 exit $rc

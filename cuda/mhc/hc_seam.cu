@@ -18,9 +18,10 @@
 // l's sum), then over the 8 warps in order, and written as the CTA's float32 partials. The last CTA to arrive (an
 // arrival counter it resets) sums every CTA's partials in a fixed order and finishes each token in one thread
 // (sigmoids, softmax and Sinkhorn in registers; reciprocals by rcp.approx, within an ulp). With a given collapse
-// weight it then publishes each row's RMS scale and moves a generation word on; the other CTAs, which wait for that
-// word after arriving (so every CTA of the grid is resident and nothing waits on a CTA that is not), read the
-// scales and store their own normalised columns. With this seam's pre the last CTA collapses and normalises the
+// weight it then publishes each row's RMS scale and moves a generation word on; the other CTAs wait for that word
+// after arriving, then read the scales and store their own normalised columns. Waiting CTAs hold their SMs, so the
+// whole grid must be resident at once: the wrapper takes this mode only while D / 64 CTAs fit the GPU at the
+// kernel's occupancy (hc_seam_max_ctas), and nothing the waiting CTAs need comes from a later kernel. With this seam's pre the last CTA collapses and normalises the
 // whole rows itself (few tokens: python/v41/kernels/mhc_cuda.py). Sums never depend on timing, so results repeat
 // bit for bit; they differ from the Triton kernels' only in summation order.
 #include "../common/pdl.cuh"
@@ -197,13 +198,13 @@ __device__ void collapse_rows(const HcSeamParams& p, const float* pre_s, float* 
   }
 }
 
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
-__device__ __forceinline__ void st_release(int* p, int v) {
+__device__ __forceinline__ void st_release(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
@@ -215,7 +216,8 @@ __global__ void __launch_bounds__(kThreads) hc_seam_kernel(const HcSeamParams p)
   __shared__ float tot[kHcMaxTokens * 32];
   __shared__ float pre_s[kHcMaxTokens * 4];
   __shared__ float rx[kHcMaxTokens];
-  __shared__ int is_last, gen0;
+  __shared__ int is_last;
+  __shared__ unsigned gen0;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int copy = tid / kHcCols, col = tid % kHcCols, d = blockIdx.x * kHcCols + col;
   const int64_t D = p.D, K = 4 * D, k = copy * D + d;
@@ -224,7 +226,9 @@ __global__ void __launch_bounds__(kThreads) hc_seam_kernel(const HcSeamParams p)
   for (int m = 0; m < kMix; ++m) f[m] = __ldg(p.fn + m * K + k);  // constants: before the wait
   pdl_wait();
   pdl_launch_dependents();
-  if (tid == 0) gen0 = ld_acquire(p.sync + 1);  // before arriving: the finisher moves it on after everyone has
+  unsigned* const arrivals = reinterpret_cast<unsigned*>(p.sync);
+  unsigned* const generation = arrivals + 1;
+  if (tid == 0) gen0 = ld_acquire(generation);  // before arriving: the finisher moves it on after everyone has
 
   // H', 4 tokens a round: their loads are issued together (past the last token they read it again, unstored)
   for (int t0 = 0; t0 < p.T; t0 += 4) {
@@ -277,7 +281,8 @@ __global__ void __launch_bounds__(kThreads) hc_seam_kernel(const HcSeamParams p)
   }
   __threadfence();
   __syncthreads();
-  if (tid == 0) is_last = atomicAdd(p.sync, 1) == int(gridDim.x) - 1;
+  // the last arrival also wraps the counter to zero for the next launch (a stale count heals after one)
+  if (tid == 0) is_last = atomicInc(arrivals, gridDim.x - 1) == gridDim.x - 1;
   __syncthreads();
   const int slices = gridDim.x;
   float* rx_out = p.partial + int64_t(slices) * p.T * 32;  // the rows' RMS scales, published by the finisher
@@ -285,7 +290,7 @@ __global__ void __launch_bounds__(kThreads) hc_seam_kernel(const HcSeamParams p)
     if constexpr (!kGiven) return;
     // wait for the finisher (every CTA of the grid is resident: each has arrived) and read its scales
     if (tid == 0)
-      while (ld_acquire(p.sync + 1) == gen0) __nanosleep(32);
+      while (ld_acquire(generation) == gen0) __nanosleep(32);
     __syncthreads();
     if (tid < p.T) rx[tid] = __ldcg(rx_out + tid);
     __syncthreads();
@@ -326,10 +331,7 @@ __global__ void __launch_bounds__(kThreads) hc_seam_kernel(const HcSeamParams p)
     }
     __threadfence();
     __syncthreads();
-    if (tid == 0) {
-      p.sync[0] = 0;  // the arrival counter, for the next launch
-      if constexpr (kGiven) st_release(p.sync + 1, gen0 + 1);  // release the waiting CTAs
-    }
+    if (kGiven && tid == 0) st_release(generation, gen0 + 1u);  // release the waiting CTAs
     if constexpr (C == HcCollapse::kFresh) collapse_rows<EXPAND>(p, pre_s, tot, tid);
   }
   if constexpr (kGiven) {  // every CTA scales its own collapsed columns
@@ -354,6 +356,17 @@ cudaError_t launch_expand(const HcSeamParams& p, HcCollapse collapse, cudaStream
 }
 
 }  // namespace
+
+int hc_seam_max_ctas(int device) {
+  int per_sm = 0, sms = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, hc_seam_kernel<true, HcCollapse::kGiven>, kThreads, 0) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return per_sm * sms;
+}
 
 cudaError_t hc_seam_launch(const HcSeamParams& p, HcCollapse collapse, cudaStream_t stream, bool pdl) {
   return p.y ? launch_expand<true>(p, collapse, stream, pdl) : launch_expand<false>(p, collapse, stream, pdl);

@@ -32,7 +32,7 @@ struct HcSeamParams {
   const __nv_bfloat16* norm_w;  // [D] the sub-layer's RMSNorm weight (a collapse)
   __nv_bfloat16* x;             // [T, D] the sub-layer's normed input (a collapse)
   float* partial;               // [gridDim.x, T, 32] float32 partial sums per CTA, then [kHcMaxTokens] RMS scales
-  int* sync;                    // [2]: an arrival counter, zero before and after; a generation word, any value
+  int* sync;                    // [2]: an arrival counter (wraps to zero at the last arrival); a generation word
   int T, D, iters;              // tokens (1..kHcMaxTokens), hidden size (a multiple of kHcCols), Sinkhorn iterations
   float norm_eps, hc_eps, x_eps;  // the mixes' RMS eps, mHC's eps, the sub-layer RMSNorm's eps
 };
@@ -44,5 +44,9 @@ constexpr int kHcFreshMaxD = 8192;  // the largest D collapsed with the seam's o
 // Launches the kernel on `stream` (grid D / kHcCols); pdl: as a programmatic dependent of the previous kernel
 // (common/pdl.cuh). Returns the launch error.
 cudaError_t hc_seam_launch(const HcSeamParams& p, HcCollapse collapse, cudaStream_t stream, bool pdl);
+
+// CTAs of the given-weights kernel that can be resident at once on `device` (0 when unknown): its CTAs wait for
+// each other, so it needs D / kHcCols of them at once.
+int hc_seam_max_ctas(int device);
 
 }  // namespace v41

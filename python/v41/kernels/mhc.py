@@ -89,7 +89,7 @@ def hc_mixes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters:
     """:func:`hc_mixes_ref` as one or two Triton launches where :func:`.dispatch.use_triton` says so (hc = 4):
     the split-K pass over tiles of 16 tokens (64 from :data:`MIX_WIDE_T` tokens), or one token per program at most
     :data:`MIX_GEMV_T` tokens; the CUDA seam first where it takes the step (module docstring)."""
-    if CUDA_SEAM and use_cuda(h):
+    if CUDA_SEAM and use_cuda(h, fn, scale, base):
         got = mhc_cuda.seam(h, fn, scale, base, iters, hc_eps, norm_eps)
         if got is not None:
             return got[1:]
@@ -132,12 +132,18 @@ def hc_seam(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, hc: int, iters: 
             post: Tensor | None = None, comb: Tensor | None = None) -> tuple[Tensor, ...]:
     """A whole seam: ``h' = hc_expand(h, y, post, comb)`` when ``y`` is given (the previous sub-layer's output
     into the copies; else h' = h), the next sub-layer's mixes of h', and its normed input ``x =
-    hc_collapse_norm(h', pre_c, norm_eps_x, norm_w)`` — ``pre_c`` None: collapsed with the seam's own pre. Returns
-    ``(h', pre', post', comb', x)``. One CUDA launch where the CUDA seam takes the step (:mod:`.mhc_cuda`; with
-    ``pre_c`` None above ``mhc_cuda.FRESH_MAX_TOKENS`` tokens the collapse is a launch of its own), else
-    :func:`hc_expand`, :func:`hc_mixes` and :func:`hc_collapse_norm`."""
-    if CUDA_SEAM and use_cuda(h):
-        fused = pre_c is not None or h.shape[0] <= mhc_cuda.FRESH_MAX_TOKENS
+    hc_collapse_norm(h', pre_c, norm_eps_x, norm_w)`` — ``pre_c`` None: collapsed with the seam's own pre.
+
+    h [T, hc, D], y [T, D] (h's dtype), post [T, hc] and comb [T, hc, hc] (the previous seam's, float32), fn
+    [(2+hc)·hc, hc·D], scale [3], base [(2+hc)·hc] (float32), pre_c [T, hc] float32 or None, norm_w [D]. Returns
+    ``(h' [T, hc, D], pre' [T, hc], post' [T, hc], comb' [T, hc, hc], x [T, D])``, the mixes float32, h' and x in
+    h's dtype. One CUDA launch where the CUDA seam takes the step (:mod:`.mhc_cuda`: bf16, up to
+    ``mhc_cuda.SEAM_MAX_TOKENS`` tokens; with ``pre_c`` None above ``mhc_cuda.FRESH_MAX_TOKENS`` tokens the collapse
+    is a launch of its own), else :func:`hc_expand`, :func:`hc_mixes` and :func:`hc_collapse_norm`."""
+    t, _, d = h.shape
+    given = [x for x in (y, post, comb, pre_c) if x is not None]
+    if CUDA_SEAM and t <= mhc_cuda.SEAM_MAX_TOKENS and use_cuda(h, fn, scale, base, norm_w, *given):
+        fused = pre_c is not None or (t <= mhc_cuda.FRESH_MAX_TOKENS and d <= mhc_cuda.FRESH_MAX_D)
         got = mhc_cuda.seam(h, fn, scale, base, iters, hc_eps, norm_eps, y, post, comb,
                             (pre_c, norm_w, norm_eps_x) if fused else None)
         if got is not None:

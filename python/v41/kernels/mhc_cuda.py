@@ -13,9 +13,11 @@ Only the float32 summation order differs from the references, and the Sinkhorn a
 reciprocals (within an ulp) times the entries. The mix weights are loaded before the programmatic-dependent wait
 (:mod:`.pdl`): ``fn`` must not be written by the kernels queued before it.
 
-:func:`seam` returns None when the kernel does not take the operands (not bf16, T outside 1..:data:`MAX_TOKENS`,
-hc ≠ 4, D not a multiple of 64, mix parameters not contiguous float32, a norm weight not bf16, or no split-K
-counters during a CUDA-graph capture); the caller then runs the Triton or PyTorch path.
+:func:`seam` returns None when the kernel does not take the operands: h not bf16 or not 8-byte aligned, T outside
+1..:data:`MAX_TOKENS`, hc ≠ 4, D not a positive multiple of 64, mix parameters not contiguous float32, a norm
+weight not bf16 or not 8-byte aligned, the seam's own pre with D > :data:`FRESH_MAX_D`, given weights with more
+CTAs than fit the GPU at once (:func:`max_ctas`), or no split-K counters during a CUDA-graph capture. The caller
+then runs the Triton or PyTorch path.
 :func:`.dispatch.use_cuda` decides whether to try.
 """
 
@@ -34,13 +36,29 @@ COLS = 64        # kHcCols: columns of each copy per CTA
 # (more: the caller collapses in its own launch). The given weights (V4.1) are collapsed by every CTA at any T.
 FRESH_MAX_TOKENS = 2
 FRESH_MAX_D = 8192  # kHcFreshMaxD
+# The whole seam (expansion, mixes, collapse) up to this many tokens; more take the Triton expansion and collapse
+# around the CUDA mixes. benches/RESULTS.md "2026-12-04 (CUDA seam)": 15.1 against 19.7 µs at 8 tokens, 22.0
+# against 20.8 at 16 (9–15 not timed).
+SEAM_MAX_TOKENS = 8
+
+_max_ctas: dict[int, int] = {}
 COLLAPSE = {None: 0, "given": 1, "fresh": 2}  # HcCollapse
 
 
+def max_ctas(device: torch.device) -> int:
+    """CTAs of the given-weights seam that can be resident at once on CUDA ``device`` (its CTAs wait for each
+    other, so the seam takes D / COLS ≤ this; cuda/mhc/hc_seam.cu), cached."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _max_ctas:
+        _max_ctas[index] = cuda_ext().hc_seam_max_ctas(index)
+    return _max_ctas[index]
+
+
 def takes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, norm_w: Tensor | None = None) -> bool:
-    """Whether the kernel takes these operands (cuda/bindings.cpp checks the same and raises)."""
+    """Whether the kernel takes these operands (cuda/bindings_glue.cpp checks the same and raises)."""
     t, hc, d = h.shape
-    return (h.dtype == torch.bfloat16 and hc == 4 and 0 < t <= MAX_TOKENS and d % COLS == 0
+    return (h.dtype == torch.bfloat16 and hc == 4 and 0 < t <= MAX_TOKENS and d > 0 and d % COLS == 0
+            and h.is_contiguous() and h.data_ptr() % 8 == 0
             and all(x.dtype == torch.float32 and x.is_contiguous() for x in (fn, scale, base))
             and fn.shape == (24, 4 * d)
             and (norm_w is None or (norm_w.dtype == torch.bfloat16 and norm_w.is_contiguous()
@@ -73,13 +91,13 @@ def seam(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, iters: int, hc_eps:
     norm_w = collapse[1] if collapse is not None else None
     if not takes(h, fn, scale, base, norm_w) or (y is not None and y.dtype != torch.bfloat16):
         return None
-    if collapse is not None and collapse[0] is None and h.shape[2] > FRESH_MAX_D:
+    if collapse is not None and (h.shape[2] > FRESH_MAX_D if collapse[0] is None
+                                 else h.shape[2] // COLS > max_ctas(h.device)):
         return None
     counters = wstream.split_counters(h.device)
     if counters is None:
         return None
     t, _, d = h.shape
-    h = h.contiguous()
     pre = torch.empty(t, 4, dtype=torch.float32, device=h.device)
     post = torch.empty_like(pre)
     comb = torch.empty(t, 4, 4, dtype=torch.float32, device=h.device)

@@ -11,7 +11,7 @@ from ...config import ModelConfig
 from ...kernels.mhc import hc_collapse as collapse
 from ...kernels.mhc import hc_collapse_norm
 from ...kernels.mhc import hc_expand as expand
-from ...kernels.mhc import hc_mixes, hc_seam
+from ...kernels.mhc import hc_seam
 
 
 def collapse_norm(h: Tensor, pre: Tensor, norm) -> Tensor:
@@ -31,11 +31,6 @@ class HcSeam(nn.Module):
         self.base = nn.Parameter(torch.zeros(n_mix), requires_grad=False)
         self.scale = nn.Parameter(torch.ones(3), requires_grad=False)
         self.cfg = cfg
-
-    def forward(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """h [T, hc, D] → (pre [T, hc], post [T, hc], comb [T, hc, hc]) float32."""
-        c = self.cfg
-        return hc_mixes(h, self.fn, self.scale, self.base, c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
 
     def enter(self, h: Tensor, pre_c: Tensor | None, norm, y: Tensor | None = None, post: Tensor | None = None,
               comb: Tensor | None = None) -> tuple[Tensor, ...]:

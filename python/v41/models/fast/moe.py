@@ -18,7 +18,7 @@ from ... import quant
 from ...distributed.group import SINGLE, TPGroup
 from ...kernels.moe import combine_pairs, grouped_linear
 from ...kernels.moe_align import route_pairs
-from ...kernels.router import route
+from ...kernels.router import route_fused
 from ...kernels.side_stream import beside
 from ...kernels.swiglu import swiglu
 from .layers import PackedLinear, PackedModule
@@ -65,9 +65,9 @@ class FastMoE(nn.Module):
         """x [T, D], token_ids [T] → (expert ids [T, k] int64 in selection order, weights [T, k] float32)."""
         renorm = self.always_renorm or self.is_hash or (self.norm_topk_prob and self.top_k > 1)
         ct = torch.promote_types(x.dtype, torch.float32)
-        return route(self.gate(x, ct), None if self.is_hash else self.bias.to(ct),
-                     self.tid2eid[token_ids] if self.is_hash else None, self.top_k, self.gate_temp, renorm,
-                     self.scaling)
+        return route_fused(x, self.gate.packed, None if self.is_hash else self.bias.to(ct),
+                           self.tid2eid[token_ids] if self.is_hash else None, self.top_k, self.gate_temp, renorm,
+                           self.scaling)
 
     def _bf16(self, h: Tensor) -> Tensor:
         """Deployed numerics: the reference casts the (weighted) hidden to bf16 before w2 (§3.8)."""

@@ -1,0 +1,163 @@
+// The MoE router of a decode step in one launch (docs/model.md §3.8, §4 "MoE"; docs/numerics.md §4 "Router
+// numerics"; the reference: python/v41/kernels/router.py route_ref over linear(x, gate) in float32):
+//   l = x · gateᵀ (float32 sums of exact bf16 products), log s = ½·log(softplus(l / temp)) (½·l/temp below −20),
+//   ids = top-k of s + bias, exact ties to the lower expert id (or the given hash ids),
+//   weights = softmax of the selected log s (renorm) or s, times scaling.
+//
+// Layout of the work. Warp w of CTA c computes the logits of expert 8c + w for every token: its lanes stream the
+// gate row in 16-byte pieces (the whole grid's rows are prefetched into L2 before the programmatic-dependent wait,
+// so they load while the previous kernel ends) against the matching pieces of each token's x row (L1-resident),
+// then sum over the warp and store float32 logits. The last CTA to arrive (an arrival counter that wraps back to
+// zero at the last arrival) routes:
+// a warp per token holds ceil(E / 32) experts per lane and takes k rounds of a warp arg-max (value, then the lower
+// id). Results repeat bit for bit; the logits differ from the Triton linear's only in summation order.
+#include "../common/pdl.cuh"
+#include "router.h"
+
+namespace v41 {
+namespace {
+
+constexpr int kThreads = 32 * kRouterWarps;
+constexpr int kPerLane = kRouterMaxExperts / 32;
+
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&v)[8]) {
+  const uint32_t q[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&q[i]);
+    v[2 * i] = __low2float(b);
+    v[2 * i + 1] = __high2float(b);
+  }
+}
+
+// log(sqrt(softplus(x))), accurate over the float range: softplus = max(x, 0) + log1p(e^-|x|), log1p by its series
+// for small arguments, and ½·x below −20 (kernels/router.py _log_sqrt_softplus)
+__device__ __forceinline__ float log_sqrt_softplus(float x) {
+  const float z = expf(-fabsf(x));
+  const float l1p = z < 1e-4f ? z * (1.f - z * (0.5f - z / 3.f)) : logf(1.f + z);
+  const float sp = fmaxf(x, 0.f) + l1p;
+  return 0.5f * (x < -20.f ? x : logf(sp));
+}
+
+// The value of expert `id` among the lane-strided v (expert lane + 32 j at v[j]), in every lane
+__device__ __forceinline__ float lane_value(const float (&v)[kPerLane], int id, int lane) {
+  float mine = 0.f;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j)
+    if (lane + 32 * j == id) mine = v[j];
+  return __shfl_sync(0xffffffffu, mine, id & 31);
+}
+
+// Token t's ids and weights, by one warp.
+__device__ void route_token(const RouterParams& p, int t, int lane) {
+  float ls[kPerLane], sel[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = lane + 32 * j;
+    ls[j] = 0.f;
+    sel[j] = -INFINITY;
+    if (e < p.E) {
+      ls[j] = log_sqrt_softplus(__ldcg(p.logits + t * p.E + e) / p.temp);
+      if (p.bias) sel[j] = expf(ls[j]) + p.bias[e];
+    }
+  }
+  int64_t chosen[kRouterMaxK];
+  float picked[kRouterMaxK];
+#pragma unroll
+  for (int i = 0; i < kRouterMaxK; ++i) {
+    if (i >= p.k) break;
+    int id;
+    if (p.hash_ids) {
+      id = int(p.hash_ids[t * p.k + i]);
+    } else {
+      float bv = -INFINITY;
+      int bi = 0x7fffffff;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j)  // ascending ids: a strict > keeps the lower one
+        if (sel[j] > bv) bv = sel[j], bi = lane + 32 * j;
+#pragma unroll
+      for (int o = 16; o >= 1; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+      }
+      id = bi;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j)
+        if (lane + 32 * j == id) sel[j] = -INFINITY;
+    }
+    chosen[i] = id;
+    picked[i] = lane_value(ls, id, lane);
+  }
+  if (lane != 0) return;
+  float m = -INFINITY, sum = 0.f;  // loops unrolled with static indices: chosen and picked stay in registers
+#pragma unroll
+  for (int i = 0; i < kRouterMaxK; ++i)
+    if (i < p.k) m = fmaxf(m, picked[i]);
+#pragma unroll
+  for (int i = 0; i < kRouterMaxK; ++i)
+    if (i < p.k) sum += expf(picked[i] - m);
+#pragma unroll
+  for (int i = 0; i < kRouterMaxK; ++i) {
+    if (i >= p.k) break;
+    const float w = p.renorm ? expf(picked[i] - m) / sum : expf(picked[i]);
+    p.ids[t * p.k + i] = chosen[i];
+    p.weights[t * p.k + i] = w * p.scaling;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) router_kernel(const RouterParams p) {
+  __shared__ int is_last;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int e = blockIdx.x * kRouterWarps + warp;
+  const int n16 = p.D / 8;  // 16-byte pieces of a row
+  const uint4* wrow = reinterpret_cast<const uint4*>(p.w + int64_t(min(e, p.E - 1)) * p.D);
+  for (int c = lane; c < n16; c += 32)  // constants: into L2 before the wait
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(wrow + c));
+  pdl_wait();
+  pdl_launch_dependents();
+
+  float acc[kRouterMaxTokens];
+#pragma unroll
+  for (int t = 0; t < kRouterMaxTokens; ++t) acc[t] = 0.f;
+  if (e < p.E) {
+#pragma unroll 4
+    for (int c = lane; c < n16; c += 32) {
+      float wv[8];
+      unpack8(__ldg(wrow + c), wv);
+#pragma unroll
+      for (int t = 0; t < kRouterMaxTokens; ++t) {
+        if (t >= p.T) break;
+        float xv[8];
+        unpack8(*reinterpret_cast<const uint4*>(p.x + t * p.x_stride + 8 * int64_t(c)), xv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[t] = fmaf(wv[i], xv[i], acc[t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kRouterMaxTokens; ++t) {
+    if (t >= p.T) break;
+    float v = acc[t];
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0 && e < p.E) p.logits[t * p.E + e] = v;
+  }
+  __threadfence();
+  __syncthreads();
+  // the last arrival also wraps the counter to zero for the next launch
+  if (tid == 0) is_last = atomicInc(reinterpret_cast<unsigned*>(p.sync), gridDim.x - 1) == gridDim.x - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int t = warp; t < p.T; t += kRouterWarps) route_token(p, t, lane);
+}
+
+}  // namespace
+
+cudaError_t router_launch(const RouterParams& p, cudaStream_t stream, bool pdl) {
+  const dim3 grid((p.E + kRouterWarps - 1) / kRouterWarps), block(kThreads);
+  return launch_kernel(router_kernel, grid, block, 0, stream, pdl, p);
+}
+
+}  // namespace v41
