@@ -358,6 +358,8 @@ cudaError_t launch_expand(const HcSeamParams& p, HcCollapse collapse, cudaStream
 }  // namespace
 
 int hc_seam_max_ctas(int device) {
+  static int known[64] = {};  // by device (the binding checks every given-weights launch against it)
+  if (device >= 0 && device < 64 && known[device] > 0) return known[device];
   int per_sm = 0, sms = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, hc_seam_kernel<true, HcCollapse::kGiven>, kThreads, 0) !=
           cudaSuccess ||
@@ -365,6 +367,7 @@ int hc_seam_max_ctas(int device) {
     (void)cudaGetLastError();
     return 0;
   }
+  if (device >= 0 && device < 64) known[device] = per_sm * sms;
   return per_sm * sms;
 }
 
