@@ -24,7 +24,7 @@ from .engram import FastEngram
 from .heads import Embedding, LMHead
 from .layers import RMSNorm
 from .block import FastBlock
-from .mhc import HcHead, collapse_norm
+from .mhc import HcHead, collapse_norm, expand
 from .moe import FastMoE
 
 
@@ -133,12 +133,16 @@ class FastModel(nn.Module):
         aux = []
         for lid, copies in batch.engram_copies.items():  # offload: slot fills run beside the layers before them
             self.layers[lid].engram.start_fill(copies)  # layer ids index cfg.plan
+        pending = None  # a layer's last expansion, joined with the next layer's first seam (FastBlock.step)
         for plan, layer in zip(cfg.plan, self.layers):
+            if pending is not None and (plan.engram or plan.dspark_target):
+                h, pending = expand(h, *pending), None
             if plan.engram:
                 h = layer.engram(h, batch.engram_rows[plan.layer_id])
             if plan.dspark_target:
                 aux.append(h.mean(dim=1))
-            h, pre_mix = layer(h, pre_mix, batch.token_ids, ctx)
+            h, pre_mix, pending = layer.step(h, pre_mix, batch.token_ids, ctx, pending)
+        h = expand(h, *pending)
         if self.drafter is not None:
             self.drafter.write_context(torch.cat(aux, dim=-1), *ctx.rope["base"], self.cache,
                                        batch.slot_mapping["dspark"])
