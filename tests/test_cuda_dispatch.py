@@ -153,17 +153,21 @@ def test_the_router_falls_back_to_the_gate_linear_and_route_on_the_cpu(no_extens
 
 def test_the_cuda_router_declines_what_it_cannot_read():
     """Checked before any launch, so CPU tensors show it: the CUDA router takes bf16 decode steps over a bf16 gate
-    of at most 1,024 experts and top-16."""
+    of at most 512 experts and top-16, with exactly one of a float32 bias and hash ids."""
     x, w = torch.zeros(2, 64, dtype=torch.bfloat16), from_dense(torch.zeros(32, 64, dtype=torch.bfloat16))
     bias = torch.zeros(32)
     decline = [(x.float(), w, 6), (torch.zeros(17, 64, dtype=torch.bfloat16), w, 6),
                (x, from_dense(torch.zeros(32, 64)), 6),  # a float32 gate
                (x, w, 17), (x, w, 33), (torch.zeros(2, 60, dtype=torch.bfloat16), w, 6),
-               (x, from_dense(torch.zeros(1025, 64, dtype=torch.bfloat16)), 6)]
+               (x, from_dense(torch.zeros(513, 64, dtype=torch.bfloat16)), 6), (x[0], w, 6)]
     for xi, wi, k in decline:
         b = torch.zeros(wi.data.shape[0])
         assert router._route_cuda(xi, wi, b, None, k, 1.0, True, 1.0) is None
     assert router._route_cuda(x, w, bias.double(), None, 6, 1.0, True, 1.0) is None  # a float64 bias
+    assert router._route_cuda(x, w, bias[:31], None, 6, 1.0, True, 1.0) is None  # a bias per expert
+    hashed = torch.zeros(2, 6, dtype=torch.int64)
+    assert router._route_cuda(x, w, bias, hashed, 6, 1.0, True, 1.0) is None  # both a bias and hash ids
+    assert router._route_cuda(x, w, None, None, 6, 1.0, True, 1.0) is None  # neither
 
 
 def test_grouped_takes_decode_steps_and_leaves_prefill_to_triton():

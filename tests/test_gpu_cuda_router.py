@@ -1,8 +1,9 @@
 """The CUDA MoE router (cuda/moe/router.cu) against its PyTorch reference (``kernels/router.py`` route_ref over the
-float64 gate product): 1–16 tokens, 8–384 experts, top-1 to top-8, the tiny and V4.1-Flash hidden sizes, bias and
-hash routing, with and without renormalisation; exact ties to the lower expert id; outputs poisoned first; the
-arrival counter left zeroed; CUDA-graph replay bit for bit; the dispatch's choice; the bf16 fast model's logits
-and greedy tokens with it against without it. Skips without CUDA or v41._cuda."""
+float64 gate product): 1–16 tokens, 8–512 experts, top-1 to top-16, the tiny and V4.1-Flash hidden sizes, x rows
+wider than D, bias and hash routing, with and without renormalisation; exact ties to the lower expert id; NaN
+logits; outputs poisoned first; the arrival counter left zeroed; CUDA-graph replay bit for bit; the dispatch's
+choice; the bf16 fast model's logits and greedy tokens with it against without it. Skips without CUDA or
+v41._cuda."""
 
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ def cuda_router(monkeypatch):
     monkeypatch.setattr(router, "CUDA_ROUTER", True)
 
 
-def _case(t, e, d, k, hashed, seed=0, tied=0):
+def _case(t, e, d, k, hashed, seed=0, tied=0, pad=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(t, d, generator=g, device="cuda").to(torch.bfloat16)
+    x = torch.randn(t, d + pad, generator=g, device="cuda").to(torch.bfloat16)[:, :d]  # pad: rows wider than D
     w = (torch.randn(e, d, generator=g, device="cuda") / d ** 0.5).to(torch.bfloat16)
-    if tied:  # experts 0..tied-1 equal to the last one: exactly equal logits and scores
+    if tied:  # experts 0..tied-1 equal to the last one and leading for every token: exactly equal top scores
+        w[-1] = (x.float().mean(0) * 4 / d ** 0.5).to(torch.bfloat16)
         w[:tied] = w[-1]
     bias = None if hashed else torch.randn(e, generator=g, device="cuda") * 0.1 * (tied == 0)
     hash_ids = torch.randint(0, e, (t, k), generator=g, device="cuda") if hashed else None
@@ -42,10 +44,10 @@ def _want(x, gate, bias, hash_ids, k, renorm):
 
 @pytest.mark.parametrize("renorm", [True, False])
 @pytest.mark.parametrize("hashed", [False, True], ids=["bias", "hash"])
-@pytest.mark.parametrize("t,e,d,k", [(1, 384, 5120, 6), (3, 256, 64, 8), (16, 384, 5120, 6), (5, 8, 128, 1),
-                                     (2, 40, 256, 8)])
-def test_the_router_equals_its_reference(t, e, d, k, hashed, renorm):
-    x, gate, bias, hash_ids = _case(t, e, d, k, hashed, seed=t + e + k)
+@pytest.mark.parametrize("t,e,d,k,pad", [(1, 384, 5120, 6, 0), (3, 256, 64, 8, 8), (16, 384, 5120, 6, 0),
+                                         (5, 8, 128, 1, 0), (2, 40, 256, 8, 0), (11, 512, 1024, 16, 16)])
+def test_the_router_equals_its_reference(t, e, d, k, pad, hashed, renorm):
+    x, gate, bias, hash_ids = _case(t, e, d, k, hashed, seed=t + e + k, pad=pad)
     poison("cuda")
     ids, weights = router._route_cuda(x, gate, bias, hash_ids, k, 1.5, renorm, 2.5)
     want_ids, want_w = _want(x, gate, bias, hash_ids, k, renorm)
@@ -59,6 +61,16 @@ def test_exact_ties_go_to_the_lower_expert_id():
     ids, _ = router._route_cuda(x, gate, bias, None, 6, 1.0, True, 1.0)
     want, _ = router.route_ref(x.double() @ gate.data.double().T, bias.double(), None, 6, 1.0, True, 1.0)
     assert torch.equal(ids, want)
+    assert (want < 20).sum(-1).min() >= 2  # the ties were in play: several of the tied experts chosen per token
+
+
+def test_nan_logits_give_the_references_ids():
+    """NaN ranks above +inf, ties to the lower id (kernels/topk.py order_keys_ref): ids stay in range."""
+    x, gate, bias, _ = _case(3, 64, 256, 6, False, seed=6)
+    x[1] = float("nan")
+    ids, _ = router._route_cuda(x, gate, bias, None, 6, 1.0, True, 1.0)
+    want, _ = router.route_ref(x.double() @ gate.data.double().T, bias.double(), None, 6, 1.0, True, 1.0)
+    assert torch.equal(ids, want) and torch.equal(ids[1].cpu(), torch.arange(6))
 
 
 def test_graph_replay_is_bit_equal():
@@ -100,10 +112,14 @@ def test_the_bf16_model_with_the_cuda_router_gives_the_triton_routers_logits(tmp
 
     path = make_tiny(tmp_path / arch, arch, num_experts_per_tok=8)
     ids = torch.randint(3, 1000, (41,), generator=torch.Generator().manual_seed(4)).tolist()
-    runs = {}
+    runs, taken = {}, []
+    real = router._route_cuda
+    monkeypatch.setattr(router, "_route_cuda", lambda *a: taken.append(real(*a)) or taken[-1])
     for on in (False, True):
         monkeypatch.setattr(router, "CUDA_ROUTER", on)
+        taken.clear()
         runs[on] = _step_logits(path, "auto", ids, monkeypatch, "auto")
+        assert any(r is not None for r in taken) == on, "the CUDA router ran in the decode steps only when on"
     want = runs[False]
     err = ((runs[True] - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
     top2 = want.topk(2, dim=-1).values

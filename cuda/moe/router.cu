@@ -5,12 +5,14 @@
 //   weights = softmax of the selected log s (renorm) or s, times scaling.
 //
 // Layout of the work. Warp w of CTA c computes the logits of expert 8c + w for every token: its lanes stream the
-// gate row in 16-byte pieces (the whole grid's rows are prefetched into L2 before the programmatic-dependent wait,
-// so they load while the previous kernel ends) against the matching pieces of each token's x row (L1-resident),
+// gate row in 16-byte pieces (each warp prefetches its row into L2 before the programmatic-dependent wait, so the
+// rows load while the previous kernel ends) against the matching pieces of each token's x row (L1-resident),
 // then sum over the warp and store float32 logits. The last CTA to arrive (an arrival counter that wraps back to
 // zero at the last arrival) routes:
-// a warp per token holds ceil(E / 32) experts per lane and takes k rounds of a warp arg-max (value, then the lower
-// id). Results repeat bit for bit; the logits differ from the Triton linear's only in summation order.
+// a warp per token holds ceil(E / 32) experts per lane and takes k rounds of a warp max over the reference's
+// selection keys (value, NaN above +inf, then the lower id). Results repeat bit for bit; the logits differ from the Triton linear's only in summation order.
+#include <climits>
+
 #include "../common/pdl.cuh"
 #include "router.h"
 
@@ -30,11 +32,11 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float (&v)[8]) {
   }
 }
 
-// log(sqrt(softplus(x))), accurate over the float range: softplus = max(x, 0) + log1p(e^-|x|), log1p by its series
-// for small arguments, and ½·x below −20 (kernels/router.py _log_sqrt_softplus)
+// log(sqrt(softplus(x))), accurate over the float range: softplus = max(x, 0) + log1p(e^-|x|), and ½·x below −20
+// (kernels/router.py log_sqrt_softplus)
 __device__ __forceinline__ float log_sqrt_softplus(float x) {
   const float z = expf(-fabsf(x));
-  const float l1p = z < 1e-4f ? z * (1.f - z * (0.5f - z / 3.f)) : logf(1.f + z);
+  const float l1p = log1pf(z);
   const float sp = fmaxf(x, 0.f) + l1p;
   return 0.5f * (x < -20.f ? x : logf(sp));
 }
@@ -48,17 +50,27 @@ __device__ __forceinline__ float lane_value(const float (&v)[kPerLane], int id, 
   return __shfl_sync(0xffffffffu, mine, id & 31);
 }
 
+// The selection order of kernels/topk.py order_keys_ref: a larger key is a larger score (NaN above +inf, −0 = +0),
+// or an equal score at a lower expert id.
+__device__ __forceinline__ long long order_key(float s, int id) {
+  const int bits = __float_as_int(s + 0.f);
+  const long long ordered = isnan(s) ? 0x7FFFFFFFLL : (long long)(bits < 0 ? bits ^ 0x7FFFFFFF : bits);
+  return (ordered << 32) | (0xFFFFFFFFLL - id);
+}
+
 // Token t's ids and weights, by one warp.
 __device__ void route_token(const RouterParams& p, int t, int lane) {
-  float ls[kPerLane], sel[kPerLane];
+  constexpr long long kTaken = LLONG_MIN;  // below every key
+  float ls[kPerLane];
+  long long key[kPerLane];
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int e = lane + 32 * j;
     ls[j] = 0.f;
-    sel[j] = -INFINITY;
+    key[j] = kTaken;
     if (e < p.E) {
       ls[j] = log_sqrt_softplus(__ldcg(p.logits + t * p.E + e) / p.temp);
-      if (p.bias) sel[j] = expf(ls[j]) + p.bias[e];
+      if (p.bias) key[j] = order_key(expf(ls[j]) + p.bias[e], e);
     }
   }
   int64_t chosen[kRouterMaxK];
@@ -70,21 +82,15 @@ __device__ void route_token(const RouterParams& p, int t, int lane) {
     if (p.hash_ids) {
       id = int(p.hash_ids[t * p.k + i]);
     } else {
-      float bv = -INFINITY;
-      int bi = 0x7fffffff;
+      long long best = key[0];
 #pragma unroll
-      for (int j = 0; j < kPerLane; ++j)  // ascending ids: a strict > keeps the lower one
-        if (sel[j] > bv) bv = sel[j], bi = lane + 32 * j;
+      for (int j = 1; j < kPerLane; ++j) best = max(best, key[j]);
 #pragma unroll
-      for (int o = 16; o >= 1; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-      }
-      id = bi;
+      for (int o = 16; o >= 1; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+      id = int(0xFFFFFFFFLL - (best & 0xFFFFFFFFLL));  // k ≤ E: always one of the E experts
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j)
-        if (lane + 32 * j == id) sel[j] = -INFINITY;
+        if (lane + 32 * j == id) key[j] = kTaken;
     }
     chosen[i] = id;
     picked[i] = lane_value(ls, id, lane);

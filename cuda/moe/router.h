@@ -27,7 +27,7 @@ struct RouterParams {
 
 constexpr int kRouterMaxTokens = 16;
 constexpr int kRouterMaxK = 16;
-constexpr int kRouterMaxExperts = 1024;
+constexpr int kRouterMaxExperts = 512;
 constexpr int kRouterWarps = 8;  // experts per CTA: grid = ceil(E / kRouterWarps)
 
 // Launches the kernel on `stream`; pdl: as a programmatic dependent of the previous kernel (common/pdl.cuh).

@@ -6,7 +6,7 @@ given hash ids, V4's ``tid2eid``); weights = ``softmax`` of the selected ``log s
 for equal logits at any value, never NaN), else ``s``; times ``scaling``.
 
 :func:`route_fused` starts from the MoE input and the gate instead of the logits: where :data:`CUDA_ROUTER` is on
-and :func:`.dispatch.use_cuda` says so, decode steps (≤ 16 tokens, bf16, a bf16 gate of ≤ 1,024 experts) take the
+and :func:`.dispatch.use_cuda` says so, decode steps (≤ 16 tokens, bf16, a bf16 gate of ≤ 512 experts) take the
 CUDA router of ``cuda/moe/router.cu`` — the gate GEMV and the routing in one launch — else the gate linear
 (float32 output) and :func:`route`.
 """
@@ -28,7 +28,7 @@ from .topk import stable_topk
 # The CUDA router for decode steps. Off until its GPU tests have run (tests/test_gpu_cuda_router.py; not yet run on a
 # GPU): then on, if it is faster than the Triton gate linear + route kernel (glue_bench.py --ops router).
 CUDA_ROUTER = False
-ROUTER_MAX_TOKENS, ROUTER_MAX_K, ROUTER_MAX_EXPERTS = 16, 16, 1024  # cuda/moe/router.h
+ROUTER_MAX_TOKENS, ROUTER_MAX_K, ROUTER_MAX_EXPERTS = 16, 16, 512  # cuda/moe/router.h
 
 
 def log_sqrt_softplus(x: Tensor) -> Tensor:
@@ -70,7 +70,8 @@ def route_fused(x: Tensor, gate: PackedWeight, bias: Tensor | None, hash_ids: Te
     """:func:`route` of the float32 logits ``linear(x, gate)``: x [T, D], gate [E, D] (its storage format), bias
     [E] float32 or None, hash_ids [T, k] int64 or None → (ids [T, k] int64, weights [T, k] float32). One CUDA
     launch where the CUDA router takes the step (module docstring)."""
-    if CUDA_ROUTER and use_cuda(x, family="moe"):
+    extra = [t for t in (bias, hash_ids) if t is not None]
+    if CUDA_ROUTER and use_cuda(x, gate.data, *extra, family="moe"):
         got = _route_cuda(x, gate, bias, hash_ids, top_k, gate_temp, renorm, scaling)
         if got is not None:
             return got
@@ -81,8 +82,10 @@ def route_fused(x: Tensor, gate: PackedWeight, bias: Tensor | None, hash_ids: Te
 def _route_cuda(x: Tensor, gate: PackedWeight, bias: Tensor | None, hash_ids: Tensor | None, top_k: int,
                 gate_temp: float, renorm: bool, scaling: float) -> tuple[Tensor, Tensor] | None:
     """The CUDA router, or None when it does not take the operands (cuda/bindings_glue.cpp checks the same)."""
-    t, d = x.shape
     w = gate.data
+    if x.dim() != 2 or (bias is None) == (hash_ids is None):
+        return None
+    t, d = x.shape
     if (gate.fmt != "dense" or w.dtype != torch.bfloat16 or w.dim() != 2 or not w.is_contiguous()
             or w.data_ptr() % 16 or x.dtype != torch.bfloat16 or x.stride(1) != 1 or x.stride(0) % 8
             or x.data_ptr() % 16 or d % 8 or not 0 < t <= ROUTER_MAX_TOKENS or w.shape[1] != d):
@@ -90,7 +93,7 @@ def _route_cuda(x: Tensor, gate: PackedWeight, bias: Tensor | None, hash_ids: Te
     e = w.shape[0]
     if not 0 < top_k <= min(ROUTER_MAX_K, e) or e > ROUTER_MAX_EXPERTS:
         return None
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.numel() != e):
         return None
     if hash_ids is not None and (hash_ids.dtype != torch.int64 or hash_ids.shape != (t, top_k)):
         return None
