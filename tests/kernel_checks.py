@@ -111,7 +111,8 @@ def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
 
 def check_moe_prefill(device: str, dtype: torch.dtype, g: torch.Generator):
     """MXFP4 experts dequantized in one launch equal the PyTorch form bit for bit (a run of experts from the
-    middle, partial tiles, scales over ~40 binades, nothing written past the run); in bf16,
+    middle, partial tiles, scales over ~40 binades, nothing written past the run; a program per tile and 3 programs
+    looping over them); in bf16,
     dequantize-then-grouped-GEMM over chunks of 3 of 8 experts (a scratch buffer reused, the last chunk part-filled,
     one expert empty, gathered and pre-sorted rows) against the reference."""
     out = []
@@ -120,11 +121,13 @@ def check_moe_prefill(device: str, dtype: torch.dtype, g: torch.Generator):
                               "mxfp4") for _ in range(e)]).to(device)
     for a, b in ((0, e), (2, 4)):
         for want in sorted({dtype, torch.float32}, key=str):
-            out_buf = torch.full((b - a + 1, n, k), 7.0, dtype=want, device=device)  # its last expert stays 7
-            got = dequant.dequantize_experts(w, a, b, out_buf)
-            ref = PackedWeight(w.data[a:b], w.scale[a:b], "mxfp4", w.block).dequantize(want)
-            same = torch.equal(got[:b - a], ref) and bool((got[b - a] == 7.0).all())
-            out.append((f"dequantize_experts/{a}..{b}/{str(want)[6:]}", 0.0 if same else float("inf"), 0.0))
+            for programs in (0, 3):  # a program per tile; 3 programs looping over the tiles
+                out_buf = torch.full((b - a + 1, n, k), 7.0, dtype=want, device=device)  # its last expert stays 7
+                got = dequant.dequantize_experts(w, a, b, out_buf, programs)
+                ref = PackedWeight(w.data[a:b], w.scale[a:b], "mxfp4", w.block).dequantize(want)
+                same = torch.equal(got[:b - a], ref) and bool((got[b - a] == 7.0).all())
+                out.append((f"dequantize_experts/{a}..{b}/{str(want)[6:]}/programs={programs}",
+                            0.0 if same else float("inf"), 0.0))
     if dtype != torch.bfloat16:  # the grouped GEMM takes bf16
         return out
     e, n, k, t, top = 8, 64, 256, 40, 3

@@ -10,7 +10,8 @@ the faster"), over V4.1-Flash's 384 MXFP4 experts (``w13`` [4608, 5120], ``w2`` 
   ``torch._scaled_grouped_mm`` (FP8 tensor cores, bf16 output);
 * **pipelined** — v41's prefill path :func:`v41.kernels.moe_prefill.grouped_dequant_mm`: chunks of experts
   dequantized to bf16 on a side stream (one Triton launch each) while the grouped bf16 GEMM runs the previous chunk,
-  at ``--chunks`` experts per chunk.
+  at ``--chunks`` experts per chunk; ``16:32`` also bounds each dequantization to 32 programs
+  (``moe_prefill.DEQUANT_PROGRAMS``), leaving the other SMs to the GEMM.
 
 For bf16 and FP8 the table gives the GEMM alone, the re-encode of the whole weight (bf16: the Triton
 ``dequant.dequantize_experts``; FP8: PyTorch, chunks of 32 experts), and the re-encode's bytes floor (MXFP4 read +
@@ -18,7 +19,7 @@ the new format written, over the copy bandwidth of the call) — a full-model de
 of the experts, so a chunk pays it every call. Rel. err is against float32 products of the dequantized weight (the
 FP8 path also rounds the activations, which the others do not). Times: CUDA events, median of ``--reps``.
 
-    python3 benches/gpu/moe_prefill_paths.py [--batches 2048,8192] [--reps 5] [--chunks 16,32]
+    python3 benches/gpu/moe_prefill_paths.py [--batches 2048,8192] [--reps 5] [--chunks 16,32,16:32]
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="2048,8192")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--chunks", default="16,32", help="experts per chunk of the pipelined path")
+    ap.add_argument("--chunks", default="16,32,16:32",
+                    help="the pipelined path's cells: experts per chunk[:programs of its dequantization, 0 = a "
+                         "program per tile]")
     a = ap.parse_args()
     experts, hidden, inter = SHAPES["v41"]
     torch.manual_seed(0)
@@ -115,10 +118,14 @@ def main() -> None:
                 cell["fp8 act quant"] = median_ms(quant_x, a.reps)
             except (RuntimeError, AttributeError, TypeError) as exc:
                 cell["fp8"] = (float("nan"), f"{type(exc).__name__}: {str(exc)[:80]}")
-            for chunk in [int(c) for c in a.chunks.split(",") if c]:
-                def piped(chunk=chunk):
+            for entry in [c for c in a.chunks.split(",") if c]:
+                chunk, _, programs = entry.partition(":")
+
+                def piped(chunk=int(chunk)):
                     return moe_prefill.grouped_dequant_mm(x, w, offsets, None, chunk=chunk)
-                cell[f"pipelined {chunk}"] = (median_ms(piped, a.reps), rel_err(piped(), ref))
+                moe_prefill.DEQUANT_PROGRAMS = int(programs or 0)
+                cell[f"pipelined {entry}"] = (median_ms(piped, a.reps), rel_err(piped(), ref))
+                moe_prefill.DEQUANT_PROGRAMS = 0
             cell["flop"] = flop
             rows.append(cell)
             print(cell, flush=True)
@@ -133,8 +140,11 @@ def main() -> None:
         torch.cuda.empty_cache()
     print(f"\nMoE prefill GEMM paths ({torch.cuda.get_device_name()}; copy {bw / 1e9:.0f} GB/s, bf16 "
           f"{peak / 1e12:.0f} TFLOP/s), ms; TFLOP/s of the GEMM in brackets")
-    chunks = [int(c) for c in a.chunks.split(",") if c]
-    print("| tokens | weight | W4A16 (Triton) | " + " | ".join(f"pipelined, {c} experts per chunk" for c in chunks)
+    chunks = [c for c in a.chunks.split(",") if c]
+    print("| tokens | weight | W4A16 (Triton) | "
+          + " | ".join(f"pipelined, {c.partition(':')[0]} experts per chunk"
+                       + (f", dequant in {c.partition(':')[2]} programs" if c.partition(":")[2] else "")
+                       for c in chunks)
           + " | bf16 grouped GEMM | bf16 dequant: Triton / floor | FP8 grouped GEMM | FP8 act. quant | FP8 re-encode: "
           "PyTorch / floor | rel. err W4A16 / pipelined / FP8 |")
     print("|---|---|---|" + "---|" * len(chunks) + "---|---|---|---|---|---|")

@@ -39,11 +39,13 @@ def dequantize(w: PackedWeight, dtype: torch.dtype) -> Tensor:
     return out
 
 
-def dequantize_experts(w: PackedWeight, start: int, stop: int, out: Tensor) -> Tensor:
+def dequantize_experts(w: PackedWeight, start: int, stop: int, out: Tensor, programs: int = 0) -> Tensor:
     """Experts ``start .. stop`` of an MXFP4 ``[E, N, K]`` weight into ``out[:stop − start]`` (bf16 / fp16 / float32
     ``[≥ stop − start, N, K]``, contiguous), exact: ``e2m1 · 2^(byte − 127)`` (:func:`v41.quant.dequant_mxfp4`; a
     scale byte 255, NaN there, gives ±inf or NaN here). One Triton launch where :func:`.dispatch.use_triton` says so,
-    else the PyTorch form. Returns ``out``. Raises ValueError for another format or a wrong ``out``."""
+    else the PyTorch form: a program per tile of ``BN × BK``, or with ``programs`` > 0 at most that many programs,
+    each looping over tiles (so the launch leaves the other SMs to a GEMM beside it; the same bits). Returns
+    ``out``. Raises ValueError for another format or a wrong ``out``."""
     if w.fmt != "mxfp4" or w.data.dim() != 3:
         raise ValueError(f"dequantize_experts takes a 3-D mxfp4 weight, got {w.fmt} {tuple(w.data.shape)}")
     e, n, k = w.shape
@@ -59,8 +61,9 @@ def dequantize_experts(w: PackedWeight, start: int, stop: int, out: Tensor) -> T
             or not use_triton(w.data, out):
         out[:stop - start] = part.dequantize(out.dtype)
         return out
-    _mxfp4_kernel[(stop - start, triton.cdiv(n, BN), triton.cdiv(k, BK))](
-        part.data, part.scale, out, n, k, part.data.stride(0), part.data.stride(1), part.scale.stride(0),
+    tiles = (stop - start) * triton.cdiv(n, BN) * triton.cdiv(k, BK)
+    _mxfp4_kernel[(min(tiles, programs) if programs > 0 else tiles,)](
+        part.data, part.scale, out, n, k, tiles, part.data.stride(0), part.data.stride(1), part.scale.stride(0),
         part.scale.stride(1), BN=BN, BK=BK, **triton_kw(out.device))
     return out
 
@@ -83,14 +86,17 @@ if triton is not None:
                  (w.to(tl.float32) * s).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _mxfp4_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_we, stride_wn, stride_se, stride_sn, BN: tl.constexpr,
-                      BK: tl.constexpr, PDL: tl.constexpr):
+    def _mxfp4_kernel(w_ptr, s_ptr, out_ptr, N, K, TILES, stride_we, stride_wn, stride_se, stride_sn,
+                      BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr):
+        """Tiles (expert, row block, column block) in that order, program p taking p, p + programs, …"""
         prologue(PDL)
-        e = tl.program_id(0).to(tl.int64)
-        rn = tl.program_id(1) * BN + tl.arange(0, BN)
-        k0 = tl.program_id(2) * BK
-        nmask = rn < N
-        w = w_tile(w_ptr + e * stride_we, s_ptr + e * stride_se, rn, k0, nmask, stride_wn, stride_sn, K, 1, 32, BK,
-                   2, out_ptr.dtype.element_ty)  # the GEMM kernels' tile: e2m1 × 2^(byte − 127) in float32
-        rk = k0 + tl.arange(0, BK)
-        tl.store(out_ptr + (e * N + rn[:, None]) * K + rk[None, :], w, mask=nmask[:, None] & (rk < K)[None, :])
+        n_blocks, k_blocks = tl.cdiv(N, BN), tl.cdiv(K, BK)
+        for tile in range(tl.program_id(0), TILES, tl.num_programs(0)):
+            e = (tile // (n_blocks * k_blocks)).to(tl.int64)
+            rn = (tile // k_blocks) % n_blocks * BN + tl.arange(0, BN)
+            k0 = tile % k_blocks * BK
+            nmask = rn < N
+            w = w_tile(w_ptr + e * stride_we, s_ptr + e * stride_se, rn, k0, nmask, stride_wn, stride_sn, K, 1, 32,
+                       BK, 2, out_ptr.dtype.element_ty)  # the GEMM kernels' tile: e2m1 × 2^(byte − 127) in float32
+            rk = k0 + tl.arange(0, BK)
+            tl.store(out_ptr + (e * N + rn[:, None]) * K + rk[None, :], w, mask=nmask[:, None] & (rk < K)[None, :])

@@ -35,6 +35,10 @@ from .packed import PackedWeight
 # than the Triton kernel on the H200 at 32 and 128 pairs per expert (module docstring; moe_prefill_paths.py).
 MIN_ROWS_PER_EXPERT = 0
 CHUNK = 16  # experts per dequantized chunk
+# Programs of each chunk's dequantization (0: one per tile, as measured). The measured pipeline barely overlapped:
+# the dequantization grid filled every SM and the GEMM waited. Bounded, it leaves the other SMs to the GEMM beside
+# it (the direction benches/RESULTS.md "2026-12-04 (night)" names; moe_prefill_paths.py --dequant-programs).
+DEQUANT_PROGRAMS = 0
 
 
 def available(x: Tensor, w: PackedWeight) -> bool:
@@ -86,12 +90,12 @@ def grouped_dequant_mm(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor
             with torch.cuda.stream(side):
                 if freed[i % 2] is not None:
                     side.wait_event(freed[i % 2])
-                dequantize_experts(w, a, b, buf)
+                dequantize_experts(w, a, b, buf, DEQUANT_PROGRAMS)
                 ready = torch.cuda.Event()
                 ready.record(side)
             main.wait_event(ready)
         else:
-            dequantize_experts(w, a, b, buf)
+            dequantize_experts(w, a, b, buf, DEQUANT_PROGRAMS)
         lo, hi = bounds[a], bounds[b]
         offs = offsets[a + 1:b + 1].sub(lo).to(torch.int32)
         y[lo:hi] = torch._grouped_mm(xs[lo:hi], buf[:b - a].transpose(-2, -1), offs=offs)
