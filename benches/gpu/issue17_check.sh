@@ -36,8 +36,9 @@
 #   seam_ab  (~6 min) the CUDA seam's tests; flash-slice-v4 B = 1 with the seam, with its own-pre collapse in a
 #            launch of its own (FRESH_MAX_TOKENS=0) and without it (CUDA_SEAM=0); flash-slice-v41 B = 1 with and
 #            without it; the B = 1 profile of flash-slice-v4 (PDL off);
-#   router   (~5 min) the CUDA router's tests (tests/test_gpu_cuda_router.py); glue_bench.py --ops router at 1, 8,
-#            16 tokens; flash-slice-v41 and -v4 B = 1 with router.CUDA_ROUTER on and off;
+#   router   (~6 min) the CUDA router's and seam's tests (tests/test_gpu_cuda_router.py, test_gpu_cuda_mhc.py);
+#            glue_bench.py --ops router at 1, 8, 16 tokens; flash-slice-v41 and -v4 B = 1 with router.CUDA_ROUTER on
+#            and off; the expert GEMMs at 1 and 8 rows at 3, 5 and 8 CTAs per SM (split-K at one row);
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
@@ -179,7 +180,10 @@ case "${MODE:-tests}" in
       timeout 90 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
         --set v41.kernels.router.CUDA_ROUTER=$s --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
       echo "v4 CUDA_ROUTER=$s: $(grep "decode B=1" "$OUT/fs_v4.txt" | tail -1)"
-    done ;;
+    done
+    timeout 150 python3 benches/gpu/kernel_bench.py --ops experts --batches 1,8 --reps 16 --sweep 3,5,8 \
+      > "$OUT/experts.txt" 2>&1
+    tail -10 "$OUT/experts.txt" ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe, seam, seam_ab or router"; exit 2 ;;
 esac
 exit $rc
