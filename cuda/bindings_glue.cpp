@@ -152,20 +152,21 @@ void router(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Te
 }  // namespace
 
 void register_glue(pybind11::module& m) {
+  namespace py = pybind11;
   m.def("hc_seam", &hc_seam, "one mHC seam: expansion, mixes, collapse + RMSNorm (python/v41/kernels/mhc_cuda.py)",
-        pybind11::arg("h"), pybind11::arg("y"), pybind11::arg("post_in"), pybind11::arg("comb_in"), pybind11::arg("h_out"), pybind11::arg("fn"),
-        pybind11::arg("scale"), pybind11::arg("base"), pybind11::arg("pre"), pybind11::arg("post"), pybind11::arg("comb"), pybind11::arg("partial"),
-        pybind11::arg("sync"), pybind11::arg("collapse"), pybind11::arg("pre_c"), pybind11::arg("norm_w"), pybind11::arg("x"),
-        pybind11::arg("iters"), pybind11::arg("norm_eps"), pybind11::arg("hc_eps"), pybind11::arg("x_eps"), pybind11::arg("pdl") = false);
+        py::arg("h"), py::arg("y"), py::arg("post_in"), py::arg("comb_in"), py::arg("h_out"), py::arg("fn"),
+        py::arg("scale"), py::arg("base"), py::arg("pre"), py::arg("post"), py::arg("comb"), py::arg("partial"),
+        py::arg("sync"), py::arg("collapse"), py::arg("pre_c"), py::arg("norm_w"), py::arg("x"), py::arg("iters"),
+        py::arg("norm_eps"), py::arg("hc_eps"), py::arg("x_eps"), py::arg("pdl") = false);
+  m.def("hc_seam_max_ctas", &v41::hc_seam_max_ctas, "CTAs of the given-weights seam resident at once on a device",
+        py::arg("device"));
   m.def("router", &router, "the MoE router of a decode step: gate GEMV + routing (python/v41/kernels/router.py)",
-        pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("bias"), pybind11::arg("hash_ids"), pybind11::arg("logits"), pybind11::arg("ids"),
-        pybind11::arg("weights"), pybind11::arg("sync"), pybind11::arg("temp"), pybind11::arg("scaling"), pybind11::arg("renorm"),
-        pybind11::arg("pdl") = false);
+        py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("hash_ids"), py::arg("logits"), py::arg("ids"),
+        py::arg("weights"), py::arg("sync"), py::arg("temp"), py::arg("scaling"), py::arg("renorm"),
+        py::arg("pdl") = false);
   m.attr("ROUTER_MAX_TOKENS") = v41::kRouterMaxTokens;
   m.attr("ROUTER_MAX_K") = v41::kRouterMaxK;
   m.attr("ROUTER_MAX_EXPERTS") = v41::kRouterMaxExperts;
-  m.def("hc_seam_max_ctas", &v41::hc_seam_max_ctas, "CTAs of the given-weights seam resident at once on a device",
-        pybind11::arg("device"));
   m.attr("HC_MAX_TOKENS") = v41::kHcMaxTokens;
   m.attr("HC_COLS") = v41::kHcCols;
   m.attr("HC_FRESH_MAX_D") = v41::kHcFreshMaxD;

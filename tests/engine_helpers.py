@@ -1,4 +1,5 @@
-"""Shared helpers of the engine tests: reference greedy decoding with the margin rule (docs/numerics.md §4)."""
+"""Shared helpers of the engine tests: reference greedy decoding with the margin rule and the bf16 bounds
+(docs/numerics.md §4), step drivers, and the bf16 CUDA model's per-position logits (cuda_step_logits)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,11 @@ import numpy as np
 import torch
 
 MARGIN = 2e-4  # relative top-1 lead below which a greedy position is ambiguous (2 × the 1e-4 tolerance)
+# The bf16 fast model against the float32 oracle (tests/test_fast_model.py) and two bf16 kernel paths against each
+# other: max relative L2 of the logits per position (measured 2026-12-01: 0.034 V4.1, 0.018 V4). Greedy tokens are
+# compared where the top-1 lead exceeds BF16_MARGIN of ‖logits‖: about 3× the largest elementwise bf16 error
+# measured (0.0035·‖logits‖, V4.1), so a flip needs an error that was never seen.
+BF16_BOUND, BF16_MARGIN = 0.06, 0.01
 
 
 def reference_greedy(model, prompt: list[int], max_tokens: int, eos: tuple[int, ...] = ()) -> tuple[list[int], int]:
@@ -142,3 +148,24 @@ def assert_switch_keeps_logits(path, module, attr: str, monkeypatch, replays: in
             p.append(nxt[s])
         outs = execute(step)
         assert torch.equal(outs[0], outs[1])
+
+
+def cuda_step_logits(path, kv: str, ids: list[int], monkeypatch, mode: str, prefill: int = 20) -> torch.Tensor:
+    """Logits of every position of ``ids`` from the bf16 fast model on CUDA in kernel mode ``mode``: a prefill of
+    ``prefill`` tokens, then one decode step per token (teacher-forced)."""
+    from v41.engine.args import EngineArgs
+    from v41.engine.model_runner import ModelRunner
+    from v41.models.engram_loader import engram_hasher
+
+    monkeypatch.setenv("V41_KERNELS", mode)
+    args = EngineArgs(model=str(path), device="cuda", dtype="bfloat16", max_num_seqs=4, enforce_eager=True,
+                      kv_cache_dtype=kv)
+    runner = ModelRunner(args, "cuda")
+    runner.init_cache(num_blocks=4 * 8, num_state_rows=4, block_tokens=16, max_model_len=128)
+    layout, hasher = runner.cache_layout(16), engram_hasher(runner.cfg, path / "tokenizer.json")
+    out, a = [], 0
+    while a < len(ids):
+        b = prefill if a == 0 else a + 1
+        out.append(runner.execute(host_step(layout, [(0, ids[a:b], a, ids[:a])], 8, True, hasher)).float().cpu())
+        a = b
+    return torch.cat(out)

@@ -112,8 +112,7 @@ def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
 def check_moe_prefill(device: str, dtype: torch.dtype, g: torch.Generator):
     """MXFP4 experts dequantized in one launch equal the PyTorch form bit for bit (a run of experts from the
     middle, partial tiles, scales over ~40 binades, nothing written past the run; a program per tile and 3 programs
-    looping over them); in bf16,
-    dequantize-then-grouped-GEMM over chunks of 3 of 8 experts (a scratch buffer reused, the last chunk part-filled,
+    looping over them); in bf16, dequantize-then-grouped-GEMM over chunks of 3 of 8 experts (a scratch buffer reused, the last chunk part-filled,
     one expert empty, gathered and pre-sorted rows) against the reference."""
     out = []
     e, n, k = 5, 40, 224  # partial tiles of 32 rows × 128 inputs
@@ -624,8 +623,8 @@ def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
 
 
 CHECKS = [check_linear, check_grouped, check_moe_prefill, check_route_pairs, check_window_pool, check_attention,
-          check_index_scores, check_record_store, check_mhc, check_uniforms, check_race, check_softmax, check_angle_tables,
-          check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
+          check_index_scores, check_record_store, check_mhc, check_uniforms, check_race, check_softmax,
+          check_angle_tables, check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
           check_order_keys, check_engram_gate, check_engram_rows, check_segments]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine_helpers import BF16_BOUND, BF16_MARGIN, cuda_step_logits
 from kernel_checks import poison, rel
 from v41.cache.records import RecordFormat
 from v41.kernels import dispatch, indexer, sparse_mqa
@@ -136,33 +137,9 @@ def test_sparse_mqa_declines_what_it_does_not_take():
 
 
 
-BF16_BOUND, BF16_MARGIN = 0.06, 0.01  # tests/test_fast_model.py: the bf16 fast model against the float32 oracle
 # With FP8 / FP4 records, a bf16 difference that moves a key across a code boundary moves it by a whole code (up
 # to 2^-3 of its block's scale), so two kernel paths differ more: measured 0.061 (V4.1) on the H200, 2026-12-03.
 FP8_BOUND = 0.12
-
-
-def _step_logits(path, kv: str, ids: list[int], monkeypatch, mode: str, prefill: int = 20) -> torch.Tensor:
-    """Logits of every position of ``ids`` from the bf16 fast model on CUDA in kernel mode ``mode``: a prefill of
-    ``prefill`` tokens, then one decode step per token (teacher-forced)."""
-    from v41.engine.args import EngineArgs
-    from v41.engine.model_runner import ModelRunner
-    from v41.models.engram_loader import engram_hasher
-
-    from engine_helpers import host_step
-
-    monkeypatch.setenv("V41_KERNELS", mode)
-    args = EngineArgs(model=str(path), device="cuda", dtype="bfloat16", max_num_seqs=4, enforce_eager=True,
-                      kv_cache_dtype=kv)
-    runner = ModelRunner(args, "cuda")
-    runner.init_cache(num_blocks=4 * 8, num_state_rows=4, block_tokens=16, max_model_len=128)
-    layout, hasher = runner.cache_layout(16), engram_hasher(runner.cfg, path / "tokenizer.json")
-    out, a = [], 0
-    while a < len(ids):
-        b = prefill if a == 0 else a + 1
-        out.append(runner.execute(host_step(layout, [(0, ids[a:b], a, ids[:a])], 8, True, hasher)).float().cpu())
-        a = b
-    return torch.cat(out)
 
 
 @pytest.mark.parametrize("arch", ["deepseek_v41", "deepseek_v4"])
@@ -176,8 +153,8 @@ def test_fp8_records_stay_within_the_deployed_bound_of_bf16_rows_with_the_cuda_k
     extra = {"candidate_topk_blocks": 17} if arch == "deepseek_v41" else {}
     path = make_tiny(tmp_path / arch, arch, num_experts_per_tok=8, index_topk=64, **extra)
     ids = torch.randint(3, 1000, (41,), generator=torch.Generator().manual_seed(3)).tolist()
-    fp8 = _step_logits(path, "fp8", ids, monkeypatch, "auto").double()
-    rows = _step_logits(path, "auto", ids, monkeypatch, "auto").double()
+    fp8 = cuda_step_logits(path, "fp8", ids, monkeypatch, "auto").double()
+    rows = cuda_step_logits(path, "auto", ids, monkeypatch, "auto").double()
     err = (fp8 - rows).norm(dim=-1) / rows.norm(dim=-1)
     print(f"{arch}: fp8 records vs bf16 rows, CUDA kernels: rel L2 max {err.max():.3f} mean {err.mean():.3f}")
     assert err.max() <= 0.4 and err.mean() <= 0.2 and err.min() > 1e-4
@@ -209,7 +186,7 @@ def test_cuda_kernels_give_the_triton_paths_logits_and_greedy_tokens(tmp_path, a
     runs = {}
     for mode in ("triton", "auto"):
         scored.clear()
-        runs[mode] = _step_logits(path, kv, ids, monkeypatch, mode)
+        runs[mode] = cuda_step_logits(path, kv, ids, monkeypatch, mode)
         assert any(scored) == (mode == "auto"), f"CUDA scorer runs in mode {mode}: {sum(scored)}"
     wants = {"triton": runs["triton"]}
     if kv == "auto":

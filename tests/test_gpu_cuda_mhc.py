@@ -106,7 +106,8 @@ def test_the_dispatch_takes_decode_steps_and_leaves_longer_ones_to_triton(monkey
 
 def test_the_binding_rejects_what_the_kernel_cannot_read():
     h, y, post, comb, fn, scale, base, pre_c, norm_w = _case(2, 512)
-    pre, pst, cmb = torch.empty(2, 4, device="cuda"), torch.empty(2, 4, device="cuda"), torch.empty(2, 4, 4, device="cuda")
+    pre, pst = torch.empty(2, 4, device="cuda"), torch.empty(2, 4, device="cuda")
+    cmb = torch.empty(2, 4, 4, device="cuda")
     counters = wstream.split_counters(h.device)
     x = torch.empty(2, 512, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="D a positive multiple"):

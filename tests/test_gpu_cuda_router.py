@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernel_checks import poison, rel
-from test_gpu_cuda_attention import BF16_BOUND, BF16_MARGIN, _step_logits
+from engine_helpers import BF16_BOUND, BF16_MARGIN, cuda_step_logits
 from v41.kernels import dispatch, router, wstream
 from v41.kernels.packed import from_dense
 
@@ -118,7 +118,7 @@ def test_the_bf16_model_with_the_cuda_router_gives_the_triton_routers_logits(tmp
     for on in (False, True):
         monkeypatch.setattr(router, "CUDA_ROUTER", on)
         taken.clear()
-        runs[on] = _step_logits(path, "auto", ids, monkeypatch, "auto")
+        runs[on] = cuda_step_logits(path, "auto", ids, monkeypatch, "auto")
         assert any(r is not None for r in taken) == on, "the CUDA router ran in the decode steps only when on"
     want = runs[False]
     err = ((runs[True] - want).norm(dim=-1) / want.norm(dim=-1)).max().item()

@@ -53,8 +53,9 @@ def switched(module, settings: dict, fn):
 MHC_VARIANTS = {"default": {}, "Triton": {"CUDA_SEAM": False}}
 MHC_VARIANTS.update({name: {"CUDA_SEAM": False, **s} for name, s in {  # the Triton path's switches
     "two launches": {"ONE_LAUNCH": False}, "finish unroll 1": {"FINISH_UNROLL": 1},
-    "finish unroll 8": {"FINISH_UNROLL": 8}, "gemv ≤ 8 tokens": {"MIX_GEMV_T": 8}, "split ≤ 16": {"MIX_SPLIT_MAX": 16},
-    "split ≤ 64": {"MIX_SPLIT_MAX": 64}, "64-token tiles": {"MIX_WIDE_T": 1}, "16-token tiles": {"MIX_WIDE_T": 0}}.items()})
+    "finish unroll 8": {"FINISH_UNROLL": 8}, "gemv ≤ 8 tokens": {"MIX_GEMV_T": 8},
+    "split ≤ 16": {"MIX_SPLIT_MAX": 16}, "split ≤ 64": {"MIX_SPLIT_MAX": 64}, "64-token tiles": {"MIX_WIDE_T": 1},
+    "16-token tiles": {"MIX_WIDE_T": 0}}.items()})
 LINEAR_VARIANTS = {"default": {}, "sum after": {"SPLIT_REDUCE_BYTES": 0}, "slices ≥ 8 KB": {"MIN_SLICE_BYTES": 8 << 10},
                    "slices ≥ 256 KB": {"MIN_SLICE_BYTES": 256 << 10}}
 

@@ -184,6 +184,7 @@ case "${MODE:-tests}" in
     timeout 150 python3 benches/gpu/kernel_bench.py --ops experts --batches 1,8 --reps 16 --sweep 3,5,8 \
       > "$OUT/experts.txt" 2>&1
     tail -10 "$OUT/experts.txt" ;;
-  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe, seam, seam_ab or router"; exit 2 ;;
+  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe," \
+       "seam, seam_ab or router"; exit 2 ;;
 esac
 exit $rc

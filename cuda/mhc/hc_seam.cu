@@ -16,14 +16,16 @@
 // form the collapsed column from the four copies' elements, round it to bf16 and square it. Each thread's 26 values
 // (24 products, H'², x²) are summed over the warp by a transposing butterfly (31 shuffles: lane l ends with value
 // l's sum), then over the 8 warps in order, and written as the CTA's float32 partials. The last CTA to arrive (an
-// arrival counter it resets) sums every CTA's partials in a fixed order and finishes each token in one thread
-// (sigmoids, softmax and Sinkhorn in registers; reciprocals by rcp.approx, within an ulp). With a given collapse
-// weight it then publishes each row's RMS scale and moves a generation word on; the other CTAs wait for that word
-// after arriving, then read the scales and store their own normalised columns. Waiting CTAs hold their SMs, so the
-// whole grid must be resident at once: the wrapper takes this mode only while D / 64 CTAs fit the GPU at the
-// kernel's occupancy (hc_seam_max_ctas), and nothing the waiting CTAs need comes from a later kernel. With this seam's pre the last CTA collapses and normalises the
-// whole rows itself (few tokens: python/v41/kernels/mhc_cuda.py). Sums never depend on timing, so results repeat
+// arrival counter that wraps back to zero at the last arrival) sums every CTA's partials in a fixed order and
+// finishes each token in one thread (sigmoids, softmax and Sinkhorn in registers; reciprocals by rcp.approx,
+// within an ulp). With a given collapse weight it then publishes each row's RMS scale and moves a generation word
+// on; the other CTAs wait for that word after arriving, then read the scales and store their own normalised
+// columns. Waiting CTAs hold their SMs, so the whole grid must be resident at once: the binding takes this mode only
+// while D / 64 CTAs fit the GPU at the kernel's occupancy (hc_seam_max_ctas), and nothing the waiting CTAs need
+// comes from a later kernel. With this seam's pre the last CTA collapses and normalises the whole rows itself (few
+// tokens: python/v41/kernels/mhc_cuda.py). Sums never depend on timing, so results repeat
 // bit for bit; they differ from the Triton kernels' only in summation order.
+#include "../common/bf16.cuh"
 #include "../common/pdl.cuh"
 #include "hc_seam.h"
 
@@ -134,22 +136,8 @@ __device__ void finish_token(const HcSeamParams& p, const float* w, int t, float
     for (int j = 0; j < 4; ++j) p.comb[t * 16 + 4 * i + j] = c[i][j];
 }
 
-struct Bf4 {  // 4 bf16 ↔ 4 floats
-  float v[4];
-  __device__ __forceinline__ explicit Bf4(uint2 raw) {
-    const __nv_bfloat162 a = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
-    const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
-    v[0] = __low2float(a), v[1] = __high2float(a), v[2] = __low2float(b), v[3] = __high2float(b);
-  }
-  __device__ __forceinline__ Bf4() : v{0.f, 0.f, 0.f, 0.f} {}
-  __device__ __forceinline__ uint2 pack() const {
-    const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
-    return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
-  }
-};
-
 // With this seam's pre (pre_s [T, 4]): x[t] = rms_norm(bf16(Σ_i pre[t, i]·H'[t, i])) · norm_w, the whole rows in
-// the last CTA (H' from h_out, written by every CTA, when expanding). A thread's kFreshChunks chunks of 4 columns
+// the last CTA (H' from h_out, written by every CTA, when expanding). A thread's kChunks chunks of 4 columns
 // are loaded together and kept in registers between the sum of squares and the scaling (D ≤ kHcFreshMaxD).
 template <bool EXPAND>
 __device__ void collapse_rows(const HcSeamParams& p, const float* pre_s, float* scratch, int tid) {
@@ -288,7 +276,8 @@ __global__ void __launch_bounds__(kThreads) hc_seam_kernel(const HcSeamParams p)
   float* rx_out = p.partial + int64_t(slices) * p.T * 32;  // the rows' RMS scales, published by the finisher
   if (!is_last) {
     if constexpr (!kGiven) return;
-    // wait for the finisher (every CTA of the grid is resident: each has arrived) and read its scales
+    // wait for the finisher and read its scales (the whole grid is resident at once: the binding checks
+    // hc_seam_max_ctas, so the finisher is not kept off an SM by a waiting CTA)
     if (tid == 0)
       while (ld_acquire(generation) == gen0) __nanosleep(32);
     __syncthreads();

@@ -8,11 +8,12 @@
 // gate row in 16-byte pieces (each warp prefetches its row into L2 before the programmatic-dependent wait, so the
 // rows load while the previous kernel ends) against the matching pieces of each token's x row (L1-resident),
 // then sum over the warp and store float32 logits. The last CTA to arrive (an arrival counter that wraps back to
-// zero at the last arrival) routes:
-// a warp per token holds ceil(E / 32) experts per lane and takes k rounds of a warp max over the reference's
-// selection keys (value, NaN above +inf, then the lower id). Results repeat bit for bit; the logits differ from the Triton linear's only in summation order.
+// zero at the last arrival) routes: a warp per token holds ceil(E / 32) experts per lane and takes k rounds of a
+// warp max over the reference's selection keys (value, NaN above +inf, then the lower id). Results repeat bit for
+// bit; the logits differ from the Triton linear's only in summation order.
 #include <climits>
 
+#include "../common/bf16.cuh"
 #include "../common/pdl.cuh"
 #include "router.h"
 
@@ -21,16 +22,6 @@ namespace {
 
 constexpr int kThreads = 32 * kRouterWarps;
 constexpr int kPerLane = kRouterMaxExperts / 32;
-
-__device__ __forceinline__ void unpack8(const uint4& raw, float (&v)[8]) {
-  const uint32_t q[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&q[i]);
-    v[2 * i] = __low2float(b);
-    v[2 * i + 1] = __high2float(b);
-  }
-}
 
 // log(sqrt(softplus(x))), accurate over the float range: softplus = max(x, 0) + log1p(e^-|x|), and ½·x below −20
 // (kernels/router.py log_sqrt_softplus)
@@ -129,15 +120,17 @@ __global__ void __launch_bounds__(kThreads) router_kernel(const RouterParams p) 
   if (e < p.E) {
 #pragma unroll 4
     for (int c = lane; c < n16; c += 32) {
-      float wv[8];
-      unpack8(__ldg(wrow + c), wv);
+      const uint4 wraw = __ldg(wrow + c);
+      const Bf4 w0(make_uint2(wraw.x, wraw.y)), w1(make_uint2(wraw.z, wraw.w));
 #pragma unroll
       for (int t = 0; t < kRouterMaxTokens; ++t) {
         if (t >= p.T) break;
-        float xv[8];
-        unpack8(*reinterpret_cast<const uint4*>(p.x + t * p.x_stride + 8 * int64_t(c)), xv);
+        const uint4 xraw = *reinterpret_cast<const uint4*>(p.x + t * p.x_stride + 8 * int64_t(c));
+        const Bf4 x0(make_uint2(xraw.x, xraw.y)), x1(make_uint2(xraw.z, xraw.w));
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[t] = fmaf(wv[i], xv[i], acc[t]);
+        for (int i = 0; i < 4; ++i) acc[t] = fmaf(w0.v[i], x0.v[i], acc[t]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[t] = fmaf(w1.v[i], x1.v[i], acc[t]);
       }
     }
   }

@@ -41,17 +41,12 @@ FRESH_MAX_D = 8192  # kHcFreshMaxD
 # against 20.8 at 16 (9–15 not timed).
 SEAM_MAX_TOKENS = 8
 
-_max_ctas: dict[int, int] = {}
-COLLAPSE = {None: 0, "given": 1, "fresh": 2}  # HcCollapse
 
 
 def max_ctas(device: torch.device) -> int:
     """CTAs of the given-weights seam that can be resident at once on CUDA ``device`` (its CTAs wait for each
-    other, so the seam takes D / COLS ≤ this; cuda/mhc/hc_seam.cu), cached."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _max_ctas:
-        _max_ctas[index] = cuda_ext().hc_seam_max_ctas(index)
-    return _max_ctas[index]
+    other, so the seam takes D / COLS ≤ this; cuda/mhc/hc_seam.cu, which caches it per device)."""
+    return cuda_ext().hc_seam_max_ctas(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def takes(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, norm_w: Tensor | None = None) -> bool:
@@ -70,13 +65,13 @@ def launch(h: Tensor, fn: Tensor, scale: Tensor, base: Tensor, iters: int, hc_ep
            collapse: tuple | None = None) -> None:
     """One launch writing ``pre``, ``post``, ``comb``; with ``expand = (y, post_in, comb_in, h_out)`` also
     ``h_out``; with ``collapse = (pre_c or None, norm_w, x_eps, x)`` also ``x`` (``pre_c`` None: this seam's pre).
-    ``counters``: :func:`.wstream.split_counters`, whose last two words are the kernel's arrival counter (zero, left
-    zero) and generation word. Raises RuntimeError for operands the binding rejects."""
+    ``counters``: :func:`.wstream.split_counters`, whose last two words are the kernel's arrival counter (zero
+    before and after) and generation word. Raises RuntimeError for operands the binding rejects."""
     t, _, d = h.shape
     partial = torch.empty(d // COLS * t * 32 + MAX_TOKENS, dtype=torch.float32, device=h.device)
     y, post_in, comb_in, h_out = expand if expand is not None else (None, None, None, None)
     pre_c, norm_w, x_eps, x = collapse if collapse is not None else (None, None, 0.0, None)
-    mode = COLLAPSE[None if collapse is None else "fresh" if pre_c is None else "given"]
+    mode = 0 if collapse is None else 2 if pre_c is None else 1  # HcCollapse: none, the seam's own pre, given
     sync = counters[wstream.COUNTER_SLOTS:]
     cuda_ext().hc_seam(h, y, post_in, comb_in, h_out, fn, scale, base, pre, post, comb, partial, sync, mode,
                        pre_c, norm_w, x, iters, float(norm_eps), float(hc_eps), float(x_eps), pdl_enabled(h.device))

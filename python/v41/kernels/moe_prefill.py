@@ -15,7 +15,8 @@ Measured on the H200 (same bench and section): it does **not** pay yet, and is o
 At 8,192 tokens ``w13`` took 16.2–16.6 ms against the W4A16 kernel's 13.8 (2,048 tokens: 14.8–15.0 against 8.1):
 about the dequantization (8.6 ms, 1.6× its bytes floor of 5.4) plus the GEMM (5.9), so the two streams barely
 overlap — a dequantization grid fills every SM and the GEMM waits for free ones. What would make it pay: the
-dequantization at its floor on a bounded number of SMs (a persistent grid), leaving the rest to the GEMM.
+dequantization at its floor on a bounded number of SMs, leaving the rest to the GEMM (:data:`DEQUANT_PROGRAMS`,
+not yet timed).
 
 Same math as :func:`.moe.grouped_linear_ref`: the dequantized weight is exact in bf16, the products are exact in
 float32, only the order of the float32 sums differs. Prefill only: the call reads the expert offsets on the host
@@ -37,7 +38,7 @@ MIN_ROWS_PER_EXPERT = 0
 CHUNK = 16  # experts per dequantized chunk
 # Programs of each chunk's dequantization (0: one per tile, as measured). The measured pipeline barely overlapped:
 # the dequantization grid filled every SM and the GEMM waited. Bounded, it leaves the other SMs to the GEMM beside
-# it (the direction benches/RESULTS.md "2026-12-04 (night)" names; moe_prefill_paths.py --dequant-programs).
+# it (the direction benches/RESULTS.md "2026-12-04 (night)" names; moe_prefill_paths.py --chunks 16:32).
 DEQUANT_PROGRAMS = 0
 
 

@@ -60,11 +60,12 @@ def _takes(x: Tensor, w: PackedWeight, k: int, n_group: int) -> bool:
 
 
 def split_counters(device: torch.device) -> Tensor | None:
-    """The zeroed split-K arrival counters of ``device`` (int32 [COUNTER_SLOTS + 2]; each launch of this kernel or
-    of the Triton linear leaves the first COUNTER_SLOTS zeroed; the last two are the CUDA mHC seam's arrival
-    counter, left zeroed, and its generation word, any value: :mod:`.mhc_cuda`), or None while a CUDA graph is being captured and they do not exist yet:
-    made inside a capture they would be zeroed only when that graph replays, so such a launch does without them
-    (this kernel: no split-K; the Triton linear: its partials summed after the kernel). The engine's eager warm-up
+    """The zeroed split-K arrival counters of ``device`` (int32 [COUNTER_SLOTS + 2]; each launch of this kernel, of
+    the Triton linear or of the CUDA router leaves the first COUNTER_SLOTS zeroed; the last two are the CUDA mHC
+    seam's arrival counter, also zero between launches, and its generation word, any value: :mod:`.mhc_cuda`), or
+    None while a CUDA graph is being captured and they do not exist yet: made inside a capture they would be zeroed
+    only when that graph replays, so such a launch does without them (this kernel: no split-K; the Triton linear:
+    its partials summed after the kernel). The engine's eager warm-up
     makes them first. One buffer per device and stream lane (:func:`.side_stream.lane`): two launches that may
     run at once (one on the side stream) never share counters; launches on one stream run in order."""
     if device.type == "cuda" and device.index is None:
