@@ -143,6 +143,7 @@ def test_the_seam_falls_back_to_expand_mixes_and_collapse_on_the_cpu(no_extensio
 def test_the_router_falls_back_to_the_gate_linear_and_route_on_the_cpu(no_extension, monkeypatch, mode):
     monkeypatch.setenv("V41_KERNELS", mode)
     monkeypatch.setattr(router, "CUDA_ROUTER", True)
+    monkeypatch.setattr(router, "CUDA_ROUTER_MAX_TOKENS", router.ROUTER_MAX_TOKENS)
     g = torch.Generator().manual_seed(2)
     x, w = torch.randn(3, 64, generator=g), torch.randn(32, 64, generator=g)
     bias = torch.randn(32, generator=g) * 0.1

@@ -35,6 +35,16 @@ def _random_codes(shape, fmt, g):
 # The largest scale byte whose factor is one bf16 multiply (cuda/common/dequant.cuh kOneFactorMax): batches of
 # the kernel with only such bytes take the one-multiply conversion, others two multiplies.
 ONE_FACTOR_MAX = {"mxfp4": 128, "fp8": 134}
+# The kernel's register variants (cuda/linear/wstream.cu): single batches uncapped or capped for 5 CTAs per SM, and
+# double-buffered batches of 2 or 4 chunks (taken by every expert launch here, whatever its grid; dense linears
+# never take them).
+VARIANTS = ["default", "five_ctas", "db2", "db4"]
+
+
+def _variant(monkeypatch, variant):
+    monkeypatch.setattr(wstream, "FIVE_CTAS", variant == "five_ctas")
+    monkeypatch.setattr(wstream, "DOUBLE_BUFFER", int(variant[2:]) if variant.startswith("db") else 0)
+    monkeypatch.setattr(wstream, "DOUBLE_BUFFER_MAX_CTAS_PER_SM", 1 << 20)
 
 
 def _weight(fmt, n, k, g, block=(32, 32), experts=None, one_factor=False):
@@ -142,16 +152,16 @@ def test_linear_declines_what_it_does_not_take():
     assert wstream.linear(x[:4, :192], w_48, torch.bfloat16) is None  # scale blocks of 48 inputs
 
 
-@pytest.mark.parametrize("five_ctas", [False, True])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("tokens,experts,top_k", [(1, 384, 6), (8, 384, 6), (64, 256, 6), (16, 8, 1)])
 @pytest.mark.parametrize("fmt", ["mxfp4", "fp8"])
-def test_grouped_equals_its_reference(fmt, tokens, experts, top_k, five_ctas, monkeypatch):
+def test_grouped_equals_its_reference(fmt, tokens, experts, top_k, variant, monkeypatch):
     """Sorted expert pairs with empty experts, one expert holding every token (several passes over its weight:
-    more than 8 rows), gathered rows and pre-sorted rows, split K (few experts: 16 tokens over 8); with the
-    registers capped for 5 CTAs per SM too."""
-    monkeypatch.setattr(wstream, "FIVE_CTAS", five_ctas)
+    more than 8 rows), gathered rows and pre-sorted rows, split K (few experts: 16 tokens over 8); in each of the
+    kernel's register variants (K = 640: 5 MXFP4 / 10 FP8 chunks, so the double-buffered batches end part-full)."""
+    _variant(monkeypatch, variant)
     g = _gen()
-    n, k = 4608 // 16, 512
+    n, k = 4608 // 16, 640
     w = stack_experts([packed(torch.randn(n, k, generator=g) / k ** 0.5, fmt) for _ in range(experts)]).to(DEV)
     ids = torch.randint(0, experts, (tokens, top_k), generator=g)
     if tokens > 8:
@@ -169,13 +179,13 @@ def test_grouped_equals_its_reference(fmt, tokens, experts, top_k, five_ctas, mo
         assert rel(y.cpu(), ref) < 4e-3, rows is None
 
 
-@pytest.mark.parametrize("five_ctas", [False, True])
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("one_factor", [False, True])
 @pytest.mark.parametrize("fmt", ["mxfp4", "fp8"])
-def test_grouped_converts_every_code_and_scale(fmt, one_factor, five_ctas, monkeypatch):
+def test_grouped_converts_every_code_and_scale(fmt, one_factor, variant, monkeypatch):
     """The expert path over every code of the format and scale bytes in the one-multiply range only or spread over
     both conversions (the sums compared to float64 ones from the dequantized weights)."""
-    monkeypatch.setattr(wstream, "FIVE_CTAS", five_ctas)
+    _variant(monkeypatch, variant)
     g = _gen()
     experts, n, k, tokens = 16, 64, 512, 8
     w = _weight(fmt, n, k, g, (32, 32), experts=experts, one_factor=one_factor)

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and dispatch.cuda
 @pytest.fixture(autouse=True)
 def cuda_router(monkeypatch):
     monkeypatch.setattr(router, "CUDA_ROUTER", True)
+    monkeypatch.setattr(router, "CUDA_ROUTER_MAX_TOKENS", router.ROUTER_MAX_TOKENS)
 
 
 def _case(t, e, d, k, hashed, seed=0, tied=0, pad=0):
@@ -88,16 +89,24 @@ def test_graph_replay_is_bit_equal():
 
 
 def test_the_dispatch_takes_decode_steps_and_leaves_longer_ones_to_triton(monkeypatch):
+    """Up to CUDA_ROUTER_MAX_TOKENS (here 2) the CUDA router runs; past it the dispatch does not try it, and past
+    the kernel's 16 tokens the kernel declines; either way the Triton path gives the reference's routing."""
+    monkeypatch.setattr(router, "CUDA_ROUTER_MAX_TOKENS", 2)
     calls = []
     real = router._route_cuda
     monkeypatch.setattr(router, "_route_cuda", lambda *a: calls.append(real(*a)) or calls[-1])
-    for t in (1, router.ROUTER_MAX_TOKENS + 1):
+    for t in (1, 2, 3):
         x, gate, bias, _ = _case(t, 64, 256, 6, False, seed=t)
         calls.clear()
         ids, weights = router.route_fused(x, gate, bias, None, 6, 1.5, True, 2.5)
-        assert len(calls) == 1 and (calls[0] is not None) == (t == 1)
+        assert len(calls) == (t <= 2) and all(c is not None for c in calls)
         want_ids, want_w = _want(x, gate, bias, None, 6, True)
         assert torch.equal(ids, want_ids) and rel(weights, want_w) <= 1e-5
+    monkeypatch.setattr(router, "CUDA_ROUTER_MAX_TOKENS", 99)
+    x, gate, bias, _ = _case(router.ROUTER_MAX_TOKENS + 1, 64, 256, 6, False, seed=3)
+    calls.clear()
+    router.route_fused(x, gate, bias, None, 6, 1.5, True, 2.5)
+    assert calls == [None]  # tried, declined: the kernel takes at most 16 tokens
     monkeypatch.setattr(router, "CUDA_ROUTER", False)
     calls.clear()
     router.route_fused(x[:1], gate, bias, None, 6, 1.5, True, 2.5)

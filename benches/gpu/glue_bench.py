@@ -127,7 +127,8 @@ def linear_cells(tokens, reps, bw):
 
 def router_cells(tokens, reps, bw):
     """The MoE router of a decode step, V4.1-Flash's gate [384, 5120] bf16, top-6 with bias: the CUDA router (one
-    launch; column "default" sets router.CUDA_ROUTER) against the Triton gate linear + route kernel."""
+    launch, at every token count; column "default" sets router.CUDA_ROUTER and its token limit) against the Triton
+    gate linear + route kernel."""
     rows = []
     e, k = 384, 6
     gates = [from_dense(torch.randn(e, D, device="cuda").to(torch.bfloat16) / D ** 0.5)
@@ -136,13 +137,14 @@ def router_cells(tokens, reps, bw):
     for t in tokens:
         xs = [torch.randn(t, D, device="cuda").to(torch.bfloat16) for _ in range(4)]
         call = lambda i: router.route_fused(xs[i % 4], gates[i % len(gates)], bias, None, k, 1.0, True, 2.5)  # noqa
-        ids, w = switched(router, {"CUDA_ROUTER": True}, lambda: call(0))
+        on = {"CUDA_ROUTER": True, "CUDA_ROUTER_MAX_TOKENS": router.ROUTER_MAX_TOKENS}
+        ids, w = switched(router, on, lambda: call(0))
         want_ids, want_w = router.route_ref(xs[0].double() @ gates[0].data.double().T, bias.double(), None, k, 1.0,
                                             True, 2.5)
         err = rel(w, want_w) if torch.equal(ids, want_ids) else float("inf")
         n = max(reps, min(len(gates), 128))
-        us = {name: switched(router, {"CUDA_ROUTER": on}, lambda: graph_us([lambda i=i: call(i) for i in range(n)]))
-              for name, on in (("default", True), ("Triton", False))}
+        us = {name: switched(router, sw, lambda: graph_us([lambda i=i: call(i) for i in range(n)]))
+              for name, sw in (("default", on), ("Triton", {"CUDA_ROUTER": False}))}
         rows.append((f"router gate [{e}, {D}] + top-{k}", f"T={t}", us, e * D * 2 / bw * 1e6, err))
     return rows
 

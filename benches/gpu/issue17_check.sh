@@ -39,6 +39,15 @@
 #   router   (~6 min) the CUDA router's and seam's tests (tests/test_gpu_cuda_router.py, test_gpu_cuda_mhc.py);
 #            glue_bench.py --ops router at 1, 8, 16 tokens; flash-slice-v41 and -v4 B = 1 with router.CUDA_ROUTER on
 #            and off; the expert GEMMs at 1 and 8 rows at 3, 5 and 8 CTAs per SM (split-K at one row);
+#   dbuf     (~7 min) the CUDA router's tests and the weight-streaming kernel's (tests/test_gpu_cuda.py, every
+#            register variant); glue_bench.py --ops router; kernel_bench.py experts and linears at 1 and 8 rows
+#            with wstream.DOUBLE_BUFFER 2 and 4 (and 4 with CTAS_PER_SM 5);
+#   router2  (~7 min) the CUDA router's tests and the expert GEMM's; the engine's CUDA-vs-Triton, FP8-vs-bf16 and
+#            greedy-token tests; glue_bench.py --ops router at 1-16 tokens; flash-slice-v41 B = 1 with the router
+#            on / off and the experts' double buffer on / off; flash-slice-v4 B = 1 with the router on / off;
+#   final2   (~7 min) the router's dispatch and model tests and the expert GEMM's tests (every register variant);
+#            flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1 at the defaults; the B = 1 profile of flash-slice-v41
+#            (PDL off);
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
@@ -184,7 +193,52 @@ case "${MODE:-tests}" in
     timeout 150 python3 benches/gpu/kernel_bench.py --ops experts --batches 1,8 --reps 16 --sweep 3,5,8 \
       > "$OUT/experts.txt" 2>&1
     tail -10 "$OUT/experts.txt" ;;
+  dbuf)
+    timeout 200 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda.py > "$OUT/tests13.txt" 2>&1 || rc=1
+    grep -h "FAILED\|Error" "$OUT/tests13.txt" | head -8; tail -3 "$OUT/tests13.txt"
+    timeout 60 python3 benches/gpu/glue_bench.py --tokens 1,8,16 --ops router > "$OUT/glue.txt" 2>&1
+    tail -4 "$OUT/glue.txt"
+    timeout 120 python3 benches/gpu/kernel_bench.py --ops experts --batches 1,8 --reps 16 --double-buffer 2,4,4:5 \
+      > "$OUT/experts.txt" 2>&1
+    tail -7 "$OUT/experts.txt"
+    timeout 180 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --double-buffer 2,4 \
+      > "$OUT/linears.txt" 2>&1
+    tail -21 "$OUT/linears.txt" ;;
+  router2)
+    timeout 150 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda.py -k "router or grouped" \
+      > "$OUT/tests14.txt" 2>&1 || rc=1
+    grep -h "FAILED\|Error" "$OUT/tests14.txt" | head -8; tail -2 "$OUT/tests14.txt"
+    timeout 150 $PT tests/test_gpu_cuda_attention.py tests/test_gpu_fast.py -k "triton_paths or deployed_bound \
+      or (greedy and deepseek_v41)" > "$OUT/tests15.txt" 2>&1 || rc=1
+    grep -h "FAILED\|Error" "$OUT/tests15.txt" | head -8; tail -2 "$OUT/tests15.txt"
+    timeout 60 python3 benches/gpu/glue_bench.py --tokens 1,2,4,8,16 --ops router > "$OUT/glue.txt" 2>&1
+    tail -6 "$OUT/glue.txt"
+    for s in "1 2" "0 2" "0 0"; do
+      set -- $s
+      timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
+        --set v41.kernels.router.CUDA_ROUTER=$1 --set v41.kernels.wstream.DOUBLE_BUFFER=$2 --out "$OUT/fs_v41" \
+        > "$OUT/fs_v41_$1$2.txt" 2>&1
+      echo "v41 CUDA_ROUTER=$1 DOUBLE_BUFFER=$2: $(grep "decode B=1" "$OUT/fs_v41_$1$2.txt" | tail -1)"
+    done
+    for s in 1 0; do
+      timeout 80 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
+        --set v41.kernels.router.CUDA_ROUTER=$s --out "$OUT/fs_v4" > "$OUT/fs_v4_$s.txt" 2>&1
+      echo "v4 CUDA_ROUTER=$s: $(grep "decode B=1" "$OUT/fs_v4_$s.txt" | tail -1)"
+    done ;;
+  final2)
+    timeout 170 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda.py -k "dispatch or bf16_model or grouped" \
+      > "$OUT/tests16.txt" 2>&1 || rc=1
+    grep -h "FAILED\|Error" "$OUT/tests16.txt" | head -8; tail -2 "$OUT/tests16.txt"
+    timeout 110 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
+      --kv-cache-dtype fp8 --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
+    tail -4 "$OUT/fs_v41.txt"
+    timeout 60 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
+      --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
+    tail -3 "$OUT/fs_v4.txt"
+    timeout 100 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 2048 --prefill 0 \
+      --kv-cache-dtype fp8 --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
+    grep -A24 "== decode" "$OUT/profile_b1.txt" | head -26 ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe," \
-       "seam, seam_ab or router"; exit 2 ;;
+       "seam, seam_ab, router, dbuf, router2 or final2"; exit 2 ;;
 esac
 exit $rc

@@ -2,7 +2,7 @@
 shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel table).
 
     python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24] [--ops linears,experts,attention,topk]
-        [--sweep 2,3,8] [--min-slice 32768,65536] [--five-ctas] [--linear-tiles 64:128:4:4]
+        [--sweep 2,3,8] [--double-buffer 2,4,4:5] [--min-slice 32768,65536] [--five-ctas] [--linear-tiles 64:128:4:4]
 
 Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
 rotate over enough copies of the weight that none is still in L2 (≥ 256 MB in all), and each MoE launch routes
@@ -52,19 +52,31 @@ def fp8_weight(n: int, k: int, block: int) -> PackedWeight:
 
 
 SWEEP: list[str] = []
+DOUBLE_BUFFER: list[str] = []  # --double-buffer: wstream.DOUBLE_BUFFER[:CTAS_PER_SM] settings (columns db<setting>)
 MIN_SLICE: list[int] = []  # --min-slice: also time the CUDA kernel at these wstream.MIN_SLICE_BYTES (slice<n>K)
 FIVE_CTAS = [False]  # --five-ctas: also time the expert GEMMs with wstream.FIVE_CTAS flipped (its own column)
 LINEAR_TILES: list[tuple[int, int, int, int]] = []
 
 
 def sweep(timed) -> dict[str, float]:
-    """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target) and each ``--min-slice``
-    value of ``wstream.MIN_SLICE_BYTES``."""
+    """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target), each ``--double-buffer``
+    setting (``wstream.DOUBLE_BUFFER``, taken by every launch, optionally with its own CTAS_PER_SM) and each
+    ``--min-slice`` value of ``wstream.MIN_SLICE_BYTES``."""
     out, default, floor = {}, wstream.CTAS_PER_SM, wstream.MIN_SLICE_BYTES
     for c in SWEEP:
         wstream.CTAS_PER_SM = int(c)
         out[c] = timed()
     wstream.CTAS_PER_SM = default
+    db = wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_MAX_CTAS_PER_SM
+    for d in DOUBLE_BUFFER:
+        u, _, c = d.partition(":")
+        wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_MAX_CTAS_PER_SM = int(u), 1 << 20
+        wstream.CTAS_PER_SM = int(c) if c else default
+        try:
+            out[f"db{d}"] = timed()
+        finally:
+            wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_MAX_CTAS_PER_SM = db
+            wstream.CTAS_PER_SM = default
     for b in MIN_SLICE:
         wstream.MIN_SLICE_BYTES = b
         out[f"slice{b >> 10}K"] = timed()
@@ -144,6 +156,8 @@ def main() -> None:
     ap.add_argument("--ops", default="linears,experts,attention,topk")
     ap.add_argument("--mqa-min-tiles", default="", help="MIN_TILES_PER_SPLIT values to also time sparse MQA at")
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
+    ap.add_argument("--double-buffer", default="", help="wstream.DOUBLE_BUFFER settings to also time the expert "
+                    "GEMMs at (dense linears never take it), each optionally with its CTAS_PER_SM, e.g. 2,4,4:5")
     ap.add_argument("--min-slice", default="", help="wstream.MIN_SLICE_BYTES values to also time the CUDA kernel "
                     "at, e.g. 32768,65536")
     ap.add_argument("--five-ctas", action="store_true", help="also time the expert GEMMs with wstream.FIVE_CTAS "
@@ -152,6 +166,7 @@ def main() -> None:
                     "at (columns t<tiling>; cells whose output features BN does not divide are left out)")
     args = ap.parse_args()
     SWEEP.extend(c for c in args.sweep.split(",") if c)
+    DOUBLE_BUFFER.extend(c for c in args.double_buffer.split(",") if c)
     MIN_SLICE.extend(int(b) for b in args.min_slice.split(",") if b)
     FIVE_CTAS[0] = args.five_ctas
     LINEAR_TILES.extend(tuple(int(v) for v in c.split(":")) for c in args.linear_tiles.split(",") if c)

@@ -248,10 +248,15 @@ struct Tile {
 // CTA's rows in shared memory through per-row bulk copies and mbarriers measured 2-3x slower on the H200, a
 // per-lane cp.async ring 5-60 % slower: benches/RESULTS.md.)
 // MIN_CTAS > 1 caps the registers so that many CTAs fit per SM (5: 96 per thread, no spills without XPRE).
-template <WFmt F, bool XPRE, int MIN_CTAS>
+// DBU > 0 (double-buffered): two batches of DBU chunks in registers, the next one's loads issued before the current
+// one is converted, so a warp keeps loads in flight while it computes; for small grids (decode at one row), where
+// the registers cost no CTAs.
+template <WFmt F, bool XPRE, int MIN_CTAS, int DBU>
 __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(const WStreamParams p) {
   using Traits = Fmt<F>;
-  constexpr int KP = Tile<F>::KP, CK = Tile<F>::CK, kUnroll = Traits::kUnroll;
+  constexpr int KP = Tile<F>::KP, CK = Tile<F>::CK, kUnroll = DBU > 0 ? DBU : Traits::kUnroll;
+  constexpr bool DB = DBU > 0;
+  static_assert(!(DB && XPRE), "double-buffered batches load no activations");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   // Programmatic dependent launch (common/pdl.cuh): a dense linear's tile depends on nothing the previous kernel
   // writes, so its first batch of weights is loaded before the wait and overlaps that kernel; an expert GEMM's
@@ -262,9 +267,12 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
   if (!tl.init(p, warp, g, t)) return;
   const uint8_t* w0 = p.w + tl.e * p.w_stride_e + int64_t(tl.r0) * p.w_stride_n + 16 * t;
   const uint8_t* w1 = w0 + 8 * p.w_stride_n;
-  Batch<kUnroll, KP / 2, XPRE> bt;
+  Batch<kUnroll, KP / 2, XPRE> bt, nx;
+  const auto load = [&](Batch<kUnroll, KP / 2, XPRE>& b, int c0) {
+    b.load(w0, w1, tl.s0, tl.s1, c0, tl.c_hi, t, CK, KP, p.sk_log2);
+  };
   bool preloaded = !routed && tl.n_base < p.N;
-  if (preloaded) bt.load(w0, w1, tl.s0, tl.s1, tl.c_lo, tl.c_hi, t, CK, KP, p.sk_log2);
+  if (preloaded) load(bt, tl.c_lo);
   if (!routed) pdl_wait();
   pdl_launch_dependents();
 
@@ -272,13 +280,25 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
   for (int64_t m0 = tl.start; m0 < tl.end && tl.n_base < p.N; m0 += 8) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     const __nv_bfloat16* xr = tl.x_row(p, m0, g);
-    // A batch of kUnroll chunks: its loads are all issued before the first is used. (Two batches in flight,
-    // one loading while the other computes, measured slower on the H200: the registers cost CTAs per SM.)
-    for (int c0 = tl.c_lo; c0 < tl.c_hi; c0 += kUnroll) {
-      if (!preloaded) bt.load(w0, w1, tl.s0, tl.s1, c0, tl.c_hi, t, CK, KP, p.sk_log2);
+    if (!DB) {
+      // A batch of kUnroll chunks: its loads are all issued before the first is used.
+      for (int c0 = tl.c_lo; c0 < tl.c_hi; c0 += kUnroll) {
+        if (!preloaded) load(bt, c0);
+        preloaded = false;
+        if (XPRE) bt.load_x(xr, c0, tl.c_hi, CK);
+        convert_and_mma<F>(bt, c0, tl.c_hi, xr, acc);
+      }
+    } else {
+      // Ping-pong: bt holds chunks c0.., nx chunks c0 + kUnroll..; each is loaded a batch ahead of its use.
+      if (!preloaded) load(bt, tl.c_lo);
       preloaded = false;
-      if (XPRE) bt.load_x(xr, c0, tl.c_hi, CK);
-      convert_and_mma<F>(bt, c0, tl.c_hi, xr, acc);
+      for (int c0 = tl.c_lo; c0 < tl.c_hi; c0 += 2 * kUnroll) {
+        const int c1 = c0 + kUnroll, c2 = c1 + kUnroll;
+        if (c1 < tl.c_hi) load(nx, c1);
+        convert_and_mma<F>(bt, c0, tl.c_hi, xr, acc);
+        if (c2 < tl.c_hi) load(bt, c2);
+        if (c1 < tl.c_hi) convert_and_mma<F>(nx, c1, tl.c_hi, xr, acc);
+      }
     }
     tl.store(p, acc, m0, t);
   }
@@ -286,19 +306,22 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
 }
 
 template <WFmt F>
-cudaError_t launch_fmt(const WStreamParams& p, bool five_ctas, dim3 grid, cudaStream_t stream, bool pdl) {
-  auto kernel = p.x_prefetch ? wstream_kernel<F, true, 1>
-              : five_ctas    ? wstream_kernel<F, false, 5>
-                             : wstream_kernel<F, false, 1>;
+cudaError_t launch_fmt(const WStreamParams& p, bool five_ctas, int double_buffer, dim3 grid, cudaStream_t stream,
+                       bool pdl) {
+  auto kernel = p.x_prefetch          ? wstream_kernel<F, true, 1, 0>
+              : double_buffer == 4    ? wstream_kernel<F, false, 3, 4>
+              : double_buffer == 2    ? wstream_kernel<F, false, 4, 2>
+              : five_ctas             ? wstream_kernel<F, false, 5, 0>
+                                      : wstream_kernel<F, false, 1, 0>;
   return launch_kernel(kernel, grid, dim3(32 * kWStreamWarps), 0, stream, pdl, p);
 }
 
 }  // namespace
 
-cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, bool five_ctas, dim3 grid, cudaStream_t stream,
-                           bool pdl) {
-  return fmt == WFmt::kMxfp4 ? launch_fmt<WFmt::kMxfp4>(p, five_ctas, grid, stream, pdl)
-                             : launch_fmt<WFmt::kFp8>(p, five_ctas, grid, stream, pdl);
+cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, bool five_ctas, int double_buffer, dim3 grid,
+                           cudaStream_t stream, bool pdl) {
+  return fmt == WFmt::kMxfp4 ? launch_fmt<WFmt::kMxfp4>(p, five_ctas, double_buffer, grid, stream, pdl)
+                             : launch_fmt<WFmt::kFp8>(p, five_ctas, double_buffer, grid, stream, pdl);
 }
 
 }  // namespace v41

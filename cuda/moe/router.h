@@ -28,7 +28,7 @@ struct RouterParams {
 constexpr int kRouterMaxTokens = 16;
 constexpr int kRouterMaxK = 16;
 constexpr int kRouterMaxExperts = 512;
-constexpr int kRouterWarps = 8;  // experts per CTA: grid = ceil(E / kRouterWarps)
+constexpr int kRouterWarps = 8;  // warps per CTA (2 experts of 4 warps each: grid = ceil(E / 2))
 
 // Launches the kernel on `stream`; pdl: as a programmatic dependent of the previous kernel (common/pdl.cuh).
 cudaError_t router_launch(const RouterParams& p, cudaStream_t stream, bool pdl);

@@ -112,7 +112,8 @@ def use_cuda(*tensors: torch.Tensor, family: str | None = None) -> bool:
 # op → (family, where its CUDA kernel runs), for the ops with a CUDA kernel
 CUDA_OPS = {"dense linears": (None, "at decode sizes"), "MoE experts": ("moe", "at decode sizes"),
             "sparse attention": ("attention", "for bf16"), "indexer top-k": ("attention", "for float32 scores"),
-            "indexer scores": ("attention", "over long contexts"), "mHC seams": (None, "at decode sizes")}
+            "indexer scores": ("attention", "over long contexts"), "mHC seams": (None, "at decode sizes"),
+            "MoE router": ("moe", "at one token")}
 TRITON_ONLY = {"other ops": None}
 
 

@@ -6,7 +6,8 @@ given hash ids, V4's ``tid2eid``); weights = ``softmax`` of the selected ``log s
 for equal logits at any value, never NaN), else ``s``; times ``scaling``.
 
 :func:`route_fused` starts from the MoE input and the gate instead of the logits: where :data:`CUDA_ROUTER` is on
-and :func:`.dispatch.use_cuda` says so, decode steps (≤ 16 tokens, bf16, a bf16 gate of ≤ 512 experts) take the
+and :func:`.dispatch.use_cuda` says so, decode steps (≤ :data:`CUDA_ROUTER_MAX_TOKENS` tokens of the kernel's 16,
+bf16, a bf16 gate of ≤ 512 experts) take the
 CUDA router of ``cuda/moe/router.cu`` — the gate GEMV and the routing in one launch — else the gate linear
 (float32 output) and :func:`route`.
 """
@@ -25,9 +26,12 @@ from .pdl import enabled as pdl_enabled
 from .pdl import triton_kw
 from .topk import stable_topk
 
-# The CUDA router for decode steps. Off until its GPU tests have run (tests/test_gpu_cuda_router.py; not yet run on a
-# GPU): then on, if it is faster than the Triton gate linear + route kernel (glue_bench.py --ops router).
-CUDA_ROUTER = False
+# The CUDA router for decode steps of at most CUDA_ROUTER_MAX_TOKENS tokens (tests/test_gpu_cuda_router.py passes on
+# the H200). glue_bench.py --ops router, V4.1's gate [384, 5120] with top-6: 8.8 µs against 9.8 for the Triton gate
+# linear + route kernel at one token, 9.4 / 10.6 / 16.3 against 9.2 / 9.5 / 9.6 at 2 / 4 / 8 tokens, where each
+# warp's x pieces cost more than the Triton GEMM's tiles (benches/RESULTS.md "2026-12-04 (router, double buffer)").
+CUDA_ROUTER = True
+CUDA_ROUTER_MAX_TOKENS = 1
 ROUTER_MAX_TOKENS, ROUTER_MAX_K, ROUTER_MAX_EXPERTS = 16, 16, 512  # cuda/moe/router.h
 
 
@@ -71,7 +75,7 @@ def route_fused(x: Tensor, gate: PackedWeight, bias: Tensor | None, hash_ids: Te
     [E] float32 or None, hash_ids [T, k] int64 or None → (ids [T, k] int64, weights [T, k] float32). One CUDA
     launch where the CUDA router takes the step (module docstring)."""
     extra = [t for t in (bias, hash_ids) if t is not None]
-    if CUDA_ROUTER and use_cuda(x, gate.data, *extra, family="moe"):
+    if CUDA_ROUTER and x.shape[0] <= CUDA_ROUTER_MAX_TOKENS and use_cuda(x, gate.data, *extra, family="moe"):
         got = _route_cuda(x, gate, bias, hash_ids, top_k, gate_temp, renorm, scaling)
         if got is not None:
             return got

@@ -41,6 +41,14 @@ MIN_SLICE_BYTES = 0
 # Expert GEMMs (no activation prefetch): cap the registers at 96 per thread so 5 CTAs fit per SM instead of 4 (the
 # kernel is latency-bound there: 3-6 % faster at B = 8-64, equal at B = 1; benches/RESULTS.md "2026-12-03 (late)").
 FIVE_CTAS = True
+# Expert GEMMs: double-buffered batches (cuda/linear/wstream.cu, DBU; 0 = off, else the chunks per batch, 2 or 4)
+# for launches of at most DOUBLE_BUFFER_MAX_CTAS_PER_SM CTAs per SM (decode at one row), where the extra registers
+# cost no CTAs. Batches of 2: 13-15 % faster at one row (V4.1 w13 37.2 against 44.0 µs, w2 18.8 against 22.1; V4
+# w13 34.0 against 35.3); batches of 4 need 167 registers (3 CTAs per SM: V4.1's 432-CTA w13 in two waves, 58.9 µs).
+# Forced on every launch it was 4-5 % slower at 8 rows, and 5-40 % slower on the big dense linears (benches/
+# RESULTS.md "2026-12-04 (router, double buffer)"), which therefore never take it.
+DOUBLE_BUFFER = 2
+DOUBLE_BUFFER_MAX_CTAS_PER_SM = 4
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
@@ -101,10 +109,13 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     if counters is None:
         split, per = 1, k // CHUNK[w.fmt]
     partial = torch.empty((split, p, n), dtype=torch.float32, device=x.device) if split > 1 else None
+    ctas = slots * -(-n // ROWS_PER_CTA) * split
+    small = ctas <= DOUBLE_BUFFER_MAX_CTAS_PER_SM * sm_count(x.device)
+    double_buffer = DOUBLE_BUFFER if small and not x_prefetch else 0
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        counters, FMT_CODES[w.fmt], n_group, w.block[0],
                        32 if w.fmt == "mxfp4" else w.block[1], slots, split, per,
-                       x_prefetch, FIVE_CTAS, pdl_enabled(x.device))
+                       x_prefetch, FIVE_CTAS, double_buffer, pdl_enabled(x.device))
     return y
 
 
