@@ -45,7 +45,8 @@
 #   router2  (~7 min) the CUDA router's tests and the expert GEMM's; the engine's CUDA-vs-Triton, FP8-vs-bf16 and
 #            greedy-token tests; glue_bench.py --ops router at 1-16 tokens; flash-slice-v41 B = 1 with the router
 #            on / off and the experts' double buffer on / off; flash-slice-v4 B = 1 with the router on / off;
-#   final2   (~7 min) the router's dispatch and model tests and the expert GEMM's tests (every register variant);
+#   final2   (~7 min) the router's dispatch and model tests and the expert GEMM's tests (every register variant; not
+#            the 384-expert cases, whose CPU references take minutes);
 #            flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1 at the defaults; the B = 1 profile of flash-slice-v41
 #            (PDL off);
 # The exit status is 1 when a test run failed.
@@ -58,6 +59,18 @@ rm -f python/v41/_cuda.so
 timeout 100 python3 cuda/build.py > "$OUT/build.txt" 2>&1; tail -1 "$OUT/build.txt"
 PT="python3 -m pytest -q -p no:cacheprovider --durations=8"
 rc=0
+# flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1, and the B = 1 profile of flash-slice-v41 (PDL off)
+step_figures() {
+  timeout 110 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
+    --kv-cache-dtype fp8 --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
+  tail -4 "$OUT/fs_v41.txt"
+  timeout 60 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
+    --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
+  tail -3 "$OUT/fs_v4.txt"
+  timeout 100 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 2048 --prefill 0 \
+    --kv-cache-dtype fp8 --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
+  grep -A24 "== decode" "$OUT/profile_b1.txt" | head -26
+}
 case "${MODE:-tests}" in
   tests)
     timeout 150 $PT tests/test_gpu_pdl.py tests/test_gpu_side_stream.py > "$OUT/tests0.txt" 2>&1 || rc=1
@@ -152,15 +165,7 @@ case "${MODE:-tests}" in
     grep -h "rel L2\|relative L2" "$OUT/tests10.txt" | head -8; tail -6 "$OUT/tests10.txt"
     timeout 120 python3 benches/gpu/glue_bench.py --tokens 1,8,16 --ops mhc > "$OUT/glue.txt" 2>&1
     tail -8 "$OUT/glue.txt"
-    timeout 150 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
-      --kv-cache-dtype fp8 --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
-    tail -4 "$OUT/fs_v41.txt"
-    timeout 90 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
-      --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
-    tail -3 "$OUT/fs_v4.txt"
-    timeout 150 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 2048 --prefill 0 \
-      --kv-cache-dtype fp8 --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
-    grep -A24 "== decode" "$OUT/profile_b1.txt" | head -26 ;;
+    step_figures ;;
   seam_ab)
     timeout 150 $PT tests/test_gpu_cuda_mhc.py > "$OUT/tests11.txt" 2>&1 || rc=1
     tail -2 "$OUT/tests11.txt"
@@ -226,18 +231,11 @@ case "${MODE:-tests}" in
       echo "v4 CUDA_ROUTER=$s: $(grep "decode B=1" "$OUT/fs_v4_$s.txt" | tail -1)"
     done ;;
   final2)
-    timeout 170 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda.py -k "dispatch or bf16_model or grouped" \
+    timeout 170 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda.py \
+      -k "dispatch or bf16_model or (grouped and not 384)" \
       > "$OUT/tests16.txt" 2>&1 || rc=1
     grep -h "FAILED\|Error" "$OUT/tests16.txt" | head -8; tail -2 "$OUT/tests16.txt"
-    timeout 110 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
-      --kv-cache-dtype fp8 --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
-    tail -4 "$OUT/fs_v41.txt"
-    timeout 60 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
-      --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
-    tail -3 "$OUT/fs_v4.txt"
-    timeout 100 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 2048 --prefill 0 \
-      --kv-cache-dtype fp8 --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
-    grep -A24 "== decode" "$OUT/profile_b1.txt" | head -26 ;;
+    step_figures ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe," \
        "seam, seam_ab, router, dbuf, router2 or final2"; exit 2 ;;
 esac

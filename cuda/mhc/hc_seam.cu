@@ -349,10 +349,14 @@ cudaError_t launch_expand(const HcSeamParams& p, HcCollapse collapse, cudaStream
 int hc_seam_max_ctas(int device) {
   static int known[64] = {};  // by device (the binding checks every given-weights launch against it)
   if (device >= 0 && device < 64 && known[device] > 0) return known[device];
-  int per_sm = 0, sms = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, hc_seam_kernel<true, HcCollapse::kGiven>, kThreads, 0) !=
-          cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+  int per_sm = 0, sms = 0, current = -1;
+  // the occupancy query answers for the current device: ask it on `device`, then restore the caller's
+  const bool ok = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess &&
+                  cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                      &per_sm, hc_seam_kernel<true, HcCollapse::kGiven>, kThreads, 0) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
+  if (current >= 0) (void)cudaSetDevice(current);
+  if (!ok) {
     (void)cudaGetLastError();
     return 0;
   }
