@@ -46,8 +46,11 @@ def _want(x, gate, bias, hash_ids, k, renorm):
 @pytest.mark.parametrize("renorm", [True, False])
 @pytest.mark.parametrize("hashed", [False, True], ids=["bias", "hash"])
 @pytest.mark.parametrize("t,e,d,k,pad", [(1, 384, 5120, 6, 0), (3, 256, 64, 8, 8), (16, 384, 5120, 6, 0),
-                                         (5, 8, 128, 1, 0), (2, 40, 256, 8, 0), (11, 512, 1024, 16, 16)])
+                                         (5, 8, 128, 1, 0), (2, 40, 256, 8, 0), (11, 512, 1024, 16, 16),
+                                         (2, 7, 40, 3, 0), (3, 129, 8, 4, 0), (1, 65, 7168, 6, 0)])
 def test_the_router_equals_its_reference(t, e, d, k, pad, hashed, renorm):
+    """Also an odd E (the last CTA's second expert a clamped repeat, not stored), D = 8 and 40 (warps whose quarter
+    of the row is empty or short) and D = 7,168 (two passes per warp)."""
     x, gate, bias, hash_ids = _case(t, e, d, k, hashed, seed=t + e + k, pad=pad)
     poison("cuda")
     ids, weights = router._route_cuda(x, gate, bias, hash_ids, k, 1.5, renorm, 2.5)

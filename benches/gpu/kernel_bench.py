@@ -67,15 +67,15 @@ def sweep(timed) -> dict[str, float]:
         wstream.CTAS_PER_SM = int(c)
         out[c] = timed()
     wstream.CTAS_PER_SM = default
-    db = wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_MAX_CTAS_PER_SM
+    db = wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_CTAS_PER_SM
     for d in DOUBLE_BUFFER:
         u, _, c = d.partition(":")
-        wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_MAX_CTAS_PER_SM = int(u), 1 << 20
+        wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_CTAS_PER_SM = int(u), {int(u): 1 << 20}
         wstream.CTAS_PER_SM = int(c) if c else default
         try:
             out[f"db{d}"] = timed()
         finally:
-            wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_MAX_CTAS_PER_SM = db
+            wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_CTAS_PER_SM = db
             wstream.CTAS_PER_SM = default
     for b in MIN_SLICE:
         wstream.MIN_SLICE_BYTES = b

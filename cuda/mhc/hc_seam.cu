@@ -347,15 +347,19 @@ cudaError_t launch_expand(const HcSeamParams& p, HcCollapse collapse, cudaStream
 }  // namespace
 
 int hc_seam_max_ctas(int device) {
-  static int known[64] = {};  // by device (the binding checks every given-weights launch against it)
+  static int known[64] = {};  // by device (the binding checks every given-weights launch against it); threads that
+                              // race here store the same value
   if (device >= 0 && device < 64 && known[device] > 0) return known[device];
   int per_sm = 0, sms = 0, current = -1;
-  // the occupancy query answers for the current device: ask it on `device`, then restore the caller's
-  const bool ok = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess &&
-                  cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                      &per_sm, hc_seam_kernel<true, HcCollapse::kGiven>, kThreads, 0) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
-  if (current >= 0) (void)cudaSetDevice(current);
+  // the occupancy query answers for the current device: ask it on `device` (switching only when another device
+  // is current, so no other device's context is created), then restore the caller's
+  bool ok = cudaGetDevice(&current) == cudaSuccess;
+  const bool other = ok && current != device;
+  ok = ok && (!other || cudaSetDevice(device) == cudaSuccess) &&
+       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, hc_seam_kernel<true, HcCollapse::kGiven>, kThreads,
+                                                     0) == cudaSuccess &&
+       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess;
+  if (other) (void)cudaSetDevice(current);
   if (!ok) {
     (void)cudaGetLastError();
     return 0;

@@ -12,7 +12,7 @@
 // token's loads are unrolled too. Each warp prefetches its quarter into L2 before the programmatic-dependent wait,
 // so the rows load while the previous kernel ends. The quarters' sums meet in shared memory and add in quarter
 // order into the float32 logits. The last CTA to arrive (an arrival counter that wraps back to zero at the last
-// arrival) routes: a warp per token holds ceil(E / 32) experts per lane and takes k rounds of two warp reductions
+// arrival) routes: a warp per token holds expert lane + 32 j at j < 16 and takes k rounds of two warp reductions
 // (redux.sync) over the reference's selection order: the best key (value, NaN above +inf), then the lowest expert
 // id holding it. Results repeat bit for bit; the logits differ from the Triton linear's only in summation order.
 #include <climits>
@@ -55,7 +55,8 @@ __device__ __forceinline__ int order_key(float s) {
   return isnan(s) ? INT_MAX : (bits < 0 ? bits ^ 0x7FFFFFFF : bits);
 }
 
-// Token t's ids and weights, by one warp. Every load is issued unconditionally (clamped indices) before any use.
+// Token t's ids and weights, by one warp. The logits and the bias are loaded at clamped indices, all before any
+// is used (the bias and the hash ids behind one branch each).
 __device__ void route_token(const RouterParams& p, int t, int lane) {
   constexpr int kTaken = INT_MIN;  // below every key
   float ls[kPerLane], bias[kPerLane];
@@ -200,6 +201,9 @@ cudaError_t launch_bucket(const RouterParams& p, cudaStream_t stream, bool pdl) 
 
 cudaError_t router_launch(const RouterParams& p, cudaStream_t stream, bool pdl) {
   static_assert(kRouterMaxTokens == 16, "the token buckets below end at 16");
+  if (p.T < 1 || p.T > kRouterMaxTokens || p.E < 1 || p.E > kRouterMaxExperts || p.k < 1 || p.k > kRouterMaxK ||
+      p.k > p.E)
+    return cudaErrorInvalidValue;
   if (p.T <= 1) return launch_bucket<1>(p, stream, pdl);
   if (p.T <= 2) return launch_bucket<2>(p, stream, pdl);
   if (p.T <= 4) return launch_bucket<4>(p, stream, pdl);

@@ -113,7 +113,7 @@ def use_cuda(*tensors: torch.Tensor, family: str | None = None) -> bool:
 CUDA_OPS = {"dense linears": (None, "at decode sizes"), "MoE experts": ("moe", "at decode sizes"),
             "sparse attention": ("attention", "for bf16"), "indexer top-k": ("attention", "for float32 scores"),
             "indexer scores": ("attention", "over long contexts"), "mHC seams": (None, "at decode sizes"),
-            "MoE router": ("moe", "at one token")}
+            "MoE router": ("moe", "at decode sizes")}
 TRITON_ONLY = {"other ops": None}
 
 

@@ -42,13 +42,14 @@ MIN_SLICE_BYTES = 0
 # kernel is latency-bound there: 3-6 % faster at B = 8-64, equal at B = 1; benches/RESULTS.md "2026-12-03 (late)").
 FIVE_CTAS = True
 # Expert GEMMs: double-buffered batches (cuda/linear/wstream.cu, DBU; 0 = off, else the chunks per batch, 2 or 4)
-# for launches of at most DOUBLE_BUFFER_MAX_CTAS_PER_SM CTAs per SM (decode at one row), where the extra registers
-# cost no CTAs. Batches of 2: 13-15 % faster at one row (V4.1 w13 37.2 against 44.0 µs, w2 18.8 against 22.1; V4
-# w13 34.0 against 35.3); batches of 4 need 167 registers (3 CTAs per SM: V4.1's 432-CTA w13 in two waves, 58.9 µs).
+# for launches whose CTAs all fit at once at the variant's occupancy (DOUBLE_BUFFER_CTAS_PER_SM: batches of 2 take
+# 121-128 registers, 4 CTAs per SM; batches of 4 take 167-168, 3 per SM): decode at one row, where the extra
+# registers cost no CTAs. Batches of 2: 13-15 % faster at one row (V4.1 w13 37.2 against 44.0 µs, w2 18.8 against
+# 22.1; V4 w13 34.0 against 35.3); batches of 4 forced onto V4.1's 432-CTA w13 ran it in two waves (58.9 µs).
 # Forced on every launch it was 4-5 % slower at 8 rows, and 5-40 % slower on the big dense linears (benches/
 # RESULTS.md "2026-12-04 (router, double buffer)"), which therefore never take it.
 DOUBLE_BUFFER = 2
-DOUBLE_BUFFER_MAX_CTAS_PER_SM = 4
+DOUBLE_BUFFER_CTAS_PER_SM = {2: 4, 4: 3}
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
@@ -100,6 +101,15 @@ def _launch_shape(slots: int, n: int, k: int, fmt: str, device: torch.device) ->
     return -(-chunks // per), per
 
 
+def double_buffer_chunks(ctas: int, x_prefetch: bool, sms: int) -> int:
+    """The kernel's ``double_buffer`` argument for a launch of ``ctas`` CTAs on ``sms`` SMs: :data:`DOUBLE_BUFFER`
+    where the launch loads no activations with its weights (expert GEMMs) and all its CTAs fit at once at that
+    variant's occupancy (:data:`DOUBLE_BUFFER_CTAS_PER_SM`), else 0."""
+    if not DOUBLE_BUFFER or x_prefetch:
+        return 0
+    return DOUBLE_BUFFER if ctas <= DOUBLE_BUFFER_CTAS_PER_SM[DOUBLE_BUFFER] * sms else 0
+
+
 def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None, active: Tensor | None,
          p: int, slots: int, n_group: int, x_prefetch: bool) -> Tensor:
     n, k = w.out_features, w.in_features
@@ -109,9 +119,7 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     if counters is None:
         split, per = 1, k // CHUNK[w.fmt]
     partial = torch.empty((split, p, n), dtype=torch.float32, device=x.device) if split > 1 else None
-    ctas = slots * -(-n // ROWS_PER_CTA) * split
-    small = ctas <= DOUBLE_BUFFER_MAX_CTAS_PER_SM * sm_count(x.device)
-    double_buffer = DOUBLE_BUFFER if small and not x_prefetch else 0
+    double_buffer = double_buffer_chunks(slots * -(-n // ROWS_PER_CTA) * split, x_prefetch, sm_count(x.device))
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        counters, FMT_CODES[w.fmt], n_group, w.block[0],
                        32 if w.fmt == "mxfp4" else w.block[1], slots, split, per,
