@@ -46,9 +46,11 @@
 #            greedy-token tests; glue_bench.py --ops router at 1-16 tokens; flash-slice-v41 B = 1 with the router
 #            on / off and the experts' double buffer on / off; flash-slice-v4 B = 1 with the router on / off;
 #   final2   (~7 min) the router's dispatch and model tests and the expert GEMM's tests (every register variant; not
-#            the 384-expert cases, whose CPU references take minutes);
-#            flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1 at the defaults; the B = 1 profile of flash-slice-v41
+#            the 384-expert cases); flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1 at the defaults; the B = 1 profile of flash-slice-v41
 #            (PDL off);
+#   densedb  (~7 min) the router's, the weight-streaming kernel's and the seam's GPU tests (the last session's review
+#            fixes; wstream.DENSE_DOUBLE_BUFFER); kernel_bench.py linears at 1 and 8 rows with the dense linears
+#            double-buffered without their activation prefetch (column db2); flash-slice-v41 B = 1 with it on / off;
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
@@ -236,7 +238,19 @@ case "${MODE:-tests}" in
       > "$OUT/tests16.txt" 2>&1 || rc=1
     grep -h "FAILED\|Error" "$OUT/tests16.txt" | head -8; tail -2 "$OUT/tests16.txt"
     step_figures ;;
+  densedb)
+    timeout 200 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda.py tests/test_gpu_cuda_mhc.py \
+      > "$OUT/tests17.txt" 2>&1 || rc=1
+    grep -h "FAILED\|Error" "$OUT/tests17.txt" | head -8; tail -2 "$OUT/tests17.txt"
+    timeout 150 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --double-buffer 2 \
+      > "$OUT/linears.txt" 2>&1
+    tail -21 "$OUT/linears.txt"
+    for s in 1 0; do
+      timeout 80 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
+        --set v41.kernels.wstream.DENSE_DOUBLE_BUFFER=$s --out "$OUT/fs_v41" > "$OUT/fs_v41_$s.txt" 2>&1
+      echo "v41 DENSE_DOUBLE_BUFFER=$s: $(grep "decode B=1" "$OUT/fs_v41_$s.txt" | tail -1)"
+    done ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe," \
-       "seam, seam_ab, router, dbuf, router2 or final2"; exit 2 ;;
+       "seam, seam_ab, router, dbuf, router2, final2 or densedb"; exit 2 ;;
 esac
 exit $rc

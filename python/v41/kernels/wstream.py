@@ -50,6 +50,9 @@ FIVE_CTAS = True
 # RESULTS.md "2026-12-04 (router, double buffer)"), which therefore never take it.
 DOUBLE_BUFFER = 2
 DOUBLE_BUFFER_CTAS_PER_SM = {2: 4, 4: 3}
+# Dense linears without the activation prefetch, so that they may take the double buffer too (its dense variant
+# measured above had the prefetch as well, 236 registers). Not yet measured on a GPU: off.
+DENSE_DOUBLE_BUFFER = False
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
@@ -137,7 +140,7 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int = 1) 
     if (not 0 < m <= MAX_ROWS or out_dtype != torch.bfloat16 or w.data.dim() != 2 or n % groups
             or x.shape[1] != groups * k or not _takes(x, w, k, n // groups)):
         return None
-    return _run(x, None, w, None, None, m, 1, n // groups, x_prefetch=True)
+    return _run(x, None, w, None, None, m, 1, n // groups, x_prefetch=not DENSE_DOUBLE_BUFFER)
 
 
 def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, active: Tensor) -> Tensor | None:
