@@ -103,7 +103,8 @@ void router(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Te
                   x.stride(0) % 8 == 0 && aligned16(x.data_ptr()),
               "x must be a 2-D bfloat16 CUDA tensor, unit inner stride, 16-byte aligned rows");
   const int64_t t = x.size(0), d = x.size(1), e = w.size(0), k = ids.dim() == 2 ? ids.size(1) : 0;
-  TORCH_CHECK(t >= 1 && t <= v41::kRouterMaxTokens && d % 8 == 0, "x: T must be 1..kRouterMaxTokens, D a multiple of 8");
+  TORCH_CHECK(t >= 1 && t <= v41::kRouterMaxTokens && d % 8 == 0,
+              "x: T must be 1..kRouterMaxTokens, D a multiple of 8");
   TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.dim() == 2 && w.is_contiguous() && w.size(1) == d &&
                   w.device() == x.device() && aligned16(w.data_ptr()) && e >= 1 && e <= v41::kRouterMaxExperts,
               "w must be a contiguous 16-byte aligned bfloat16 [E, D] gate on x's device, E at most kRouterMaxExperts");

@@ -112,8 +112,8 @@ def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
 def check_moe_prefill(device: str, dtype: torch.dtype, g: torch.Generator):
     """MXFP4 experts dequantized in one launch equal the PyTorch form bit for bit (a run of experts from the
     middle, partial tiles, scales over ~40 binades, nothing written past the run; a program per tile and 3 programs
-    looping over them); in bf16, dequantize-then-grouped-GEMM over chunks of 3 of 8 experts (a scratch buffer reused, the last chunk part-filled,
-    one expert empty, gathered and pre-sorted rows) against the reference."""
+    looping over them); in bf16, dequantize-then-grouped-GEMM over chunks of 3 of 8 experts (a scratch buffer
+    reused, the last chunk part-filled, one expert empty, gathered and pre-sorted rows) against the reference."""
     out = []
     e, n, k = 5, 40, 224  # partial tiles of 32 rows × 128 inputs
     w = stack_experts([packed(torch.randn(n, k, generator=g) * 2.0 ** torch.randint(-20, 20, (n, 1), generator=g),

@@ -121,3 +121,11 @@ def test_the_binding_rejects_what_the_kernel_cannot_read():
         mhc_cuda.launch(h, fn, scale, base, 20, 1e-6, 1e-6, pre, pst, cmb, counters, None,
                         (pre_c, norm_w.float(), 1e-5, x))
     assert int(counters[wstream.COUNTER_SLOTS]) == 0
+
+
+def test_the_python_limits_are_the_kernels():
+    """mhc_cuda's constants mirror cuda/mhc/hc_seam.h (they exist without the extension; checked against it)."""
+    ext = dispatch.cuda_ext()
+    assert (mhc_cuda.MAX_TOKENS, mhc_cuda.COLS, mhc_cuda.FRESH_MAX_D) == (ext.HC_MAX_TOKENS, ext.HC_COLS,
+                                                                           ext.HC_FRESH_MAX_D)
+    assert mhc_cuda.SEAM_MAX_TOKENS <= mhc_cuda.MAX_TOKENS and mhc_cuda.FRESH_MAX_TOKENS <= mhc_cuda.SEAM_MAX_TOKENS

@@ -139,3 +139,11 @@ def test_the_bf16_model_with_the_cuda_router_gives_the_triton_routers_logits(tmp
     assert err <= BF16_BOUND
     assert clear.sum() >= len(ids) // 4
     assert torch.equal(runs[True].argmax(-1)[clear], want.argmax(-1)[clear])
+
+
+def test_the_python_limits_are_the_kernels():
+    """router's limits mirror cuda/moe/router.h (they exist without the extension; checked against it)."""
+    ext = dispatch.cuda_ext()
+    assert (router.ROUTER_MAX_TOKENS, router.ROUTER_MAX_K, router.ROUTER_MAX_EXPERTS) == (
+        ext.ROUTER_MAX_TOKENS, ext.ROUTER_MAX_K, ext.ROUTER_MAX_EXPERTS)
+    assert router.CUDA_ROUTER_MAX_TOKENS <= router.ROUTER_MAX_TOKENS

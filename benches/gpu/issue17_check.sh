@@ -46,8 +46,8 @@
 #            greedy-token tests; glue_bench.py --ops router at 1-16 tokens; flash-slice-v41 B = 1 with the router
 #            on / off and the experts' double buffer on / off; flash-slice-v4 B = 1 with the router on / off;
 #   final2   (~7 min) the router's dispatch and model tests and the expert GEMM's tests (every register variant; not
-#            the 384-expert cases); flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1 at the defaults; the B = 1 profile of flash-slice-v41
-#            (PDL off);
+#            the 384-expert cases); flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1 at the defaults; the B = 1
+#            profile of flash-slice-v41 (PDL off);
 #   densedb  (~7 min) the router's, the weight-streaming kernel's and the seam's GPU tests (the last session's review
 #            fixes; wstream.DENSE_DOUBLE_BUFFER); kernel_bench.py linears at 1 and 8 rows with the dense linears
 #            double-buffered without their activation prefetch (column db2); flash-slice-v41 B = 1 with it on / off;

@@ -1,6 +1,7 @@
 // The MoE router of a decode step in one launch (docs/model.md §3.8, §4 "MoE"; docs/numerics.md §4 "Router
 // numerics"; the reference: python/v41/kernels/router.py route_ref over linear(x, gate) in float32):
-//   l = x · gateᵀ (float32 sums of exact bf16 products), log s = ½·log(softplus(l / temp)) (½·l/temp below −20),
+//   l = x · gateᵀ (float32 sums of exact bf16 products), log s = ½·log(softplus(l / temp)) (½·l/temp below
+//   −20),
 //   ids = top-k of s + bias, exact ties to the lower expert id (or the given hash ids),
 //   weights = softmax of the selected log s (renorm) or s, times scaling.
 //

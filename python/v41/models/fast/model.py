@@ -142,7 +142,8 @@ class FastModel(nn.Module):
             if plan.dspark_target:
                 aux.append(h.mean(dim=1))
             h, pre_mix, pending = layer.step(h, pre_mix, batch.token_ids, ctx, pending)
-        h = expand(h, *pending)
+        if pending is not None:
+            h = expand(h, *pending)
         if self.drafter is not None:
             self.drafter.write_context(torch.cat(aux, dim=-1), *ctx.rope["base"], self.cache,
                                        batch.slot_mapping["dspark"])
