@@ -98,6 +98,11 @@ def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
             r = moe.grouped_linear_ref(xin.double().cpu(), w.to("cpu"), offsets.cpu(),
                                        None if rows is None else rows.cpu())
             out.append((f"grouped/{fmt}/{'gather' if rows is not None else 'rows'}", rel(y.cpu(), r), tol(dtype)))
+            if rows is not None and fmt != "dense":  # a 64-input K step (grouped_config's bk), prefill-sized tiles
+                cfg = dict(moe.grouped_config(t * top, w, dtype), bm=64, bn=64, bk=64, split=1, maxnreg=128)
+                poison(device)
+                y = moe.grouped_linear_triton(xin, w, offsets, rows, cfg, pairs.active)
+                out.append((f"grouped/{fmt}/bk64", rel(y.cpu(), r), tol(dtype)))
     yp = torch.randn(t * top, k, generator=g).to(device, dtype)
     extra = torch.randn(t, k, generator=g).to(device, dtype)
     inv = pairs.inv

@@ -83,12 +83,9 @@ def test_every_weight_code_reaches_the_output_exactly(fmt, block, one_factor):
         assert torch.equal(y.float(), want[k0:k0 + m].to(torch.bfloat16).float())
 
 
-@pytest.mark.parametrize("dense_db", [False, True], ids=["prefetch", "db"])
 @pytest.mark.parametrize("m", [1, 3, 8])
 @pytest.mark.parametrize("case", ["fp8-32", "fp8-128", "fp8-32-g8", "mxfp4"])
-def test_linear_equals_its_reference(case, m, dense_db, monkeypatch):
-    """Also with wstream.DENSE_DOUBLE_BUFFER: no activation prefetch, double-buffered batches."""
-    monkeypatch.setattr(wstream, "DENSE_DOUBLE_BUFFER", dense_db)
+def test_linear_equals_its_reference(case, m):
     g = _gen()
     fmt = case.split("-")[0]
     block = (128, 128) if "128" in case else (32, 32)
@@ -105,14 +102,11 @@ def test_linear_equals_its_reference(case, m, dense_db, monkeypatch):
     assert torch.equal(linear.linear(x, w, torch.bfloat16, groups), y)  # the dispatch takes the CUDA path
 
 
-@pytest.mark.parametrize("dense_db", [False, True], ids=["prefetch", "db"])
 @pytest.mark.parametrize("m", [1, 8, 24, 64])
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
-def test_long_rows_in_one_slice_and_several_row_groups(fmt, m, dense_db, monkeypatch):
-    """One K slice of 64 chunks per CTA (no split-K), so each warp runs 16 register batches (8 double-buffered
-    pairs with wstream.DENSE_DOUBLE_BUFFER, whose first batch loads before the programmatic-dependent wait); 24 and
-    64 rows take 3 and 8 passes over the weight; the scale bytes are a view at an odd offset."""
-    monkeypatch.setattr(wstream, "DENSE_DOUBLE_BUFFER", dense_db)
+def test_long_rows_in_one_slice_and_several_row_groups(fmt, m, monkeypatch):
+    """One K slice of 64 chunks per CTA (no split-K), so each warp runs 16 register batches; 24 and 64 rows take 3
+    and 8 passes over the weight; the scale bytes are a view at an odd offset."""
     monkeypatch.setattr(wstream, "CTAS_PER_SM", 0)  # split = 1
     monkeypatch.setattr(wstream, "MAX_ROWS", 64)
     g = _gen()

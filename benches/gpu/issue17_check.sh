@@ -24,7 +24,8 @@
 #            scores and top-k at B = 1, 8, 64), glue_bench.py (mHC mixes, float32-output linears, the sampler's
 #            race at 1, 8, 64 tokens; the mixes at 2,048 / 8,192), moe_bench.py at 2,048 / 8,192 tokens;
 #   paths    (~3 min) the MoE prefill path's tests (tests/test_moe_prefill.py, check_moe_prefill), then the MoE
-#            prefill GEMM four ways (moe_prefill_paths.py: W4A16, pipelined, bf16 and FP8 grouped GEMMs);
+#            prefill GEMM four ways (moe_prefill_paths.py: W4A16, pipelined, bf16 and FP8 grouped GEMMs; CHUNKS=
+#            its --chunks cells, experts per chunk[:dequantization programs]);
 #   long     (~4 min) flash-slice-v41 decode at 32k, 128k and 1M tokens of context (recency prefill), its cache per
 #            kind;
 #   moe      (~2 min) the MoE GEMM at 2,048- and 8,192-token prefill chunks over V4.1's experts (moe_bench.py);
@@ -48,9 +49,11 @@
 #   final2   (~7 min) the router's dispatch and model tests and the expert GEMM's tests (every register variant; not
 #            the 384-expert cases); flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1 at the defaults; the B = 1
 #            profile of flash-slice-v41 (PDL off);
-#   densedb  (~7 min) the router's, the weight-streaming kernel's and the seam's GPU tests (the last session's review
-#            fixes; wstream.DENSE_DOUBLE_BUFFER); kernel_bench.py linears at 1 and 8 rows with the dense linears
-#            double-buffered without their activation prefetch (column db2); flash-slice-v41 B = 1 with it on / off;
+#   prefill2 (~9 min) the grouped MoE GEMM's kernel checks (a 64-input K step among them); moe_bench.py over
+#            V4.1's experts at 2,048 / 8,192 tokens with the K step of 64 and a 128-register cap (two CTAs per SM:
+#            benches/triton_regs.py); the 8,192-token prefill of flash-slice-v41 with the moe.PREFILL_* settings at
+#            their defaults, then K step 64 + cap through the nibble decode and through tl.dot_scaled;
+#            moe_prefill_paths.py at 8,192 tokens with the dequantization bounded (CHUNKS=its --chunks cells);
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
@@ -149,7 +152,7 @@ case "${MODE:-tests}" in
     timeout 120 $PT tests/test_moe_prefill.py tests/test_gpu_fast.py -k "moe_prefill or dequant_mm or pipelined" \
       > "$OUT/tests9.txt" 2>&1 || rc=1
     tail -3 "$OUT/tests9.txt"
-    timeout 200 python3 benches/gpu/moe_prefill_paths.py > "$OUT/paths.txt" 2>&1
+    timeout 300 python3 benches/gpu/moe_prefill_paths.py --chunks "${CHUNKS:-16,32,16:32}" > "$OUT/paths.txt" 2>&1
     tail -7 "$OUT/paths.txt" ;;
   long)
     timeout 280 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x32768,1x131072,1x1048320 --prefill , \
@@ -238,19 +241,23 @@ case "${MODE:-tests}" in
       > "$OUT/tests16.txt" 2>&1 || rc=1
     grep -h "FAILED\|Error" "$OUT/tests16.txt" | head -8; tail -2 "$OUT/tests16.txt"
     step_figures ;;
-  densedb)
-    timeout 200 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda.py tests/test_gpu_cuda_mhc.py \
-      > "$OUT/tests17.txt" 2>&1 || rc=1
-    grep -h "FAILED\|Error" "$OUT/tests17.txt" | head -8; tail -2 "$OUT/tests17.txt"
-    timeout 150 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --double-buffer 2 \
-      > "$OUT/linears.txt" 2>&1
-    tail -21 "$OUT/linears.txt"
-    for s in 1 0; do
-      timeout 80 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
-        --set v41.kernels.wstream.DENSE_DOUBLE_BUFFER=$s --out "$OUT/fs_v41" > "$OUT/fs_v41_$s.txt" 2>&1
-      echo "v41 DENSE_DOUBLE_BUFFER=$s: $(grep "decode B=1" "$OUT/fs_v41_$s.txt" | tail -1)"
-    done ;;
+  prefill2)
+    timeout 150 $PT tests/test_gpu_fast.py -k "grouped or moe_prefill" > "$OUT/tests18.txt" 2>&1 || rc=1
+    grep -h "FAILED\|Error" "$OUT/tests18.txt" | head -8; tail -2 "$OUT/tests18.txt"
+    timeout 260 python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --reps 5 --tile-warps 8 \
+      --tiles 128:128,128:128:64:3:128,128:128:64:4:128,64:128:64:4:128 > "$OUT/moe_tiles.txt" 2>&1
+    tail -6 "$OUT/moe_tiles.txt"
+    for v in "128 0 1" "64 128 0" "64 128 1"; do
+      set -- $v
+      timeout 110 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 8192 --kv-cache-dtype fp8 \
+        --set v41.kernels.moe.PREFILL_BK=$1 --set v41.kernels.moe.PREFILL_MAXNREG=$2 \
+        --set v41.kernels.moe.PREFILL_SCALED=$3 --out "$OUT/fs_pf" > "$OUT/fs_pf_$1_$2_$3.txt" 2>&1
+      echo "BK=$1 maxnreg=$2 scaled=$3: $(grep "prefill" "$OUT/fs_pf_$1_$2_$3.txt" | tail -1)"
+    done
+    timeout 200 python3 benches/gpu/moe_prefill_paths.py --batches 8192 --chunks "${CHUNKS:-16,16:16,16:32,32:66}" \
+      > "$OUT/paths.txt" 2>&1
+    tail -4 "$OUT/paths.txt" ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe," \
-       "seam, seam_ab, router, dbuf, router2, final2 or densedb"; exit 2 ;;
+       "seam, seam_ab, router, dbuf, router2, final2 or prefill2"; exit 2 ;;
 esac
 exit $rc

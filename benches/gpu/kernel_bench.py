@@ -60,24 +60,23 @@ LINEAR_TILES: list[tuple[int, int, int, int]] = []
 
 def sweep(timed) -> dict[str, float]:
     """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target), each ``--double-buffer``
-    setting (``wstream.DOUBLE_BUFFER``, taken by every launch, dense ones without their activation prefetch,
-    optionally with its own CTAS_PER_SM) and each
+    setting (``wstream.DOUBLE_BUFFER``, taken by every expert launch, optionally with its own CTAS_PER_SM; dense
+    linears load their activations with their weights and never take it) and each
     ``--min-slice`` value of ``wstream.MIN_SLICE_BYTES``."""
     out, default, floor = {}, wstream.CTAS_PER_SM, wstream.MIN_SLICE_BYTES
     for c in SWEEP:
         wstream.CTAS_PER_SM = int(c)
         out[c] = timed()
     wstream.CTAS_PER_SM = default
-    db = wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_CTAS_PER_SM, wstream.DENSE_DOUBLE_BUFFER
+    db = wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_CTAS_PER_SM
     for d in DOUBLE_BUFFER:
         u, _, c = d.partition(":")
         wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_CTAS_PER_SM = int(u), {int(u): 1 << 20}
-        wstream.DENSE_DOUBLE_BUFFER = True
         wstream.CTAS_PER_SM = int(c) if c else default
         try:
             out[f"db{d}"] = timed()
         finally:
-            wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_CTAS_PER_SM, wstream.DENSE_DOUBLE_BUFFER = db
+            wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_CTAS_PER_SM = db
             wstream.CTAS_PER_SM = default
     for b in MIN_SLICE:
         wstream.MIN_SLICE_BYTES = b
@@ -159,7 +158,7 @@ def main() -> None:
     ap.add_argument("--mqa-min-tiles", default="", help="MIN_TILES_PER_SPLIT values to also time sparse MQA at")
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
     ap.add_argument("--double-buffer", default="", help="wstream.DOUBLE_BUFFER settings to also time the CUDA "
-                    "kernel at (dense linears: with DENSE_DOUBLE_BUFFER, no activation prefetch), each optionally with "
+                    "expert GEMMs at, each optionally with "
                     "its CTAS_PER_SM, e.g. 2,4,4:5")
     ap.add_argument("--min-slice", default="", help="wstream.MIN_SLICE_BYTES values to also time the CUDA kernel "
                     "at, e.g. 32768,65536")

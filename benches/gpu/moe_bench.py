@@ -4,14 +4,15 @@ V4-Flash's MXFP4 experts (256 experts; ``w13`` 4096 × 4096, ``w2`` 4096 × 2048
 each launch configuration checked against dequantize-then-matmul and timed with CUDA events.
 
     python3 benches/gpu/moe_bench.py [--batches 1,8,64] [--sweep] [--reps 20]
-    python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --tiles 64:64,128:128,128:256 --reps 5
+    python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --tiles 64:64,128:128,128:128:64:3:128 --reps 5
 
 Every repetition routes afresh (uniform top-6 per token, a new draw each time) so the experts it reads are not
 the previous repetition's L2 contents; the launch is timed as a CUDA graph replay, as the decode step runs it.
 Floor = bytes of the experts touched (data + scales) over the copy bandwidth measured in the same call. Prints
 one table last: the default configuration and, with ``--sweep`` (decode: K split, N tile, warps, stages) or
-``--tiles BM:BN,…`` (prefill: each row block × N tile at 4 / 8 warps, 3 stages, through ``tl.dot_scaled`` and
-through the nibble decode), the best of the swept ones
+``--tiles BM:BN[:BK[:stages[:maxnreg]]],…`` (prefill: each row block × N tile, K step (128), pipeline stages
+(3) and register cap (none) at ``--tile-warps`` (4 and 8), through ``tl.dot_scaled`` and through the nibble decode), the best of
+the swept ones
 per cell; every cell also gives TFLOP/s, against the bf16 dense-GEMM rate measured in the same call.
 """
 
@@ -106,6 +107,15 @@ def timed(x, w, routes, cfg, gather: bool) -> float:
     return median_ms(graph.replay, len(routes), before=load, warmup=0)
 
 
+def parse_tiling(tile: str) -> tuple[int, int, int, int, int]:
+    """``BM:BN[:BK[:stages[:maxnreg]]]`` → (BM, BN, BK, stages, maxnreg), defaults BK 128, 3 stages, maxnreg 0 (no
+    register cap)."""
+    given = [int(v) for v in tile.split(":")]
+    if not 2 <= len(given) <= 5:
+        raise SystemExit(f"tiling {tile!r}: expected BM:BN[:BK[:stages[:maxnreg]]]")
+    return tuple(given + [128, 3, 0][len(given) - 2:])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,8,64")
@@ -113,7 +123,9 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--shape", choices=tuple(SHAPES), default="v4")
     ap.add_argument("--tiles", default="",
-                    help="BM:BN tiles to sweep at 4 / 8 warps, 3 stages, scaled dot or not")
+                    help="BM:BN[:BK[:stages[:maxnreg]]] tilings to sweep at 4 / 8 warps, scaled dot or not "
+                    "(defaults BK 128, 3 stages, no register cap)")
+    ap.add_argument("--tile-warps", default="4,8", help="the warps each --tiles tiling is timed at")
     a = ap.parse_args()
     experts, hidden, inter = SHAPES[a.shape]
     torch.manual_seed(0)
@@ -138,10 +150,12 @@ def main() -> None:
                 for scaled, bn, split, warps, stages in itertools.product(
                         (False, True), (64, 128), splits, (4, 8), (3, 4)):
                     configs.append(dict(default, scaled=scaled, bn=bn, split=split, warps=warps, stages=stages))
-            for tile, warps, scaled in itertools.product(a.tiles.split(",") if a.tiles else (), (4, 8),
+            for tile, warps, scaled in itertools.product(a.tiles.split(",") if a.tiles else (),
+                                                         [int(v) for v in a.tile_warps.split(",")],
                                                          (default["scaled"], not default["scaled"])):
-                bm, bn = (int(v) for v in tile.split(":"))
-                configs.append(dict(default, bm=bm, bn=bn, split=1, warps=warps, stages=3, scaled=scaled))
+                bm, bn, bk, stages, maxnreg = parse_tiling(tile)
+                configs.append(dict(default, bm=bm, bn=bn, bk=bk, split=1, warps=warps, stages=stages, scaled=scaled,
+                                    maxnreg=maxnreg or None))
             flop = 2 * batch * TOP_K * w.shape[1] * w.shape[2]
             results = []
             for cfg in configs:

@@ -146,12 +146,25 @@ if triton is not None:
         tl.store(out_ptr + t.to(tl.int64) * D + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+# The prefill launch (128 × 128 tiles over 8 warps; A/B switches for flash_slice.py --set). Compiled for sm_90a,
+# the default (K step 128, 3 stages, tl.dot_scaled) takes 255 registers per thread: one CTA per SM, so a tile's FP4
+# upcast and its MMAs do not overlap another CTA's. With a K step of 64, 3 stages and a cap of 128 registers the
+# nibble decode compiles without spills (73.7 KB of shared memory: two CTAs per SM), tl.dot_scaled with 96 bytes
+# of spills (ptxas -v on Triton 3.6's PTX, no GPU needed). Not yet timed: the defaults stay.
+PREFILL_BK = 128  # wtile.TILE_K; 64 halves the tiles held in registers
+PREFILL_STAGES = 3
+PREFILL_MAXNREG = 0  # 0: the compiler's choice
+PREFILL_SCALED = True  # False: the nibble decode of wtile.tile_dot
+
+
 def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     """The launch of :func:`grouped_linear_triton` for ``pairs`` sorted rows over ``w`` (host shapes only, never the
-    routing): row block ``bm``, N tile ``bn``, K ``split`` (few rows per expert split K so the weight stream
-    spreads over the GPU), ``scaled`` (MXFP4 through ``tl.dot_scaled``: bf16/fp16 activations on a GPU, not
-    under the interpreter), ``warps``, ``stages``. Chosen with ``benches/gpu/moe_bench.py --sweep`` (decode) and
-    ``--tiles`` (prefill: at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2 / 6.8 ms
+    routing): row block ``bm``, N tile ``bn``, K step ``bk`` (128; 64 halves the tiles held in registers), K
+    ``split`` (few rows per expert split K so the weight stream spreads over the GPU), ``scaled`` (MXFP4 through
+    ``tl.dot_scaled``: bf16/fp16 activations on a GPU, not under the interpreter), ``warps``, ``stages``,
+    ``maxnreg`` (a register cap per thread for the compiler, None = its choice). Prefill chunks (more than 64 pairs
+    per expert, MXFP4 on a GPU) take the ``PREFILL_*`` settings. Chosen with ``benches/gpu/moe_bench.py --sweep``
+    (decode) and ``--tiles`` (prefill: at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2 / 6.8 ms
     for w13 / w2 against 17.6 / 9.1 ms with the 64 × 64 tiles of 4 warps before; 256-row tiles 11.5 / 6.8 ms; the
     weight tile as the dot's left operand 3× slower; 128 rows, not 256: a 256-row tile is mostly masked rows at
     ~128 per expert and gave w2 nothing; benches/RESULTS.md "2026-12-04 (evening)")."""
@@ -160,25 +173,28 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     scaled = (w.fmt == "mxfp4" and dtype in (torch.bfloat16, torch.float16) and w.data.is_cuda
               and not interpreting())
     if per_expert > 64 and scaled:  # prefill chunks (float32 tiles this size would not fit in shared memory)
-        return dict(bm=128, bn=128, split=1, scaled=scaled, warps=8, stages=3)
+        return dict(bm=128, bn=128, bk=PREFILL_BK, split=1, scaled=PREFILL_SCALED, warps=8, stages=PREFILL_STAGES,
+                    maxnreg=PREFILL_MAXNREG or None)
     bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
     bn = 128 if bm == 16 else 64
     slots = min(n_exp, pairs)
     n_kb = triton.cdiv(k, TILE_K)
     split = max(1, min(n_kb, 1024 // (slots * triton.cdiv(n, bn)))) if bm == 16 else 1
-    return dict(bm=bm, bn=bn, split=split, scaled=scaled, warps=4, stages=4)
+    return dict(bm=bm, bn=bn, bk=TILE_K, split=split, scaled=scaled, warps=4, stages=4, maxnreg=None)
 
 
 def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None,
                           config: dict | None = None, active: Tensor | None = None) -> Tensor:
-    """The Triton launch of :func:`grouped_linear` (``config``: :func:`grouped_config`'s keys; default: its
-    choice). Programs (live expert, N tile, K split): only the experts with rows get programs (a compact list
+    """The Triton launch of :func:`grouped_linear` (``config``: :func:`grouped_config`'s keys, ``bk`` dividing
+    :data:`.wtile.TILE_K`; default: its choice). Programs (live expert, N tile, K split): only the experts with rows get programs (a compact list
     made on the device); split partials are summed in float32 in a fixed order."""
     n_exp, n, k = w.shape
     p = x.shape[0] if rows is None else rows.shape[0]
     if p == 0:
         return torch.empty((0, n), dtype=x.dtype, device=x.device)
     c = config or grouped_config(p, w, x.dtype)
+    if TILE_K % c["bk"] or c["bk"] % 32:
+        raise ValueError(f"bk = {c['bk']} must be a multiple of 32 dividing {TILE_K}")
     x = x.contiguous()
     scale = w.scale if w.scale is not None else w.data
     slots = min(n_exp, p)
@@ -191,7 +207,8 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
         active_experts(offsets, slots) if active is None else active, y, n, k, k_split,
         x.stride(0), w.data.stride(0), w.data.stride(1), scale.stride(0), scale.stride(1), y.stride(0),
         y.stride(1), GATHER=rows is not None, B0=w.block[0], SK=scale_k(w.fmt, w.block), FMT=FMT_CODES[w.fmt],
-        BM=c["bm"], BN=c["bn"], BK=TILE_K, DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32,
+        BM=c["bm"], BN=c["bn"], BK=c["bk"], DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32,
         SCALED=c["scaled"], LHS_FMT="fp16" if x.dtype == torch.float16 else "bf16",
-        num_warps=c["warps"], num_stages=c["stages"], **triton_kw(x.device))
+        num_warps=c["warps"], num_stages=c["stages"], **triton_kw(x.device),
+        **({"maxnreg": c["maxnreg"]} if c.get("maxnreg") and not interpreting() else {}))
     return y[0] if split == 1 else y.sum(0).to(x.dtype)

@@ -47,12 +47,12 @@ FIVE_CTAS = True
 # registers cost no CTAs. Batches of 2: 13-15 % faster at one row (V4.1 w13 37.2 against 44.0 µs, w2 18.8 against
 # 22.1; V4 w13 34.0 against 35.3); batches of 4 forced onto V4.1's 432-CTA w13 ran it in two waves (58.9 µs).
 # Forced on every launch it was 4-5 % slower at 8 rows, and 5-40 % slower on the big dense linears (benches/
-# RESULTS.md "2026-12-04 (router, double buffer)"), which therefore never take it.
+# RESULTS.md "2026-12-04 (router, double buffer)"), which therefore never take it: dense linears keep their
+# activation prefetch, which excludes the double buffer (without the prefetch, double-buffered, they measured
+# 7-16 % slower one by one and flash-slice-v41 B = 1 took 2.74 against 2.46 ms; benches/RESULTS.md "2026-12-04
+# (prefill paths)").
 DOUBLE_BUFFER = 2
 DOUBLE_BUFFER_CTAS_PER_SM = {2: 4, 4: 3}
-# Dense linears without the activation prefetch, so that they may take the double buffer too (its dense variant
-# measured above had the prefetch as well, 236 registers). Not yet measured on a GPU: off.
-DENSE_DOUBLE_BUFFER = False
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
@@ -140,7 +140,7 @@ def linear(x: Tensor, w: PackedWeight, out_dtype: torch.dtype, groups: int = 1) 
     if (not 0 < m <= MAX_ROWS or out_dtype != torch.bfloat16 or w.data.dim() != 2 or n % groups
             or x.shape[1] != groups * k or not _takes(x, w, k, n // groups)):
         return None
-    return _run(x, None, w, None, None, m, 1, n // groups, x_prefetch=not DENSE_DOUBLE_BUFFER)
+    return _run(x, None, w, None, None, m, 1, n // groups, x_prefetch=True)
 
 
 def grouped(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None, active: Tensor) -> Tensor | None:
