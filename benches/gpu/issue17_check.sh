@@ -53,6 +53,8 @@
 #            V4.1's experts at 8,192 tokens with the K step of 64 and a 128-register cap (two CTAs per SM:
 #            benches/gpu/triton_regs.py); the 8,192-token prefill of flash-slice-v41 with the moe.PREFILL_* settings
 #            at their defaults, then with K step 64 + cap through the nibble decode;
+#   splits   (~3 min) kernel_bench.py linears at 1 and 8 rows with the K split forced to 1-12 slices (columns
+#            split<n>): what the split-K sum and the CTAs per SM cost each projection;
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
@@ -253,7 +255,11 @@ case "${MODE:-tests}" in
         --set v41.kernels.moe.PREFILL_SCALED=$3 --out "$OUT/fs_pf" > "$OUT/fs_pf_$1_$2_$3.txt" 2>&1
       echo "BK=$1 maxnreg=$2 scaled=$3: $(grep "prefill" "$OUT/fs_pf_$1_$2_$3.txt" | tail -1)"
     done ;;
+  splits)
+    timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --splits 1,2,3,4,6,8,12 \
+      > "$OUT/splits.txt" 2>&1
+    tail -21 "$OUT/splits.txt" ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe," \
-       "seam, seam_ab, router, dbuf, router2, final2 or prefill2"; exit 2 ;;
+       "seam, seam_ab, router, dbuf, router2, final2, prefill2 or splits"; exit 2 ;;
 esac
 exit $rc

@@ -2,7 +2,8 @@
 shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel table).
 
     python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24] [--ops linears,experts,attention,topk]
-        [--sweep 2,3,8] [--double-buffer 2,4,4:5] [--min-slice 32768,65536] [--five-ctas] [--linear-tiles 64:128:4:4]
+        [--sweep 2,3,8] [--splits 1,2,4] [--double-buffer 2,4,4:5] [--min-slice 32768,65536] [--five-ctas]
+        [--linear-tiles 64:128:4:4]
 
 Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
 rotate over enough copies of the weight that none is still in L2 (≥ 256 MB in all), and each MoE launch routes
@@ -52,6 +53,7 @@ def fp8_weight(n: int, k: int, block: int) -> PackedWeight:
 
 
 SWEEP: list[str] = []
+SPLITS: list[int] = []  # --splits: also time the CUDA kernel with its K split forced to these (columns split<n>)
 DOUBLE_BUFFER: list[str] = []  # --double-buffer: wstream.DOUBLE_BUFFER[:CTAS_PER_SM] settings (columns db<setting>)
 MIN_SLICE: list[int] = []  # --min-slice: also time the CUDA kernel at these wstream.MIN_SLICE_BYTES (slice<n>K)
 FIVE_CTAS = [False]  # --five-ctas: also time the expert GEMMs with wstream.FIVE_CTAS flipped (its own column)
@@ -59,7 +61,8 @@ LINEAR_TILES: list[tuple[int, int, int, int]] = []
 
 
 def sweep(timed) -> dict[str, float]:
-    """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target), each ``--double-buffer``
+    """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target), each ``--splits`` K split
+    (forced on every launch, at most one slice per chunk), each ``--double-buffer``
     setting (``wstream.DOUBLE_BUFFER``, taken by every expert launch, optionally with its own CTAS_PER_SM; dense
     linears load their activations with their weights and never take it) and each
     ``--min-slice`` value of ``wstream.MIN_SLICE_BYTES``."""
@@ -68,6 +71,17 @@ def sweep(timed) -> dict[str, float]:
         wstream.CTAS_PER_SM = int(c)
         out[c] = timed()
     wstream.CTAS_PER_SM = default
+    shape = wstream._launch_shape
+    for s in SPLITS:
+        def forced(slots, n, k, fmt, device, s=s):
+            chunks = k // wstream.CHUNK[fmt]
+            per = -(-chunks // min(s, chunks))
+            return -(-chunks // per), per
+        wstream._launch_shape = forced
+        try:
+            out[f"split{s}"] = timed()
+        finally:
+            wstream._launch_shape = shape
     db = wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_CTAS_PER_SM
     for d in DOUBLE_BUFFER:
         u, _, c = d.partition(":")
@@ -157,9 +171,9 @@ def main() -> None:
     ap.add_argument("--ops", default="linears,experts,attention,topk")
     ap.add_argument("--mqa-min-tiles", default="", help="MIN_TILES_PER_SPLIT values to also time sparse MQA at")
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
+    ap.add_argument("--splits", default="", help="K splits to also time the CUDA kernel at, forced, e.g. 1,2,4")
     ap.add_argument("--double-buffer", default="", help="wstream.DOUBLE_BUFFER settings to also time the CUDA "
-                    "expert GEMMs at, each optionally with "
-                    "its CTAS_PER_SM, e.g. 2,4,4:5")
+                    "expert GEMMs at, each optionally with its CTAS_PER_SM, e.g. 2,4,4:5")
     ap.add_argument("--min-slice", default="", help="wstream.MIN_SLICE_BYTES values to also time the CUDA kernel "
                     "at, e.g. 32768,65536")
     ap.add_argument("--five-ctas", action="store_true", help="also time the expert GEMMs with wstream.FIVE_CTAS "
@@ -168,6 +182,7 @@ def main() -> None:
                     "at (columns t<tiling>; cells whose output features BN does not divide are left out)")
     args = ap.parse_args()
     SWEEP.extend(c for c in args.sweep.split(",") if c)
+    SPLITS.extend(int(c) for c in args.splits.split(",") if c)
     DOUBLE_BUFFER.extend(c for c in args.double_buffer.split(",") if c)
     MIN_SLICE.extend(int(b) for b in args.min_slice.split(",") if b)
     FIVE_CTAS[0] = args.five_ctas
