@@ -604,6 +604,23 @@ def check_order_keys(device: str, dtype: torch.dtype, g: torch.Generator):
     return [("order_keys/exact", 0.0 if same else float("inf"), 0.0)]
 
 
+def check_select_all(device: str, dtype: torch.dtype, g: torch.Generator):
+    """Top-k at k = N (every entry picked): the reference's ids exactly, −1 at −inf scores and past n_valid (which
+    may be negative, zero or past N), NaN eligible, N not a multiple of the block."""
+    scores = torch.randn(6, 1500, generator=g)
+    scores[torch.rand(6, 1500, generator=g) < 0.3] = float("-inf")
+    scores[0, ::7] = float("nan")
+    n_valid = torch.tensor([1500, 1499, 700, 0, -3, 5000])
+    out = []
+    for nv in (n_valid, None):
+        poison(device)
+        got = topk.select_topk(scores.to(device), 1500, None if nv is None else nv.to(device))
+        want = topk.select_topk_ref(scores, 1500, nv)
+        out.append((f"select_all/{'n_valid' if nv is not None else 'all'}",
+                    0.0 if torch.equal(got.cpu(), want) else float("inf"), 0.0))
+    return out
+
+
 def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
     out = []
     t, e, k = 11, 24, 6
@@ -630,7 +647,7 @@ def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
 CHECKS = [check_linear, check_grouped, check_moe_prefill, check_route_pairs, check_window_pool, check_attention,
           check_index_scores, check_record_store, check_mhc, check_uniforms, check_race, check_softmax,
           check_angle_tables, check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
-          check_order_keys, check_engram_gate, check_engram_rows, check_segments]
+          check_order_keys, check_select_all, check_engram_gate, check_engram_rows, check_segments]
 
 
 def run(check_name: str, device: str, dtype: torch.dtype):

@@ -10,7 +10,9 @@ the GPU (the PyTorch reference is nine elementwise kernels).
 ascending, picks whose score is −inf → −1. With ``v41._cuda`` on the GPU it is a radix select over the float32
 scores (``cuda/indexer/select_topk.cu``, docs/kernels.md "Indexer top-k"): one launch (one CTA per row) for rows
 up to 16,384 entries or at least one row per SM, else a zero fill and three passes over 4,096-entry chunks; no
-int64 keys and no full sort, the same ids as the reference.
+int64 keys and no full sort, the same ids as the reference. When k = N every entry is picked and nothing is
+selected: ids in order, −1 where not eligible (:func:`select_all`, one Triton launch) — the indexer's rows while a
+request is shorter than ``index_topk`` entries, and the candidate blocks' rows below ``candidate_topk_blocks``.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def select_topk(scores: Tensor, k: int, n_valid: Tensor | None = None) -> Tensor
     operands (float32 rows of at most ``TOPK_MAX_N`` = 65,535 × 4,096 entries, unit inner stride,
     1 ≤ k ≤ min(N, 2048), ``n_valid`` int64 with one entry per row)."""
     t, n = scores.shape
+    if k == n:
+        return select_all(scores, n_valid)
     extra = () if n_valid is None else (n_valid,)
     if (scores.dtype == torch.float32 and scores.stride(-1) == 1 and 1 <= k <= n
             and (n_valid is None or (n_valid.dtype == torch.int64 and n_valid.numel() == t))
@@ -70,6 +74,25 @@ def select_topk(scores: Tensor, k: int, n_valid: Tensor | None = None) -> Tensor
                                pdl_enabled(scores.device))
         return out
     return select_topk_ref(scores, k, n_valid)
+
+
+def select_all(scores: Tensor, n_valid: Tensor | None = None) -> Tensor:
+    """:func:`select_topk_ref` at k = N, where every entry is picked: int64 [T, N] with ``out[t, j] = j``, or −1
+    where ``scores[t, j]`` is −inf or ``j ≥ n_valid[t]``. One Triton launch where :func:`.dispatch.use_triton` says
+    so (float32 rows of unit inner stride), else PyTorch."""
+    t, n = scores.shape
+    if (t and n and scores.dtype == torch.float32 and scores.stride(-1) == 1
+            and (n_valid is None or n_valid.dtype == torch.int64) and use_triton(scores, family="attention")):
+        out = torch.empty((t, n), dtype=torch.int64, device=scores.device)
+        block = min(1024, triton.next_power_of_2(n))
+        _all_kernel[(t, triton.cdiv(n, block))](scores, scores if n_valid is None else n_valid.contiguous(), out, n,
+                                                scores.stride(0), HAS_VALID=n_valid is not None, BLOCK=block)
+        return out
+    ids = torch.arange(n, device=scores.device).expand(t, n)
+    bad = torch.isneginf(scores)
+    if n_valid is not None:
+        bad = bad | (ids >= n_valid[:, None])
+    return torch.where(bad, torch.full_like(ids, -1), ids)
 
 
 def select_topk_ref(scores: Tensor, k: int, n_valid: Tensor | None = None) -> Tensor:
@@ -86,6 +109,18 @@ def select_topk_ref(scores: Tensor, k: int, n_valid: Tensor | None = None) -> Te
 
 if triton is not None:
     import triton.language as tl
+
+    @triton.jit
+    def _all_kernel(s_ptr, nv_ptr, out_ptr, N, stride_s, HAS_VALID: tl.constexpr, BLOCK: tl.constexpr):
+        """Program (row t, block b): out[t, j] = j, or −1 where the score is −inf or j ≥ n_valid[t]."""
+        t = tl.program_id(0).to(tl.int64)
+        j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = j < N
+        s = tl.load(s_ptr + t * stride_s + j, mask=mask, other=0.0)
+        bad = s == float("-inf")
+        if HAS_VALID:
+            bad = bad | (j >= tl.load(nv_ptr + t))
+        tl.store(out_ptr + t * N + j, tl.where(bad, -1, j).to(tl.int64), mask=mask)
 
     @triton.jit
     def _keys_kernel(s_ptr, out_ptr, total, N, LOW32, BLOCK: tl.constexpr):
