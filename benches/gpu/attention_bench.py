@@ -19,7 +19,8 @@ FORMATS = {"bf16": (None, None),
            "v4 fp8": (RecordFormat("swa_v4", DIM, rope=64), RecordFormat("swa_v4", DIM, rope=64))}
 
 
-def _cache(record: RecordFormat | None) -> torch.Tensor:
+def cache_rows(record: RecordFormat | None) -> torch.Tensor:
+    """CACHE_ROWS random rows of DIM values, bf16 or encoded as ``record`` (uint8 [CACHE_ROWS, nbytes])."""
     if record is None:
         return torch.randn(CACHE_ROWS, DIM, device="cuda").to(torch.bfloat16)
     return torch.cat([record.encode(torch.randn(CACHE_ROWS // 8, DIM, device="cuda")) for _ in range(8)])
@@ -35,7 +36,7 @@ def attention_cells(batches, reps, bw, prefill: int = 2048, min_tiles=()):
     rows = []
     default = sparse_mqa.MIN_TILES_PER_SPLIT
     for name, (r0, r1) in FORMATS.items():
-        caches = (_cache(r0), _cache(r1))
+        caches = (cache_rows(r0), cache_rows(r1))
         sink = torch.randn(HEADS, device="cuda").to(torch.bfloat16)
         for t in [*batches, prefill]:
             n_inputs = 4 if t < prefill else 2

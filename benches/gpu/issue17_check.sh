@@ -55,8 +55,11 @@
 #            at their defaults, then with K step 64 + cap through the nibble decode;
 #   splits   (~3 min) kernel_bench.py linears at 1 and 8 rows with the K split forced to 1-12 slices (columns
 #            split<n>): what the split-K sum and the CTAs per SM cost each projection;
+#   flashmla (~5 min) FlashMLA's SM90 sparse FP8 decode kernel for V4 rows built from the staged sources
+#            (benches/gpu/flashmla/stage.sh here first; carry ".flashmla" too), then flashmla_compare.py: it against
+#            v41's CUDA sparse MQA on the same rows at B = 1, 8, 64 (the public-kernel comparison of issue 17);
 # The exit status is 1 when a test run failed.
-# carry: ["python/v41/_native.abi3.so"].   run: MODE=tests bash benches/gpu/issue17_check.sh
+# carry: ["python/v41/_native.abi3.so"] (MODE=flashmla: also ".flashmla").   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
@@ -259,7 +262,12 @@ case "${MODE:-tests}" in
     timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --splits 1,2,3,4,6,8,12 \
       > "$OUT/splits.txt" 2>&1
     tail -21 "$OUT/splits.txt" ;;
+  flashmla)
+    timeout 300 python3 benches/gpu/flashmla/build.py > "$OUT/flashmla_build.txt" 2>&1 || rc=1
+    tail -2 "$OUT/flashmla_build.txt"
+    timeout 240 python3 benches/gpu/flashmla_compare.py --batches 1,8,64 > "$OUT/flashmla.txt" 2>&1 || rc=1
+    tail -14 "$OUT/flashmla.txt" ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe," \
-       "seam, seam_ab, router, dbuf, router2, final2, prefill2 or splits"; exit 2 ;;
+       "seam, seam_ab, router, dbuf, router2, final2, prefill2, splits or flashmla"; exit 2 ;;
 esac
 exit $rc
