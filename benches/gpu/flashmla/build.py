@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 STAGED = ROOT / ".flashmla"
 SOURCES = ["csrc/sm90/decode/sparse_fp8/instantiations/model1_persistent_h64.cu",
+           "csrc/sm90/prefill/sparse/instantiations/phase1_k512.cu",
            "csrc/smxx/decode/combine/combine.cu",
            "csrc/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu"]
 NVCC_FLAGS = ["-O3", "-std=c++20", "-DNDEBUG", "-D_USE_MATH_DEFINES", "-Wno-deprecated-declarations",

@@ -1,14 +1,16 @@
-// A torch binding of FlashMLA's SM90 sparse FP8 decode kernel for DeepSeek V4 rows ("MODEL1": 64 heads, K = V =
-// 512 dims, 584-byte FP8 records), for the public-kernel comparison of benches/gpu/flashmla_compare.py. Only the
-// glue is ours: it fills FlashMLA's parameter structs (csrc/params.h of the staged sources, benches/gpu/flashmla/
-// stage.sh) and launches its three kernels — the split schedule, the decode, the split combine — as its own
-// sparse-decode interface does on SM90. Built on the device by benches/gpu/flashmla/build.py; not part of v41.
+// A torch binding of FlashMLA's SM90 sparse kernels for DeepSeek V4 shapes (64 heads, K = V = 512 dims), for the
+// public-kernel comparison of benches/gpu/flashmla_compare.py: the FP8 decode over V4's 584-byte records
+// ("MODEL1") and the prefill over bf16 rows. Only the glue is ours: it fills FlashMLA's parameter structs
+// (csrc/params.h of the staged sources, benches/gpu/flashmla/stage.sh) and launches its kernels — for decode the
+// split schedule, the decode and the split combine — as its own interfaces do on SM90. Built on the device by
+// benches/gpu/flashmla/build.py; not part of v41.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
 #include "params.h"
 #include "sm90/decode/sparse_fp8/splitkv_mla.h"
+#include "sm90/prefill/sparse/phase1.h"
 #include "smxx/decode/combine/combine.h"
 #include "smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.h"
 
@@ -160,9 +162,62 @@ at::Tensor sparse_decode(const at::Tensor& q, const at::Tensor& kv, const at::Te
   return out;
 }
 
+// out [s_q, 64, 512] bf16: the same attention over bf16 rows kv [s_kv, 1, 512], each query's rows listed in
+// indices [s_q, 1, topk] (topk a multiple of 128; −1 = none).
+at::Tensor sparse_prefill(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices,
+                          const at::Tensor& attn_sink, double sm_scale) {
+  TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.size(1) == kHeads &&
+                  q.size(2) == kDim && q.stride(2) == 1,
+              "q: CUDA bf16 [s_q, 64, 512]");
+  TORCH_CHECK(kv.is_cuda() && kv.scalar_type() == at::kBFloat16 && kv.dim() == 3 && kv.size(1) == 1 &&
+                  kv.size(2) == kDim && kv.stride(2) == 1,
+              "kv: CUDA bf16 [s_kv, 1, 512]");
+  const int s_q = q.size(0);
+  TORCH_CHECK(indices.is_cuda() && indices.scalar_type() == at::kInt && indices.dim() == 3 && indices.size(0) == s_q &&
+                  indices.size(1) == 1 && indices.size(2) % 128 == 0 && indices.stride(2) == 1,
+              "indices: int32 [s_q, 1, topk], topk a multiple of 128");
+  TORCH_CHECK(attn_sink.is_cuda() && attn_sink.scalar_type() == at::kFloat && attn_sink.numel() == kHeads &&
+                  attn_sink.is_contiguous(),
+              "attn_sink: CUDA float32 [64]");
+  at::cuda::CUDAGuard guard{q.device()};
+  auto opts = q.options();
+  at::Tensor out = torch::empty({s_q, kHeads, kDim}, opts);
+  at::Tensor max_logits = torch::empty({s_q, kHeads}, opts.dtype(at::kFloat));
+  at::Tensor lse = torch::empty({s_q, kHeads}, opts.dtype(at::kFloat));
+  SparseAttnFwdParams p{};
+  p.s_q = s_q;
+  p.s_kv = kv.size(0);
+  p.h_q = kHeads;
+  p.h_kv = 1;
+  p.d_qk = kDim;
+  p.d_v = kDim;
+  p.topk = indices.size(2);
+  p.sm_scale = float(sm_scale);
+  p.sm_scale_div_log2 = float(sm_scale * 1.4426950408889634);
+  p.q = reinterpret_cast<cutlass::bfloat16_t*>(q.data_ptr());
+  p.kv = reinterpret_cast<cutlass::bfloat16_t*>(kv.data_ptr());
+  p.indices = indices.data_ptr<int>();
+  p.attn_sink = attn_sink.data_ptr<float>();
+  p.topk_length = nullptr;
+  p.stride_q_s_q = int(q.stride(0));
+  p.stride_q_h_q = int(q.stride(1));
+  p.stride_kv_s_kv = int(kv.stride(0));
+  p.stride_kv_h_kv = int(kv.stride(1));
+  p.stride_indices_s_q = int(indices.stride(0));
+  p.stride_indices_h_kv = int(indices.stride(1));
+  p.out = reinterpret_cast<cutlass::bfloat16_t*>(out.data_ptr());
+  p.max_logits = max_logits.data_ptr<float>();
+  p.lse = lse.data_ptr<float>();
+  p.num_sm = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  p.stream = at::cuda::getCurrentCUDAStream().stream();
+  sm90::fwd::run_fwd_phase1_kernel<kDim, false>(p);
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("plan", &plan, "FlashMLA's split schedule for a step shape: (metadata, splits)");
   m.def("sparse_decode", &sparse_decode, "FlashMLA's SM90 sparse FP8 decode of V4 rows (MODEL1, 64 heads)");
+  m.def("sparse_prefill", &sparse_prefill, "FlashMLA's SM90 sparse prefill over bf16 rows (64 heads × 512)");
 }

@@ -18,6 +18,6 @@ grep -qx "/.flashmla/" "$root/.git/info/exclude" 2>/dev/null || echo "/.flashmla
 rm -rf "$dest"
 mkdir -p "$dest/cutlass"
 git -C "$1" archive "$FLASHMLA_PIN" LICENSE csrc/params.h csrc/defines.h csrc/utils.h csrc/kerutils \
-  csrc/sm90/helpers.h csrc/sm90/decode/sparse_fp8 csrc/smxx | tar -x -C "$dest"
+  csrc/sm90/helpers.h csrc/sm90/decode/sparse_fp8 csrc/sm90/prefill/sparse csrc/smxx | tar -x -C "$dest"
 git -C "$2" archive "$CUTLASS_PIN" LICENSE.txt include | tar -x -C "$dest/cutlass"
 echo "staged $(du -sh "$dest" | cut -f1) in $dest"
