@@ -83,8 +83,11 @@ def check_linear(device: str, dtype: torch.dtype, g: torch.Generator):
 def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
     out = []
     e, n, k, t, top = 6, 64, 256, 9, 2
-    for fmt in ("mxfp4", "fp8", "dense"):
-        w = stack_experts([packed(torch.randn(n, k, generator=g) / k ** 0.5, fmt) for _ in range(e)]).to(device)
+    for fmt in ("mxfp4", "fp8", "fp8-128", "dense"):
+        block = (128, 128) if fmt == "fp8-128" else (32, 32)
+        fmt = fmt.split("-")[0]
+        w = stack_experts([packed(torch.randn(n, k, generator=g) / k ** 0.5, fmt, block)
+                           for _ in range(e)]).to(device)
         if fmt == "dense":
             w = from_dense(w.data.to(dtype))
         ids = torch.randint(0, e - 1, (t, top), generator=g).to(device)  # expert e-1 stays empty
@@ -97,12 +100,14 @@ def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
             y = moe.grouped_linear(xin, w, offsets, rows, active=pairs.active)
             r = moe.grouped_linear_ref(xin.double().cpu(), w.to("cpu"), offsets.cpu(),
                                        None if rows is None else rows.cpu())
-            out.append((f"grouped/{fmt}/{'gather' if rows is not None else 'rows'}", rel(y.cpu(), r), tol(dtype)))
+            tag = f"{fmt}{block[0]}" if fmt == "fp8" else fmt
+            out.append((f"grouped/{tag}/{'gather' if rows is not None else 'rows'}", rel(y.cpu(), r), tol(dtype)))
             if rows is not None and fmt != "dense":  # a 64-input K step (grouped_config's bk), prefill-sized tiles
-                cfg = dict(moe.grouped_config(t * top, w, dtype), bm=64, bn=64, bk=64, split=1, maxnreg=128)
-                poison(device)
-                y = moe.grouped_linear_triton(xin, w, offsets, rows, cfg, pairs.active)
-                out.append((f"grouped/{fmt}/bk64", rel(y.cpu(), r), tol(dtype)))
+                for split in (1, 2):  # K split in two: slices of 128 inputs, two 64-input steps each
+                    cfg = dict(moe.grouped_config(t * top, w, dtype), bm=64, bn=64, bk=64, split=split, maxnreg=128)
+                    poison(device)
+                    y = moe.grouped_linear_triton(xin, w, offsets, rows, cfg, pairs.active)
+                    out.append((f"grouped/{tag}/bk64/split{split}", rel(y.cpu(), r), tol(dtype)))
     yp = torch.randn(t * top, k, generator=g).to(device, dtype)
     extra = torch.randn(t, k, generator=g).to(device, dtype)
     inv = pairs.inv
@@ -606,18 +611,20 @@ def check_order_keys(device: str, dtype: torch.dtype, g: torch.Generator):
 
 def check_select_all(device: str, dtype: torch.dtype, g: torch.Generator):
     """Top-k at k = N (every entry picked): the reference's ids exactly, −1 at −inf scores and past n_valid (which
-    may be negative, zero or past N), NaN eligible, N not a multiple of the block."""
-    scores = torch.randn(6, 1500, generator=g)
-    scores[torch.rand(6, 1500, generator=g) < 0.3] = float("-inf")
-    scores[0, ::7] = float("nan")
+    may be negative, zero or past N), NaN eligible, N not a multiple of the block, rows a strided view."""
+    wide = torch.randn(6, 1600, generator=g)
+    wide[torch.rand(6, 1600, generator=g) < 0.3] = float("-inf")
+    wide[0, ::7] = float("nan")
     n_valid = torch.tensor([1500, 1499, 700, 0, -3, 5000])
     out = []
-    for nv in (n_valid, None):
+    on_device = wide.to(device)
+    cases = {"n_valid": (on_device[:, :1500].contiguous(), n_valid), "all": (on_device[:, :1500].contiguous(), None),
+             "strided": (on_device[:, 50:1550], n_valid)}  # rows 1,600 apart
+    for name, (scores, nv) in cases.items():
         poison(device)
-        got = topk.select_topk(scores.to(device), 1500, None if nv is None else nv.to(device))
-        want = topk.select_topk_ref(scores, 1500, nv)
-        out.append((f"select_all/{'n_valid' if nv is not None else 'all'}",
-                    0.0 if torch.equal(got.cpu(), want) else float("inf"), 0.0))
+        got = topk.select_topk(scores, 1500, None if nv is None else nv.to(device))
+        want = topk.select_topk_ref(scores.cpu(), 1500, nv)
+        out.append((f"select_all/{name}", 0.0 if torch.equal(got.cpu(), want) else float("inf"), 0.0))
     return out
 
 

@@ -43,6 +43,15 @@ def test_offsets_that_do_not_match_the_rows_are_an_error():
         moe_prefill.grouped_dequant_mm(x, w, pairs.offsets, None)  # t rows, t·top pairs
 
 
+def test_a_k_step_other_than_64_or_128_is_refused():
+    """bk = 32 would leave MXFP4 tiles unscaled in the nibble decode (wtile.w_tile scales only SK < BK)."""
+    w, pairs, x, top = _case(2)
+    for bk in (32, 96, 256):
+        cfg = dict(moe.grouped_config(x.shape[0] * top, w, x.dtype), bk=bk)
+        with pytest.raises(ValueError, match="K step"):
+            moe.grouped_linear_triton(x, w, pairs.offsets, pairs.order // top, cfg)
+
+
 def test_the_dispatch_takes_it_only_on_cuda_and_when_switched_on(monkeypatch):
     w, pairs, x, top = _case(1)
     rows = pairs.order // top

@@ -359,7 +359,7 @@ def main() -> None:
     budget = a.budget or max(prefills + [256])
     max_len = max([c + decode_headroom(b, c, budget) for b, c in cells] + [p + 80 for p in prefills])
     t = time.perf_counter()
-    core = v41_engine(path, max(b for b, _ in cells), budget, max_len, a.quantization,
+    core = v41_engine(path, max((b for b, _ in cells), default=1), budget, max_len, a.quantization,
                       kv_cache_dtype=a.kv_cache_dtype, async_output_proc=a.async_output_proc,
                       async_scheduling=a.async_scheduling)
     print(f"v41 engine ready in {time.perf_counter() - t:.0f} s; KV cache {a.kv_cache_dtype}: "

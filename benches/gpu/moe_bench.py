@@ -162,7 +162,7 @@ def main() -> None:
                 try:
                     err = check(x, w, routes[0], cfg, gather)
                     ms = timed(x, w, routes, cfg, gather) if err < 1e-2 else float("nan")
-                except (OutOfResources, CompilationError) as exc:  # a tiling that does not fit: not a result
+                except (OutOfResources, CompilationError, ValueError) as exc:  # a tiling that does not fit / exist
                     err, ms = float("inf"), float("nan")
                     print(f"B={batch} {name} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
                 print(f"B={batch:3d} {name:3s} {cfg} err {err:.1e} {ms:.3f} ms", flush=True)

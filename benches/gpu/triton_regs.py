@@ -2,11 +2,11 @@
 :func:`v41.kernels.moe.grouped_linear_triton` is compiled by Triton for an H100/H200 target and its PTX assembled
 by the ``ptxas`` Triton ships (``-v``), so occupancy can be counted before a device call times it.
 
-    python benches/gpu/triton_regs.py [--tiles 128:128,128:128:64:3:128] [--warps 4,8]
+    python benches/gpu/triton_regs.py [--tiles 128:128,128:128:64:3:128] [--warps 4,8] [--gather]
 
 A tiling is ``BM:BN[:BK[:stages[:maxnreg]]]`` (moe_bench.py's ``--tiles``; defaults BK 128, 3 stages, no register
 cap); each is compiled through ``tl.dot_scaled`` and through the nibble decode, for MXFP4 weights and bf16
-activations. Integer arguments are compiled as multiples of 16, as the launches' shapes specialize them. CTAs per
+activations, with the rows in order (``w2``) or, with ``--gather``, through the pairs' token ids (``w13``). Integer arguments are compiled as multiples of 16, as the launches' shapes specialize them. CTAs per
 SM = min(65,536 registers / (threads · registers), 228 KB / shared memory).
 """
 
@@ -32,10 +32,12 @@ POINTERS = {"x_ptr": "*bf16", "rows_ptr": "*i64", "w_ptr": "*u8", "s_ptr": "*u8"
 UNALIGNED = ("offs_ptr", "act_ptr")  # indexed by expert: no 16-element alignment
 
 
-def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps: int, scaled: bool) -> dict:
-    """One tiling of the grouped kernel for sm_90a → {registers, spill bytes, shared bytes}."""
+def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps: int, scaled: bool,
+                    gather: bool = False) -> dict:
+    """One tiling of the grouped kernel for sm_90a → {registers, spill bytes, shared bytes}; ``gather``: rows read
+    through the pairs' token ids (``w13``), else in order (``w2``)."""
     fn = moe._grouped_kernel
-    consts = dict(GATHER=False, B0=1, SK=32, FMT=2, BM=bm, BN=bn, BK=bk, DOT=tl.bfloat16, IEEE=False, SCALED=scaled,
+    consts = dict(GATHER=gather, B0=1, SK=32, FMT=2, BM=bm, BN=bn, BK=bk, DOT=tl.bfloat16, IEEE=False, SCALED=scaled,
                   LHS_FMT="bf16", PDL=False)
     sig, const, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -64,13 +66,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiles", default="128:128,128:128:64,128:128:64:3:128,128:128:64:4:128")
     ap.add_argument("--warps", default="8")
+    ap.add_argument("--gather", action="store_true", help="the w13 launch (rows through token ids), else w2's")
     a = ap.parse_args()
     print("| tiling BM:BN:BK:stages:maxnreg | warps | dot | registers | spill bytes | shared KB | CTAs per SM |")
     print("|---|---|---|---|---|---|---|")
     for tile, warps, scaled in itertools.product(a.tiles.split(","), [int(w) for w in a.warps.split(",")],
                                                  (True, False)):
         bm, bn, bk, stages, maxnreg = parse_tiling(tile)
-        r = compile_grouped(bm, bn, bk, stages, maxnreg, warps, scaled)
+        r = compile_grouped(bm, bn, bk, stages, maxnreg, warps, scaled, a.gather)
         ctas = min(65536 // (32 * warps * r["registers"]), 228 * 1024 // max(1, r["shared"]))
         print(f"| {bm}:{bn}:{bk}:{stages}:{maxnreg or '-'} | {warps} | {'dot_scaled' if scaled else 'nibble'} | "
               f"{r['registers']} | {r['spills']} | {r['shared'] / 1024:.1f} | {ctas} |", flush=True)

@@ -149,7 +149,7 @@ if triton is not None:
 # The prefill launch (128 × 128 tiles over 8 warps; A/B switches for flash_slice.py --set). Compiled for sm_90a,
 # the default (K step 128, 3 stages, tl.dot_scaled) takes 255 registers per thread: one CTA per SM, so a tile's FP4
 # upcast and its MMAs do not overlap another CTA's. With a K step of 64, 3 stages and a cap of 128 registers the
-# nibble decode compiles without spills (73.7 KB of shared memory: two CTAs per SM), tl.dot_scaled with 96 bytes
+# nibble decode compiles without spills (72 KB of shared memory: two CTAs per SM), tl.dot_scaled with 96 bytes
 # of spills (ptxas -v on Triton 3.6's PTX, no GPU needed). Not yet timed: the defaults stay.
 PREFILL_BK = 128  # wtile.TILE_K; 64 halves the tiles held in registers
 PREFILL_STAGES = 3
@@ -159,7 +159,7 @@ PREFILL_SCALED = True  # False: the nibble decode of wtile.tile_dot
 
 def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     """The launch of :func:`grouped_linear_triton` for ``pairs`` sorted rows over ``w`` (host shapes only, never the
-    routing): row block ``bm``, N tile ``bn``, K step ``bk`` (128; 64 halves the tiles held in registers), K
+    routing): row block ``bm``, N tile ``bn``, K step ``bk`` (128, or 64: half the tiles held in registers), K
     ``split`` (few rows per expert split K so the weight stream spreads over the GPU), ``scaled`` (MXFP4 through
     ``tl.dot_scaled``: bf16/fp16 activations on a GPU, not under the interpreter), ``warps``, ``stages``,
     ``maxnreg`` (a register cap per thread for the compiler, None = its choice). Prefill chunks (more than 64 pairs
@@ -185,16 +185,16 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
 
 def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None,
                           config: dict | None = None, active: Tensor | None = None) -> Tensor:
-    """The Triton launch of :func:`grouped_linear` (``config``: :func:`grouped_config`'s keys, ``bk`` dividing
-    :data:`.wtile.TILE_K`; default: its choice). Programs (live expert, N tile, K split): only the experts with rows get programs (a compact list
+    """The Triton launch of :func:`grouped_linear` (``config``: :func:`grouped_config`'s keys, ``bk`` 64 or
+    :data:`.wtile.TILE_K`; default: its choice; ValueError for another ``bk``). Programs (live expert, N tile, K split): only the experts with rows get programs (a compact list
     made on the device); split partials are summed in float32 in a fixed order."""
     n_exp, n, k = w.shape
     p = x.shape[0] if rows is None else rows.shape[0]
     if p == 0:
         return torch.empty((0, n), dtype=x.dtype, device=x.device)
     c = config or grouped_config(p, w, x.dtype)
-    if TILE_K % c["bk"] or c["bk"] % 32:
-        raise ValueError(f"bk = {c['bk']} must be a multiple of 32 dividing {TILE_K}")
+    if c["bk"] not in (64, TILE_K):  # a K step of 32 would leave MXFP4 tiles unscaled (wtile.w_tile scales SK < BK)
+        raise ValueError(f"bk = {c['bk']}: the K step must be 64 or {TILE_K}")
     x = x.contiguous()
     scale = w.scale if w.scale is not None else w.data
     slots = min(n_exp, p)

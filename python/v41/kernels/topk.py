@@ -76,17 +76,23 @@ def select_topk(scores: Tensor, k: int, n_valid: Tensor | None = None) -> Tensor
     return select_topk_ref(scores, k, n_valid)
 
 
+ALL_BLOCK = 1024  # entries per program of select_all (one compiled kernel for every row length)
+
+
 def select_all(scores: Tensor, n_valid: Tensor | None = None) -> Tensor:
     """:func:`select_topk_ref` at k = N, where every entry is picked: int64 [T, N] with ``out[t, j] = j``, or −1
     where ``scores[t, j]`` is −inf or ``j ≥ n_valid[t]``. One Triton launch where :func:`.dispatch.use_triton` says
-    so (float32 rows of unit inner stride), else PyTorch."""
+    so (float32 rows of unit inner stride, ``n_valid`` int64 with one entry per row on the same device), else
+    PyTorch."""
     t, n = scores.shape
+    extra = () if n_valid is None else (n_valid,)
     if (t and n and scores.dtype == torch.float32 and scores.stride(-1) == 1
-            and (n_valid is None or n_valid.dtype == torch.int64) and use_triton(scores, family="attention")):
+            and (n_valid is None or (n_valid.dtype == torch.int64 and n_valid.numel() == t))
+            and use_triton(scores, *extra, family="attention")):
         out = torch.empty((t, n), dtype=torch.int64, device=scores.device)
-        block = min(1024, triton.next_power_of_2(n))
-        _all_kernel[(t, triton.cdiv(n, block))](scores, scores if n_valid is None else n_valid.contiguous(), out, n,
-                                                scores.stride(0), HAS_VALID=n_valid is not None, BLOCK=block)
+        _all_kernel[(t, triton.cdiv(n, ALL_BLOCK))](scores, scores if n_valid is None else n_valid.contiguous(), out,
+                                                    n, scores.stride(0), HAS_VALID=n_valid is not None,
+                                                    BLOCK=ALL_BLOCK)
         return out
     ids = torch.arange(n, device=scores.device).expand(t, n)
     bad = torch.isneginf(scores)

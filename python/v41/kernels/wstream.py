@@ -49,7 +49,7 @@ FIVE_CTAS = True
 # Forced on every launch it was 4-5 % slower at 8 rows, and 5-40 % slower on the big dense linears (benches/
 # RESULTS.md "2026-12-04 (router, double buffer)"), which therefore never take it: dense linears keep their
 # activation prefetch, which excludes the double buffer (without the prefetch, double-buffered, they measured
-# 7-16 % slower one by one and flash-slice-v41 B = 1 took 2.74 against 2.46 ms; benches/RESULTS.md "2026-12-04
+# 7-26 % slower one by one and flash-slice-v41 B = 1 took 2.74 against 2.46 ms; benches/RESULTS.md "2026-12-04
 # (prefill paths)").
 DOUBLE_BUFFER = 2
 DOUBLE_BUFFER_CTAS_PER_SM = {2: 4, 4: 3}
