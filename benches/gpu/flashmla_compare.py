@@ -33,7 +33,7 @@ from kernel_bench import copy_bandwidth
 from v41.kernels import sparse_attention, sparse_mqa
 
 sys.path.insert(0, str(Path(__file__).with_name("flashmla")))
-from build import load  # noqa: E402 - the FlashMLA extension's builder beside this script
+from flashmla_ext import load  # noqa: E402 - the FlashMLA extension's builder beside this script
 
 PAGE = 64  # FlashMLA page block (tokens)
 RECORD = FORMATS["v4 fp8"][0]

@@ -263,7 +263,7 @@ case "${MODE:-tests}" in
       > "$OUT/splits.txt" 2>&1
     tail -21 "$OUT/splits.txt" ;;
   flashmla)
-    timeout 240 python3 benches/gpu/flashmla/build.py > "$OUT/flashmla_build.txt" 2>&1 || rc=1
+    timeout 240 python3 benches/gpu/flashmla/flashmla_ext.py > "$OUT/flashmla_build.txt" 2>&1 || rc=1
     tail -2 "$OUT/flashmla_build.txt"
     timeout 190 python3 benches/gpu/flashmla_compare.py --batches 1,8,64 > "$OUT/flashmla.txt" 2>&1 || rc=1
     tail -14 "$OUT/flashmla.txt" ;;

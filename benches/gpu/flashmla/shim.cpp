@@ -3,7 +3,7 @@
 // ("MODEL1") and the prefill over bf16 rows. Only the glue is ours: it fills FlashMLA's parameter structs
 // (csrc/params.h of the staged sources, benches/gpu/flashmla/stage.sh) and launches its kernels — for decode the
 // split schedule, the decode and the split combine — as its own interfaces do on SM90. Built on the device by
-// benches/gpu/flashmla/build.py; not part of v41.
+// benches/gpu/flashmla/flashmla_ext.py; not part of v41.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>

@@ -2,7 +2,7 @@
 ``stage.sh`` put in ``.flashmla/``) with torch.utils.cpp_extension and ninja, for sm_90a, and import it (built in
 torch's extensions folder, outside the repo; about 60 s of nvcc for the decode kernel on one core).
 
-    python3 benches/gpu/flashmla/build.py        # build only (prints the seconds it took)
+    python3 benches/gpu/flashmla/flashmla_ext.py        # build only (prints the seconds it took)
 
 :func:`load` returns the module (``plan``, ``sparse_decode``), or None with the reason printed when the staged
 sources or nvcc are missing. FlashMLA's own compile flags (its setup.py), minus the source-in-PTX and line
