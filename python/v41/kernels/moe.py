@@ -146,11 +146,13 @@ if triton is not None:
         tl.store(out_ptr + t.to(tl.int64) * D + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# The prefill launch (128 × 128 tiles over 8 warps; A/B switches for flash_slice.py --set). Compiled for sm_90a,
+# The prefill launch (A/B switches for flash_slice.py --set; 128 × 128 tiles over 8 warps by default). Compiled for sm_90a,
 # the default (K step 128, 3 stages, tl.dot_scaled) takes 255 registers per thread: one CTA per SM, so a tile's FP4
 # upcast and its MMAs do not overlap another CTA's. With a K step of 64, 3 stages and a cap of 128 registers the
 # nibble decode compiles without spills (72 KB of shared memory: two CTAs per SM), tl.dot_scaled with 96 bytes
 # of spills (ptxas -v on Triton 3.6's PTX, no GPU needed). Not yet timed: the defaults stay.
+PREFILL_BN = 128  # weight rows per tile (256 with 16 warps also compiles without spills at the cap)
+PREFILL_WARPS = 8
 PREFILL_BK = 128  # wtile.TILE_K; 64 halves the tiles held in registers
 PREFILL_STAGES = 3
 PREFILL_MAXNREG = 0  # 0: the compiler's choice
@@ -173,8 +175,8 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     scaled = (w.fmt == "mxfp4" and dtype in (torch.bfloat16, torch.float16) and w.data.is_cuda
               and not interpreting())
     if per_expert > 64 and scaled:  # prefill chunks (float32 tiles this size would not fit in shared memory)
-        return dict(bm=128, bn=128, bk=PREFILL_BK, split=1, scaled=PREFILL_SCALED, warps=8, stages=PREFILL_STAGES,
-                    maxnreg=PREFILL_MAXNREG or None)
+        return dict(bm=128, bn=PREFILL_BN, bk=PREFILL_BK, split=1, scaled=PREFILL_SCALED, warps=PREFILL_WARPS,
+                    stages=PREFILL_STAGES, maxnreg=PREFILL_MAXNREG or None)
     bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
     bn = 128 if bm == 16 else 64
     slots = min(n_exp, pairs)
