@@ -31,8 +31,8 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
              int64_t chunks_per_split, bool x_prefetch, bool five_ctas, int64_t double_buffer, bool pdl) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "x must be a 2-D bfloat16 CUDA tensor with unit inner stride");
-  TORCH_CHECK(double_buffer == 0 || ((double_buffer == 2 || double_buffer == 4) && !x_prefetch),
-              "double_buffer must be 0, or 2 or 4 without x_prefetch");
+  TORCH_CHECK(double_buffer == 0 || (double_buffer == 2 && !x_prefetch),
+              "double_buffer must be 0, or 2 without x_prefetch");
   TORCH_CHECK(y.scalar_type() == at::kBFloat16 && y.dim() == 2 && y.stride(1) == 1 && y.device() == x.device(),
               "y must be a 2-D bfloat16 tensor with unit inner stride on x's device");
   TORCH_CHECK(w.device() == x.device() && s.device() == x.device() && s.scalar_type() == at::kByte,

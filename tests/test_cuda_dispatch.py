@@ -253,14 +253,13 @@ def test_weight_streaming_slices_keep_their_byte_floor(monkeypatch):
 
 def test_the_double_buffer_goes_to_expert_launches_that_fit_the_gpu_at_once(monkeypatch):
     """wstream.double_buffer_chunks: expert GEMMs (no activation prefetch) whose CTAs all fit at the variant's
-    occupancy (4 per SM for batches of 2, 3 for batches of 4) take it; dense linears and larger grids do not."""
+    occupancy (4 per SM) take it; dense linears and larger grids do not."""
     sms = 132
     assert wstream.double_buffer_chunks(432, False, sms) == wstream.DOUBLE_BUFFER == 2  # V4.1 w13 at one row
     assert wstream.double_buffer_chunks(4 * sms, False, sms) == 2
     assert wstream.double_buffer_chunks(4 * sms + 1, False, sms) == 0  # 8 rows: 3,456 CTAs
     assert wstream.double_buffer_chunks(100, True, sms) == 0  # a dense linear
-    monkeypatch.setattr(wstream, "DOUBLE_BUFFER", 4)
-    assert wstream.double_buffer_chunks(3 * sms, False, sms) == 4
-    assert wstream.double_buffer_chunks(432, False, sms) == 0  # two waves at 3 per SM
+    monkeypatch.setattr(wstream, "DOUBLE_BUFFER_CTAS_PER_SM", 3)
+    assert wstream.double_buffer_chunks(432, False, sms) == 0  # would run in two waves
     monkeypatch.setattr(wstream, "DOUBLE_BUFFER", 0)
     assert wstream.double_buffer_chunks(1, False, sms) == 0

@@ -36,15 +36,15 @@ def _random_codes(shape, fmt, g):
 # the kernel with only such bytes take the one-multiply conversion, others two multiplies.
 ONE_FACTOR_MAX = {"mxfp4": 128, "fp8": 134}
 # The kernel's register variants (cuda/linear/wstream.cu): single batches uncapped or capped for 5 CTAs per SM, and
-# double-buffered batches of 2 or 4 chunks (taken by every expert launch here, whatever its grid; dense linears
-# never take them).
-VARIANTS = ["single", "five_ctas", "db2", "db4"]
+# double-buffered batches of 2 chunks (taken by every expert launch here, whatever its grid; dense linears never
+# take them).
+VARIANTS = ["single", "five_ctas", "db2"]
 
 
 def _variant(monkeypatch, variant):
     monkeypatch.setattr(wstream, "FIVE_CTAS", variant == "five_ctas")
-    monkeypatch.setattr(wstream, "DOUBLE_BUFFER", int(variant[2:]) if variant.startswith("db") else 0)
-    monkeypatch.setattr(wstream, "DOUBLE_BUFFER_CTAS_PER_SM", {2: 1 << 20, 4: 1 << 20})
+    monkeypatch.setattr(wstream, "DOUBLE_BUFFER", 2 if variant == "db2" else 0)
+    monkeypatch.setattr(wstream, "DOUBLE_BUFFER_CTAS_PER_SM", 1 << 20)
 
 
 def _weight(fmt, n, k, g, block=(32, 32), experts=None, one_factor=False):

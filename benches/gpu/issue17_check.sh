@@ -42,7 +42,7 @@
 #            and off; the expert GEMMs at 1 and 8 rows at 3, 5 and 8 CTAs per SM (split-K at one row);
 #   dbuf     (~7 min) the CUDA router's tests and the weight-streaming kernel's (tests/test_gpu_cuda.py, every
 #            register variant); glue_bench.py --ops router; kernel_bench.py experts and linears at 1 and 8 rows
-#            with wstream.DOUBLE_BUFFER 2 and 4 (and 4 with CTAS_PER_SM 5);
+#            with wstream.DOUBLE_BUFFER 2 (and with CTAS_PER_SM 5; batches of 4 were removed after this mode ran);
 #   router2  (~7 min) the CUDA router's tests and the expert GEMM's; the engine's CUDA-vs-Triton, FP8-vs-bf16 and
 #            greedy-token tests; glue_bench.py --ops router at 1-16 tokens; flash-slice-v41 B = 1 with the router
 #            on / off and the experts' double buffer on / off; flash-slice-v4 B = 1 with the router on / off;
@@ -59,7 +59,8 @@
 #            (benches/gpu/flashmla/stage.sh here first; carry ".flashmla" too), then flashmla_compare.py: it against
 #            v41's CUDA sparse MQA on the same rows at B = 1, 8, 64 (the public-kernel comparison of issue 17);
 # The exit status is 1 when a test run failed.
-# carry: ["python/v41/_native.abi3.so"] (MODE=flashmla: also ".flashmla").   run: MODE=tests bash benches/gpu/issue17_check.sh
+# carry: ["python/v41/_native.abi3.so"] (MODE=flashmla: also ".flashmla").
+#   run: MODE=tests bash benches/gpu/issue17_check.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
@@ -212,7 +213,7 @@ case "${MODE:-tests}" in
     grep -h "FAILED\|Error" "$OUT/tests13.txt" | head -8; tail -3 "$OUT/tests13.txt"
     timeout 60 python3 benches/gpu/glue_bench.py --tokens 1,8,16 --ops router > "$OUT/glue.txt" 2>&1
     tail -4 "$OUT/glue.txt"
-    timeout 120 python3 benches/gpu/kernel_bench.py --ops experts --batches 1,8 --reps 16 --double-buffer 2,4,4:5 \
+    timeout 120 python3 benches/gpu/kernel_bench.py --ops experts --batches 1,8 --reps 16 --double-buffer 2,2:5 \
       > "$OUT/experts.txt" 2>&1
     tail -7 "$OUT/experts.txt"
     timeout 180 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --double-buffer 2,4 \

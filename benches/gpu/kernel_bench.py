@@ -2,7 +2,7 @@
 shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel table).
 
     python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24] [--ops linears,experts,attention,topk]
-        [--sweep 2,3,8] [--splits 1,2,4] [--double-buffer 2,4,4:5] [--min-slice 32768,65536] [--five-ctas]
+        [--sweep 2,3,8] [--splits 1,2,4] [--double-buffer 2,2:5] [--min-slice 32768,65536] [--five-ctas]
         [--linear-tiles 64:128:4:4]
 
 Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
@@ -85,7 +85,7 @@ def sweep(timed) -> dict[str, float]:
     db = wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_CTAS_PER_SM
     for d in DOUBLE_BUFFER:
         u, _, c = d.partition(":")
-        wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_CTAS_PER_SM = int(u), {int(u): 1 << 20}
+        wstream.DOUBLE_BUFFER, wstream.DOUBLE_BUFFER_CTAS_PER_SM = int(u), 1 << 20
         wstream.CTAS_PER_SM = int(c) if c else default
         try:
             out[f"db{d}"] = timed()
@@ -173,7 +173,7 @@ def main() -> None:
     ap.add_argument("--sweep", default="", help="CTAS_PER_SM values to time the CUDA kernel at, e.g. 2,3,8")
     ap.add_argument("--splits", default="", help="K splits to also time the CUDA kernel at, forced, e.g. 1,2,4")
     ap.add_argument("--double-buffer", default="", help="wstream.DOUBLE_BUFFER settings to also time the CUDA "
-                    "expert GEMMs at, each optionally with its CTAS_PER_SM, e.g. 2,4,4:5")
+                    "expert GEMMs at (2, or 0 for none), each optionally with its CTAS_PER_SM, e.g. 2,2:5")
     ap.add_argument("--min-slice", default="", help="wstream.MIN_SLICE_BYTES values to also time the CUDA kernel "
                     "at, e.g. 32768,65536")
     ap.add_argument("--five-ctas", action="store_true", help="also time the expert GEMMs with wstream.FIVE_CTAS "

@@ -8,12 +8,11 @@ each launch configuration checked against dequantize-then-matmul and timed with 
 
 Every repetition routes afresh (uniform top-6 per token, a new draw each time) so the experts it reads are not
 the previous repetition's L2 contents; the launch is timed as a CUDA graph replay, as the decode step runs it.
-Floor = bytes of the experts touched (data + scales) over the copy bandwidth measured in the same call. Prints
-one table last: the default configuration and, with ``--sweep`` (decode: K split, N tile, warps, stages) or
-``--tiles BM:BN[:BK[:stages[:maxnreg]]],…`` (prefill: each row block × N tile, K step (128), pipeline stages
-(3) and register cap (none) at ``--tile-warps`` (4 and 8), through ``tl.dot_scaled`` and through the nibble decode), the best of
-the swept ones
-per cell; every cell also gives TFLOP/s, against the bf16 dense-GEMM rate measured in the same call.
+Floor = bytes of the experts touched (data + scales) over the copy bandwidth measured in the same call. Prints one
+table last: the default configuration and, with ``--sweep`` (decode: K split, N tile, warps, stages) or ``--tiles
+BM:BN[:BK[:stages[:maxnreg]]],…`` (prefill: each row block × N tile, K step (128), pipeline stages (3) and register
+cap (none) at ``--tile-warps`` (4 and 8), through ``tl.dot_scaled`` and through the nibble decode), the best of the
+swept ones per cell; every cell also gives TFLOP/s, against the bf16 dense-GEMM rate measured in the same call.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ by the ``ptxas`` Triton ships (``-v``), so occupancy can be counted before a dev
 
 A tiling is ``BM:BN[:BK[:stages[:maxnreg]]]`` (moe_bench.py's ``--tiles``; defaults BK 128, 3 stages, no register
 cap); each is compiled through ``tl.dot_scaled`` and through the nibble decode, for MXFP4 weights and bf16
-activations, with the rows in order (``w2``) or, with ``--gather``, through the pairs' token ids (``w13``). Integer arguments are compiled as multiples of 16, as the launches' shapes specialize them. CTAs per
-SM = min(65,536 registers / (threads · registers), 228 KB / shared memory).
+activations, with the rows in order (``w2``) or, with ``--gather``, through the pairs' token ids (``w13``). Integer
+arguments are compiled as multiples of 16, as the launches' shapes specialize them. CTAs per SM = min(65,536
+registers / (threads · registers), 228 KB / shared memory).
 """
 
 from __future__ import annotations

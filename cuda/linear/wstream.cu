@@ -308,11 +308,10 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
 template <WFmt F>
 cudaError_t launch_fmt(const WStreamParams& p, bool five_ctas, int double_buffer, dim3 grid, cudaStream_t stream,
                        bool pdl) {
-  auto kernel = p.x_prefetch          ? wstream_kernel<F, true, 1, 0>
-              : double_buffer == 4    ? wstream_kernel<F, false, 3, 4>
-              : double_buffer == 2    ? wstream_kernel<F, false, 4, 2>
-              : five_ctas             ? wstream_kernel<F, false, 5, 0>
-                                      : wstream_kernel<F, false, 1, 0>;
+  auto kernel = p.x_prefetch       ? wstream_kernel<F, true, 1, 0>
+              : double_buffer == 2 ? wstream_kernel<F, false, 4, 2>
+              : five_ctas          ? wstream_kernel<F, false, 5, 0>
+                                   : wstream_kernel<F, false, 1, 0>;
   return launch_kernel(kernel, grid, dim3(32 * kWStreamWarps), 0, stream, pdl, p);
 }
 

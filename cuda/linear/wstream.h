@@ -33,11 +33,10 @@ constexpr int kWStreamWarps = 4;
 constexpr int kWStreamRowsPerCta = 16 * kWStreamWarps;
 
 // Launches the kernel on `stream`; grid (experts or active slots, ceil(N / 64), split). five_ctas (without
-// x_prefetch): registers capped at 96 per thread so 5 CTAs fit per SM instead of 4. double_buffer (0, 2 or 4; without
-// x_prefetch): two batches of that many chunks, the next loading while the current one is converted (registers
-// capped for 4 or 3 CTAs per SM; five_ctas is then ignored). pdl:
-// launched as a programmatic dependent of the previous kernel on the stream (common/pdl.cuh). Returns the launch
-// error.
+// x_prefetch): registers capped at 96 per thread so 5 CTAs fit per SM instead of 4. double_buffer (0 or 2; without
+// x_prefetch): two batches of 2 chunks, the next loading while the current one is converted (registers capped for
+// 4 CTAs per SM; five_ctas is then ignored). pdl: launched as a programmatic dependent of the previous kernel on the
+// stream (common/pdl.cuh). Returns the launch error.
 cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, bool five_ctas, int double_buffer, dim3 grid,
                            cudaStream_t stream, bool pdl);
 

@@ -146,11 +146,11 @@ if triton is not None:
         tl.store(out_ptr + t.to(tl.int64) * D + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# The prefill launch (A/B switches for flash_slice.py --set; 128 × 128 tiles over 8 warps by default). Compiled for sm_90a,
-# the default (K step 128, 3 stages, tl.dot_scaled) takes 255 registers per thread: one CTA per SM, so a tile's FP4
-# upcast and its MMAs do not overlap another CTA's. With a K step of 64, 3 stages and a cap of 128 registers the
-# nibble decode compiles without spills (72 KB of shared memory: two CTAs per SM), tl.dot_scaled with 96 bytes
-# of spills (ptxas -v on Triton 3.6's PTX, no GPU needed). Not yet timed: the defaults stay.
+# The prefill launch (A/B switches for flash_slice.py --set; 128 × 128 tiles over 8 warps by default). Compiled for
+# sm_90a, the default (K step 128, 3 stages, tl.dot_scaled) takes 255 registers per thread: one CTA per SM, so a
+# tile's FP4 upcast and its MMAs do not overlap another CTA's. With a K step of 64, 3 stages and a cap of 128
+# registers the nibble decode compiles without spills (72 KB of shared memory: two CTAs per SM), tl.dot_scaled with 96
+# bytes of spills (ptxas -v on Triton 3.6's PTX, no GPU needed). Not yet timed: the defaults stay.
 PREFILL_BN = 128  # weight rows per tile (256 with 16 warps also compiles without spills at the cap)
 PREFILL_WARPS = 8
 PREFILL_BK = 128  # wtile.TILE_K; 64 halves the tiles held in registers
@@ -166,10 +166,10 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     ``tl.dot_scaled``: bf16/fp16 activations on a GPU, not under the interpreter), ``warps``, ``stages``,
     ``maxnreg`` (a register cap per thread for the compiler, None = its choice). Prefill chunks (more than 64 pairs
     per expert, MXFP4 on a GPU) take the ``PREFILL_*`` settings. Chosen with ``benches/gpu/moe_bench.py --sweep``
-    (decode) and ``--tiles`` (prefill: at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2 / 6.8 ms
-    for w13 / w2 against 17.6 / 9.1 ms with the 64 × 64 tiles of 4 warps before; 256-row tiles 11.5 / 6.8 ms; the
-    weight tile as the dot's left operand 3× slower; 128 rows, not 256: a 256-row tile is mostly masked rows at
-    ~128 per expert and gave w2 nothing; benches/RESULTS.md "2026-12-04 (evening)")."""
+    (decode) and ``--tiles`` (prefill: at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2
+    / 6.8 ms for w13 / w2 against 17.6 / 9.1 ms with the 64 × 64 tiles of 4 warps before; 256-row tiles 11.5 / 6.8
+    ms; the weight tile as the dot's left operand 3× slower; 128 rows, not 256: a 256-row tile is mostly masked rows
+    at ~128 per expert and gave w2 nothing; benches/RESULTS.md "2026-12-04 (evening)")."""
     n_exp, n, k = w.shape
     per_expert = pairs / n_exp
     scaled = (w.fmt == "mxfp4" and dtype in (torch.bfloat16, torch.float16) and w.data.is_cuda
@@ -188,8 +188,9 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
 def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None,
                           config: dict | None = None, active: Tensor | None = None) -> Tensor:
     """The Triton launch of :func:`grouped_linear` (``config``: :func:`grouped_config`'s keys, ``bk`` 64 or
-    :data:`.wtile.TILE_K`; default: its choice; ValueError for another ``bk``). Programs (live expert, N tile, K split): only the experts with rows get programs (a compact list
-    made on the device); split partials are summed in float32 in a fixed order."""
+    :data:`.wtile.TILE_K`; default: its choice; ValueError for another ``bk``). Programs (live expert, N tile, K
+    split): only the experts with rows get programs (a compact list made on the device); split partials are summed
+    in float32 in a fixed order."""
     n_exp, n, k = w.shape
     p = x.shape[0] if rows is None else rows.shape[0]
     if p == 0:

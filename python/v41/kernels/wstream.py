@@ -41,18 +41,18 @@ MIN_SLICE_BYTES = 0
 # Expert GEMMs (no activation prefetch): cap the registers at 96 per thread so 5 CTAs fit per SM instead of 4 (the
 # kernel is latency-bound there: 3-6 % faster at B = 8-64, equal at B = 1; benches/RESULTS.md "2026-12-03 (late)").
 FIVE_CTAS = True
-# Expert GEMMs: double-buffered batches (cuda/linear/wstream.cu, DBU; 0 = off, else the chunks per batch, 2 or 4)
-# for launches whose CTAs all fit at once at the variant's occupancy (DOUBLE_BUFFER_CTAS_PER_SM: batches of 2 take
-# 121-128 registers, 4 CTAs per SM; batches of 4 take 167-168, 3 per SM): decode at one row, where the extra
-# registers cost no CTAs. Batches of 2: 13-15 % faster at one row (V4.1 w13 37.2 against 44.0 µs, w2 18.8 against
-# 22.1; V4 w13 34.0 against 35.3); batches of 4 forced onto V4.1's 432-CTA w13 ran it in two waves (58.9 µs).
+# Expert GEMMs: double-buffered batches of 2 chunks (cuda/linear/wstream.cu, DBU; 0 = off) for launches whose CTAs
+# all fit at once at the variant's occupancy (121-128 registers: DOUBLE_BUFFER_CTAS_PER_SM): decode at one row,
+# where the extra registers cost no CTAs. 13-15 % faster at one row (V4.1 w13 37.2 against 44.0 µs, w2 18.8 against
+# 22.1; V4 w13 34.0 against 35.3). Batches of 4 (167 registers, 3 CTAs per SM) ran V4.1's 432-CTA w13 in two waves
+# (58.9 µs) and were removed.
 # Forced on every launch it was 4-5 % slower at 8 rows, and 5-40 % slower on the big dense linears (benches/
 # RESULTS.md "2026-12-04 (router, double buffer)"), which therefore never take it: dense linears keep their
 # activation prefetch, which excludes the double buffer (without the prefetch, double-buffered, they measured
 # 7-26 % slower one by one and flash-slice-v41 B = 1 took 2.74 against 2.46 ms; benches/RESULTS.md "2026-12-04
 # (prefill paths)").
 DOUBLE_BUFFER = 2
-DOUBLE_BUFFER_CTAS_PER_SM = {2: 4, 4: 3}
+DOUBLE_BUFFER_CTAS_PER_SM = 4
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
@@ -106,11 +106,11 @@ def _launch_shape(slots: int, n: int, k: int, fmt: str, device: torch.device) ->
 
 def double_buffer_chunks(ctas: int, x_prefetch: bool, sms: int) -> int:
     """The kernel's ``double_buffer`` argument for a launch of ``ctas`` CTAs on ``sms`` SMs: :data:`DOUBLE_BUFFER`
-    where the launch loads no activations with its weights (expert GEMMs) and all its CTAs fit at once at that
+    where the launch loads no activations with its weights (expert GEMMs) and all its CTAs fit at once at the
     variant's occupancy (:data:`DOUBLE_BUFFER_CTAS_PER_SM`), else 0."""
     if not DOUBLE_BUFFER or x_prefetch:
         return 0
-    return DOUBLE_BUFFER if ctas <= DOUBLE_BUFFER_CTAS_PER_SM[DOUBLE_BUFFER] * sms else 0
+    return DOUBLE_BUFFER if ctas <= DOUBLE_BUFFER_CTAS_PER_SM * sms else 0
 
 
 def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None, active: Tensor | None,
