@@ -62,10 +62,10 @@ LINEAR_TILES: list[tuple[int, int, int, int]] = []
 
 def sweep(timed) -> dict[str, float]:
     """CUDA µs at each ``--sweep`` value of ``wstream.CTAS_PER_SM`` (the split-K target), each ``--splits`` K split
-    (forced on every launch, at most one slice per chunk), each ``--double-buffer``
-    setting (``wstream.DOUBLE_BUFFER``, taken by every expert launch, optionally with its own CTAS_PER_SM; dense
-    linears load their activations with their weights and never take it) and each
-    ``--min-slice`` value of ``wstream.MIN_SLICE_BYTES``."""
+    (forced on every launch, at most one slice per chunk), each ``--double-buffer`` setting
+    (``wstream.DOUBLE_BUFFER``, taken by every expert launch, optionally with its own CTAS_PER_SM; dense linears
+    load their activations with their weights and never take it) and each ``--min-slice`` value of
+    ``wstream.MIN_SLICE_BYTES``."""
     out, default, floor = {}, wstream.CTAS_PER_SM, wstream.MIN_SLICE_BYTES
     for c in SWEEP:
         wstream.CTAS_PER_SM = int(c)
@@ -75,8 +75,7 @@ def sweep(timed) -> dict[str, float]:
     for s in SPLITS:
         def forced(slots, n, k, fmt, device, s=s):
             chunks = k // wstream.CHUNK[fmt]
-            per = -(-chunks // min(s, chunks))
-            return -(-chunks // per), per
+            return wstream.slices(chunks, min(s, chunks))
         wstream._launch_shape = forced
         try:
             out[f"split{s}"] = timed()

@@ -100,6 +100,12 @@ def _launch_shape(slots: int, n: int, k: int, fmt: str, device: torch.device) ->
         split = max(1, min(split, chunks * 64 * ROWS_PER_CTA // MIN_SLICE_BYTES))
     if tiles * split > COUNTER_SLOTS:
         split = 1
+    return slices(chunks, split)
+
+
+def slices(chunks: int, split: int) -> tuple[int, int]:
+    """(slices, chunks per slice) of ``chunks`` K chunks cut into at most ``split`` equal slices (the last may be
+    shorter; 1 ≤ split ≤ chunks)."""
     per = -(-chunks // split)
     return -(-chunks // per), per
 
