@@ -16,7 +16,7 @@ import torch
 
 from v41 import quant
 from v41.cache.records import RecordFormat
-from v41.kernels import (dequant, engram_gate, engram_rows, indexer, linear, mhc, moe, moe_align, moe_prefill, norm,
+from v41.kernels import (candidates, dequant, engram_gate, engram_rows, indexer, linear, mhc, moe, moe_align, moe_prefill, norm,
                          paged, record_store, rope, router, sampling, segments, softmax, sparse_attention, swiglu, topk,
                          window_pool, wstream)
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
@@ -651,10 +651,49 @@ def check_router(device: str, dtype: torch.dtype, g: torch.Generator):
     return out
 
 
+def check_candidates(device: str, dtype: torch.dtype, g: torch.Generator):
+    """Candidate blocks and the candidate filter: the references' masks and scores exactly. Rows with every block
+    kept (the mask written by the block-score launch) and with fewer kept than blocks (block scores through the
+    top-k, then marked); N not a multiple of the block; n_visible 0, 1, at a block edge and N; NaN, +inf and whole
+    −inf blocks; ties between blocks; a strided candidate view in the filter."""
+    out = []
+    t, n, block = 7, 203, 8
+    scores = torch.randn(t, n, generator=g)
+    scores[torch.rand(t, n, generator=g) < 0.3] = float("-inf")
+    scores[1, 40:80] = float("-inf")
+    scores[2, 17] = float("nan")
+    scores[3, 5] = float("inf")
+    scores[4, :] = scores[4, 0]  # every block ties
+    scores[:, 0] = 1.0
+    n_visible = torch.tensor([203, 0, 1, 64, 65, 130, 200])
+    for j in range(t):
+        scores[j, int(n_visible[j]):] = float("-inf")
+    s_dev, nv_dev = scores.to(device), n_visible.to(device)
+    n_blocks = -(-n // block)
+    for topk_blocks in (n_blocks + 5, n_blocks, 9, 1):
+        poison(device)
+        got = candidates.candidate_blocks(s_dev, nv_dev, block, topk_blocks)
+        want = candidates.candidate_blocks_ref(scores, n_visible, block, topk_blocks)
+        out.append((f"candidates/blocks/top{topk_blocks}", 0.0 if torch.equal(got.cpu(), want) else float("inf"), 0.0))
+    cand = candidates.candidate_blocks_ref(scores, n_visible, block, 9)
+    cand[:, 0] = torch.arange(t) % 2 == 0  # entry 0's block dropped in odd rows
+    wide = torch.zeros(t, n_blocks + 3, dtype=torch.bool)
+    wide[:, 1:n_blocks + 1] = cand
+    for name, c in (("contiguous", cand), ("strided", wide[:, 1:n_blocks + 1])):
+        poison(device)
+        got = candidates.filter_candidates_(s_dev.clone(), c.to(device) if name == "contiguous"
+                                            else wide.to(device)[:, 1:n_blocks + 1], block)
+        want = candidates.filter_candidates_ref(scores, c, block)
+        same = torch.equal(torch.isnan(got.cpu()), torch.isnan(want)) and torch.equal(got.cpu().nan_to_num(0.0),
+                                                                                      want.nan_to_num(0.0))
+        out.append((f"candidates/filter/{name}", 0.0 if same else float("inf"), 0.0))
+    return out
+
+
 CHECKS = [check_linear, check_grouped, check_moe_prefill, check_route_pairs, check_window_pool, check_attention,
           check_index_scores, check_record_store, check_mhc, check_uniforms, check_race, check_softmax,
           check_angle_tables, check_norm_rope_swiglu, check_router, check_table_slots, check_scatter_rows,
-          check_order_keys, check_select_all, check_engram_gate, check_engram_rows, check_segments]
+          check_order_keys, check_select_all, check_candidates, check_engram_gate, check_engram_rows, check_segments]
 
 
 def run(check_name: str, device: str, dtype: torch.dtype):

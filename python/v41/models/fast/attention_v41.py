@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from ...config import LayerPlan, ModelConfig
 from ...distributed.group import TPGroup
+from ...kernels.candidates import candidate_blocks, filter_candidates_
 from ...kernels.indexer import index_scores
 from ...kernels.record_store import mxfp4_qdq_rows
 from ...kernels.topk import select_topk
@@ -115,31 +116,9 @@ class CSA2Attention(FastAttention):
             if plan.is_candidate_source:
                 cand.append(candidate_blocks(scores, ctx.n_visible[r][rows], block, cfg.candidate_topk_blocks))
             elif plan.uses_candidate_filter:
-                keep = ctx.cand[rows].repeat_interleave(block, dim=1)[:, :n]
-                scores = scores.masked_fill(~keep, float("-inf"))
+                scores = filter_candidates_(scores, ctx.cand[rows], block)
             picks.append(select_topk(scores, min(cfg.index_topk, n), ctx.n_visible[r][rows]))
         if plan.is_candidate_source:
             ctx.cand = torch.cat(cand) if len(cand) > 1 else cand[0]
         return torch.cat(picks) if len(picks) > 1 else picks[0]
 
-
-def candidate_blocks(scores: Tensor, n_visible: Tensor, block: int, topk_blocks: int) -> Tensor:
-    """Level-1 candidate blocks (§3.7 step 5) of every query at once: scores [T, N] (−inf where not
-    visible), n_visible [T] → [T, ceil(N / block)] bool (entry j is a candidate where block j // block is).
-    Block score = max over its positions; the block of the newest visible entry is
-    pinned to +inf; the top ``min(topk_blocks, #blocks)`` blocks whose score is not −inf are kept (ties to the
-    lower block)."""
-    t, n = scores.shape
-    if n == 0:
-        return torch.zeros(t, 0, dtype=torch.bool, device=scores.device)
-    n_blocks = -(-n // block)
-    padded = torch.full((t, n_blocks * block), float("-inf"), dtype=scores.dtype, device=scores.device)
-    padded[:, :n] = scores
-    bscore = padded.view(t, n_blocks, block).amax(dim=-1)
-    newest = ((n_visible - 1) // block).clamp(min=0)
-    pin = torch.where(n_visible > 0, torch.full_like(bscore[:, 0], float("inf")), bscore.gather(1, newest[:, None])[:, 0])
-    bscore = bscore.scatter(1, newest[:, None], pin[:, None])
-    keep = select_topk(bscore, min(topk_blocks, n_blocks))  # −1 where the block's score is −inf
-    keep = torch.where(keep >= 0, keep, n_blocks)
-    mask = torch.zeros(t, n_blocks + 1, dtype=torch.bool, device=scores.device).scatter(1, keep, True)
-    return mask[:, :n_blocks]
