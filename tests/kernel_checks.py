@@ -285,6 +285,25 @@ def check_record_store(device: str, dtype: torch.dtype, g: torch.Generator):
         record_store.store_records(got, slots, x, fmt, 2 * n, index=index)
         out.append((f"record_store/{fmt.kind}-{fmt.dims}", 0.0 if torch.equal(got[:-1], want[:-1]) else float("inf"),
                     0.0))
+    for fmt, norm, rot in ((RecordFormat("swa_fp8", 512), True, True), (RecordFormat("idx_mxfp4", 128), True, True),
+                           (RecordFormat("ckv_fp4", 512), False, True), (RecordFormat("swa_v4", 512, rope=64), True, True),
+                           (RecordFormat("swa_fp8", 64), True, False)):
+        n = 9  # rows: a column view of a wider projection output, written through an index, one slot −1
+        wide = (torch.randn(n, fmt.dims + 40, generator=g) * 3).to(device, dtype)
+        x = wide[:, 24:24 + fmt.dims]
+        prep = {"norm": ((1 + 0.1 * torch.randn(fmt.dims, generator=g)).to(device), 1e-6) if norm else None,
+                "rope": tuple((torch.rand(n, 32, generator=g) * 2 - 1).to(device) for _ in range(2)) if rot else None}
+        slots = torch.randperm(2 * n, generator=g)[:n].to(device)
+        slots[4] = -1
+        index = torch.randperm(n, generator=g).to(device)
+        want = torch.zeros(2 * n + 1, fmt.nbytes, dtype=torch.uint8, device=device)
+        got = torch.zeros_like(want)
+        record_store.store_records(want, slots, record_store.prepare_rows(x, **prep), fmt, 2 * n, index=index)
+        poison(device)
+        record_store.store_records(got, slots, x, fmt, 2 * n, index=index, **prep)
+        name = "+".join(k for k, v in prep.items() if v is not None)
+        out.append((f"record_store/{name}/{fmt.kind}-{fmt.dims}", 0.0 if torch.equal(got[:-1], want[:-1])
+                    else float("inf"), 0.0))
     q = (torch.randn(5, 4, 128, generator=g) * torch.logspace(-6, 4, 5).view(5, 1, 1)).to(device, dtype)
     same = torch.equal(record_store.mxfp4_qdq_rows(q), quant.mxfp4_qdq(q, 32))
     out.append(("record_store/mxfp4_qdq_rows", 0.0 if same else float("inf"), 0.0))

@@ -25,28 +25,51 @@ from torch import Tensor
 from .. import quant
 from ..cache.records import RecordFormat
 from .dispatch import TRITON_DTYPES, triton, use_triton
+from .norm import rms_norm
 from .pdl import triton_kw
 from .paged import scatter_rows
 from .records import format_id
+from .rope import rms_norm_rope, rope as rope_rows
+
+
+def prepare_rows(rows: Tensor, norm: tuple[Tensor, float] | None = None,
+                 rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """What a cache write stores for ``rows`` [n, dims]: ``rope(rms_norm(rows, eps, weight), cos, sin)`` with
+    ``norm`` = (weight [dims], eps) and ``rope`` = (cos, sin) [n, rd/2] (:func:`.rope.rms_norm_rope`, :func:`.rope.rope`,
+    :func:`.norm.rms_norm`), each step only where given; rows as they are when neither is."""
+    if norm is not None and rope is not None:
+        return rms_norm_rope(rows, norm[1], norm[0], *rope)
+    if norm is not None:
+        return rms_norm(rows, norm[1], norm[0])
+    return rope_rows(rows, *rope) if rope is not None else rows
 
 
 def store_records(cache: Tensor, slots: Tensor, rows: Tensor, record: RecordFormat, dummy_slot: int,
-                  index: Tensor | None = None) -> None:
-    """Encode ``rows`` [n, dims] (float) as ``record`` and store them at ``slots`` [n] (or ``slots[index]``) of
-    ``cache`` uint8 [num_slots, record.nbytes]; slot −1 writes nothing. One Triton launch where
-    :func:`.dispatch.use_triton` says so, else :meth:`RecordFormat.encode` and
-    :func:`~v41.kernels.paged.scatter_rows`."""
+                  index: Tensor | None = None, norm: tuple[Tensor, float] | None = None,
+                  rope: tuple[Tensor, Tensor] | None = None) -> None:
+    """Encode ``prepare_rows(rows, norm, rope)`` ([n, dims], float) as ``record`` and store them at ``slots`` [n] (or
+    ``slots[index]``) of ``cache`` uint8 [num_slots, record.nbytes]; slot −1 writes nothing. One Triton launch
+    where :func:`.dispatch.use_triton` says so — the RMSNorm and RoPE computed in it with the bits of their own
+    kernels (``rows`` may then be a view of whole rows' columns) — else :func:`prepare_rows`,
+    :meth:`RecordFormat.encode` and :func:`~v41.kernels.paged.scatter_rows`."""
     n = rows.shape[0]
-    if n == 0 or rows.dtype not in TRITON_DTYPES or not use_triton(cache, rows) or not cache.is_contiguous():
-        scatter_rows(cache, slots, record.encode(rows), dummy_slot, index=index)
+    if (n == 0 or rows.dtype not in TRITON_DTYPES or not use_triton(cache, rows) or not cache.is_contiguous()
+            or (norm is not None and record.dims > 16384)):
+        scatter_rows(cache, slots, record.encode(prepare_rows(rows, norm, rope)), dummy_slot, index=index)
         return
-    src = rows.reshape(n, record.dims).contiguous()
+    src = rows.reshape(n, record.dims)
+    if src.stride(-1) != 1:
+        src = src.contiguous()
     coded = record.dims - record.rope
     nb = -(-coded // record.block)
+    weight, eps = norm if norm is not None else (src, 0.0)
+    cos, sin = (r.float().contiguous() for r in rope) if rope is not None else (src, src)
     _encode_kernel[(n,)](cache, slots, slots if index is None else index, src, cache.stride(0), src.stride(0),
+                         weight, cos, sin, float(eps), cos.shape[-1] if rope is not None else 0,
                          INDEXED=index is not None, FMT=format_id(record), CODED=coded, ROPE=record.rope,
                          BS=record.block, NB=triton.next_power_of_2(nb),
                          RP=triton.next_power_of_2(max(record.rope, 1)), SCALES=record.code_bytes + 2 * record.rope,
+                         NORM=norm is not None, ROT=rope is not None, DB=triton.next_power_of_2(record.dims),
                          **triton_kw(cache.device))
 
 
@@ -67,7 +90,9 @@ if triton is not None:
     import triton.language as tl
     from .pdl import prologue
 
+    from .norm import rms_scale
     from .records import e2m1_value
+    from .rope import rotate_pairs
 
     @triton.jit
     def _pow2_ceil_byte(v):
@@ -94,9 +119,32 @@ if triton is not None:
         return mag | ((q.to(tl.int32, bitcast=True) < 0).to(tl.int32) << 3)
 
     @triton.jit
-    def _encode_kernel(cache_ptr, slots_ptr, index_ptr, src_ptr, stride_c, stride_s, INDEXED: tl.constexpr,
-                       FMT: tl.constexpr, CODED: tl.constexpr, ROPE: tl.constexpr, BS: tl.constexpr,
-                       NB: tl.constexpr, RP: tl.constexpr, SCALES: tl.constexpr, PDL: tl.constexpr):
+    def _row_values(row, cols, ok, r, w_ptr, c_ptr, s_ptr, D, HALF, NORM: tl.constexpr, ROT: tl.constexpr):
+        """float32 values at ``cols`` (any shape; 0 where not ``ok``) of the row to store: x, RMS-normed by the
+        scale ``r`` and weight, then rotated (pairs (2i, 2i + 1) of the last 2·HALF of D columns) — each step
+        rounded to x's dtype as :func:`.rope.rms_norm_rope` / :func:`.rope.rope` round, with their rotation."""
+        x = tl.load(row + cols, mask=ok, other=0.0)
+        y = x.to(tl.float32)
+        if NORM:
+            y = (y * r * tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)).to(x.dtype).to(tl.float32)
+        if ROT:
+            start = D - 2 * HALF
+            rot = (cols >= start) & ok
+            pair = tl.where(rot, cols ^ 1, cols)
+            yp = tl.load(row + pair, mask=rot, other=0.0).to(tl.float32)
+            if NORM:
+                yp = (yp * r * tl.load(w_ptr + pair, mask=rot, other=0.0).to(tl.float32)).to(x.dtype).to(tl.float32)
+            k = tl.where(rot, (cols - start) // 2, 0)
+            c = tl.load(c_ptr + k, mask=rot, other=1.0)
+            s = tl.load(s_ptr + k, mask=rot, other=0.0)
+            y = rotate_pairs(y, yp, c, s, (cols - start) % 2 == 1, rot).to(x.dtype).to(tl.float32)
+        return y
+
+    @triton.jit
+    def _encode_kernel(cache_ptr, slots_ptr, index_ptr, src_ptr, stride_c, stride_s, w_ptr, cos_ptr, sin_ptr, eps,
+                       HALF, INDEXED: tl.constexpr, FMT: tl.constexpr, CODED: tl.constexpr, ROPE: tl.constexpr,
+                       BS: tl.constexpr, NB: tl.constexpr, RP: tl.constexpr, SCALES: tl.constexpr,
+                       NORM: tl.constexpr, ROT: tl.constexpr, DB: tl.constexpr, PDL: tl.constexpr):
         prologue(PDL)
         i = tl.program_id(0)
         j = tl.load(index_ptr + i) if INDEXED else i
@@ -105,10 +153,17 @@ if triton is not None:
             row = src_ptr + i.to(tl.int64) * stride_s
             dst = cache_ptr + slot * stride_c
             blk = tl.arange(0, NB)
+            dims = CODED + ROPE
+            r = 1.0
+            if NORM:  # the RMSNorm's scale from the whole row, reduced as its own kernel reduces it
+                whole = tl.arange(0, DB)
+                r = rms_scale(tl.load(row + whole, mask=whole < dims, other=0.0).to(tl.float32), dims, eps)
+            c_row = cos_ptr + i.to(tl.int64) * HALF
+            s_row = sin_ptr + i.to(tl.int64) * HALF
             if FMT == 1 or FMT == 4:  # FP8 codes, E8M0 scale per BS
                 col = blk[:, None] * BS + tl.arange(0, BS)[None, :]
                 ok = col < CODED
-                x = tl.load(row + col, mask=ok, other=0.0).to(tl.float32)
+                x = _row_values(row, col, ok, r, w_ptr, c_row, s_row, dims, HALF, NORM, ROT)
                 amax = tl.max(tl.abs(x), axis=1)
                 sb = _pow2_ceil_byte(tl.maximum(tl.math.div_rn(amax, 448.0), 1e-4))
                 q = tl.math.div_rn(x, (sb << 23).to(tl.float32, bitcast=True)[:, None])
@@ -118,8 +173,8 @@ if triton is not None:
             else:  # FP4 pairs (even dim in the low nibble); E4M3 scale per 16 (FMT 2) or E8M0 per 32 (FMT 3)
                 pair = blk[:, None] * (BS // 2) + tl.arange(0, BS // 2)[None, :]
                 ok = pair < CODED // 2
-                xe = tl.load(row + 2 * pair, mask=ok, other=0.0).to(tl.float32)
-                xo = tl.load(row + 2 * pair + 1, mask=ok, other=0.0).to(tl.float32)
+                xe = _row_values(row, 2 * pair, ok, r, w_ptr, c_row, s_row, dims, HALF, NORM, ROT)
+                xo = _row_values(row, 2 * pair + 1, ok, r, w_ptr, c_row, s_row, dims, HALF, NORM, ROT)
                 amax = tl.maximum(tl.max(tl.abs(xe), axis=1), tl.max(tl.abs(xo), axis=1))
                 if FMT == 2:
                     sb, s = _e4m3_round(tl.minimum(tl.maximum(tl.math.div_rn(amax, 6.0), 0.001953125), 448.0))
@@ -131,12 +186,13 @@ if triton is not None:
             nbytes_codes: tl.constexpr = SCALES - 2 * ROPE
             tl.store(dst + SCALES + blk, sb.to(tl.uint8), mask=blk * BS < CODED)
             if ROPE > 0:  # V4: the RoPE dims as bf16, little-endian, between the codes and the scales
-                r = tl.arange(0, RP)
-                rok = r < ROPE
-                bits = tl.load(row + CODED + r, mask=rok, other=0.0).to(tl.float32).to(tl.int32, bitcast=True)
+                rc = tl.arange(0, RP)
+                rok = rc < ROPE
+                bits = _row_values(row, CODED + rc, rok, r, w_ptr, c_row, s_row, dims, HALF, NORM, ROT).to(
+                    tl.int32, bitcast=True)
                 hi16 = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-                tl.store(dst + nbytes_codes + 2 * r, (hi16 & 255).to(tl.uint8), mask=rok)
-                tl.store(dst + nbytes_codes + 2 * r + 1, ((hi16 >> 8) & 255).to(tl.uint8), mask=rok)
+                tl.store(dst + nbytes_codes + 2 * rc, (hi16 & 255).to(tl.uint8), mask=rok)
+                tl.store(dst + nbytes_codes + 2 * rc + 1, ((hi16 >> 8) & 255).to(tl.uint8), mask=rok)
 
     @triton.jit
     def _mxfp4_qdq_kernel(src_ptr, out_ptr, NB: tl.constexpr, NBLK: tl.constexpr, PDL: tl.constexpr):

@@ -120,7 +120,7 @@ if triton is not None:
     from .pdl import prologue
 
     @triton.jit
-    def _rotate(x, xp, c, s, odd, rot):
+    def rotate_pairs(x, xp, c, s, odd, rot):
         """Channel values x with their pair partners xp (float32) rotated where ``rot``: ``x·c ∓ xp·s`` as one
         explicit FMA over the rounded ``xp·(±s)``, shared by every kernel here so each gives the same bits whatever
         its tile shape (left to the compiler, the 2-D tiles of :func:`rope_` contracted it the other way round)."""
@@ -141,7 +141,7 @@ if triton is not None:
         xp = tl.load(x_ptr + base + (j ^ 1), mask=m, other=0.0).to(tl.float32)
         c = tl.load(cos_ptr + t * HALF + j // 2, mask=rot, other=1.0)
         s = tl.load(sin_ptr + t * HALF + j // 2, mask=rot, other=0.0) * sign
-        y = _rotate(x, xp, c, s, j % 2 == 1, rot)
+        y = rotate_pairs(x, xp, c, s, j % 2 == 1, rot)
         tl.store(x_ptr + base + j, y.to(x_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
@@ -159,7 +159,7 @@ if triton is not None:
         c = tl.load(cos_ptr + t * HALF + i, mask=rot, other=1.0)
         s = tl.load(sin_ptr + t * HALF + i, mask=rot, other=0.0)
         odd = (cols - start) % 2 == 1
-        out = _rotate(y.to(tl.float32), yp.to(tl.float32), c, s, odd, rot)
+        out = rotate_pairs(y.to(tl.float32), yp.to(tl.float32), c, s, odd, rot)
         tl.store(y_ptr + t * D + cols, out.to(y_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
@@ -178,7 +178,7 @@ if triton is not None:
         c = tl.load(cos_ptr + t * HALF + i, mask=rot, other=1.0)
         s = tl.load(sin_ptr + t * HALF + i, mask=rot, other=0.0) * sign
         odd = (cols - start) % 2 == 1
-        y = _rotate(x, xp, c, s, odd, rot)
+        y = rotate_pairs(x, xp, c, s, odd, rot)
         tl.store(y_ptr + base + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit

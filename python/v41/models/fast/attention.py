@@ -71,20 +71,20 @@ class StepContext:
         b = self.batch
         return table_slots(b.block_tables[kind], b.req_index, entry_ids, self.cache.rows_per_block(kind))
 
-    def write(self, kind: str, layer: int, rows_idx: Tensor, values: Tensor) -> None:
+    def write(self, kind: str, layer: int, rows_idx: Tensor, values: Tensor, **prep) -> None:
         """Write ``values`` [n, *row] at the slots the tokens ``rows_idx`` [n] close in ``kind``'s cache of
-        ``layer`` (slot −1 = nothing written)."""
-        self.cache.store(kind, layer, self.batch.slot_mapping[kind], values, index=rows_idx)
+        ``layer`` (slot −1 = nothing written); ``prep``: :meth:`FastCache.store`'s ``norm`` / ``rope``."""
+        self.cache.store(kind, layer, self.batch.slot_mapping[kind], values, index=rows_idx, **prep)
 
-    def write_closed(self, kind: str, layer: int, seg: Segments, values: Tensor) -> None:
+    def write_closed(self, kind: str, layer: int, seg: Segments, values: Tensor, **prep) -> None:
         """Write ``values`` [S, *row] of the segments ``seg`` at the slots their last tokens close in ``kind``'s
         cache of ``layer``; padding segments (no valid row: CUDA-graph padding) write nothing. The masked slots
-        are computed once per step and kind."""
+        are computed once per step and kind. ``prep``: :meth:`FastCache.store`'s ``norm`` / ``rope``."""
         slots = self._closed.get(kind)
         if slots is None:
             slots = torch.where(seg.valid[:, 0], self.batch.slot_mapping[kind][seg.last_row], -1)
             self._closed[kind] = slots
-        self.cache.store(kind, layer, slots, values)
+        self.cache.store(kind, layer, slots, values, **prep)
 
 
 def rope_key(plan: LayerPlan) -> str:
@@ -170,9 +170,8 @@ class FastAttention(nn.Module):
         subclasses, the compressed entries and index keys the step closes (:meth:`write_entries`). Queued on the
         side stream, where :mod:`v41.kernels.side_stream` is enabled, beside the query path (the projections
         themselves are computed before, by :meth:`project`)."""
-        cos, sin = ctx.rope[self.rope_key]
-        kv = self.kv_norm.with_rope(proj["wkv"], cos, sin)
-        ctx.cache.store("swa", self.plan.layer_id, ctx.batch.slot_mapping["swa"], kv)
+        ctx.cache.store("swa", self.plan.layer_id, ctx.batch.slot_mapping["swa"], proj["wkv"],
+                        norm=self.kv_norm.params(), rope=ctx.rope[self.rope_key])
         self.write_entries(x, proj, ctx)
 
     def write_entries(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:

@@ -106,11 +106,12 @@ class V4Attention(FastAttention):
             ctx.write_closed(f"cov{r}", lid, seg, torch.stack([m[:, :c], s[:, :c], a[:, :c]], dim=1))
             m, s, a = combine_triples((m[:, c:], s[:, c:], a[:, c:]), self._prev_a(ctx, seg, c))
         pooled = finish(m, s, a)
-        cos, sin = ctx.closed_rope(self.rope_key, r)
-        ctx.write_closed(f"ckv{r}", lid, seg, self.compressor.norm.with_rope(pooled[:, :hd].to(x.dtype), cos, sin))
+        angles = ctx.closed_rope(self.rope_key, r)
+        ctx.write_closed(f"ckv{r}", lid, seg, pooled[:, :hd].to(x.dtype), norm=self.compressor.norm.params(),
+                         rope=angles)
         if self.csa:
-            keys = self.indexer.compressor.norm.with_rope(pooled[:, hd:].to(x.dtype), cos, sin)
-            ctx.write_closed(f"idx{r}", lid, seg, keys)
+            ctx.write_closed(f"idx{r}", lid, seg, pooled[:, hd:].to(x.dtype),
+                             norm=self.indexer.compressor.norm.params(), rope=angles)
 
     def _prev_a(self, ctx: StepContext, seg, c: int):
         """The A triple of window w−1 of every segment from ``cov{r}`` (empty for window 0)."""

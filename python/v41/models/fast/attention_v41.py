@@ -17,7 +17,7 @@ from ...kernels.record_store import mxfp4_qdq_rows
 from ...kernels.topk import select_topk
 from .attention import FastAttention, StepContext, index_row_chunks
 from .compress import finish, pool_step
-from ...kernels.rope import rope, rope_
+from ...kernels.rope import rope_
 from .layers import PackedLinear, RMSNorm
 
 
@@ -83,18 +83,18 @@ class CSA2Attention(FastAttention):
         ix = self.indexer
         if r == 1:
             latent = comp.norm(comp.wkv(x))
-            cos, sin = ctx.rope[self.rope_key]
+            angles = ctx.rope[self.rope_key]
             rows = torch.arange(x.shape[0], device=x.device)
-            ctx.write(f"idx{r}", lid, rows, ix.k_norm.with_rope(ix.wk(latent), cos, sin))
-            ctx.write(f"ckv{r}", lid, rows, rope(latent, cos, sin))
+            ctx.write(f"idx{r}", lid, rows, ix.wk(latent), norm=ix.k_norm.params(), rope=angles)
+            ctx.write(f"ckv{r}", lid, rows, latent, rope=angles)
             return
         seg = ctx.segments[r]
         m, s, a = pool_step(seg, proj["comp.wkv"], proj["comp.wgate"], ctx.cache.state[lid])
         pooled = finish(m, s, a)
         latent = comp.norm((pooled.to(torch.bfloat16) if comp.deployed else pooled).to(x.dtype))
-        cos, sin = ctx.closed_rope(self.rope_key, r)
-        ctx.write_closed(f"idx{r}", lid, seg, ix.k_norm.with_rope(ix.wk(latent), cos, sin))
-        ctx.write_closed(f"ckv{r}", lid, seg, rope(latent, cos, sin))
+        angles = ctx.closed_rope(self.rope_key, r)
+        ctx.write_closed(f"idx{r}", lid, seg, ix.wk(latent), norm=ix.k_norm.params(), rope=angles)
+        ctx.write_closed(f"ckv{r}", lid, seg, latent, rope=angles)
 
     def _select(self, x: Tensor, qr: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> Tensor:
         """This index source's top-k entry ids per query [T, min(index_topk, N)] (−1 = none), §3.7 steps 2–7."""

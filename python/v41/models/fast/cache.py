@@ -16,7 +16,7 @@ from ...cache.layout import CacheLayout, KindSpec, StateSpec, build_layout, with
 from ...cache.records import RecordFormat
 from ...config import ModelConfig
 from ...kernels.paged import scatter_rows
-from ...kernels.record_store import store_records
+from ...kernels.record_store import prepare_rows, store_records
 
 
 def fast_layout(cfg: ModelConfig, block_tokens: int | None = None, lookahead_tokens: int = 0,
@@ -70,14 +70,20 @@ class FastCache:
                       for s in layout.states}
 
     def store(self, kind: str, layer: int, slots: torch.Tensor, rows: torch.Tensor,
-              index: torch.Tensor | None = None) -> None:
-        """Write ``rows`` [n, *row_shape] (encoded into ``kind``'s records when it has them) at ``slots`` [n] (or
-        ``slots[index]``) of ``layer``'s cache; slot −1 writes nothing (:func:`~v41.kernels.paged.scatter_rows`)."""
+              index: torch.Tensor | None = None, norm: tuple[torch.Tensor, float] | None = None,
+              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Write ``rows`` [n, *row_shape] — RMS-normed with ``norm`` = (weight, eps) and rotated with ``rope`` =
+        (cos, sin) [n, rd/2] first where given (:func:`~v41.kernels.record_store.prepare_rows`) — at ``slots`` [n]
+        (or ``slots[index]``) of ``layer``'s cache, encoded into ``kind``'s records when it has them (the norm and
+        rotation then in the same launch: :func:`~v41.kernels.record_store.store_records`); slot −1 writes nothing
+        (:func:`~v41.kernels.paged.scatter_rows`)."""
         fmt = self.records[kind]
         if fmt is not None:
-            store_records(self.tensors[kind][layer], slots, rows, fmt, self.dummy_slot(kind), index=index)
+            store_records(self.tensors[kind][layer], slots, rows, fmt, self.dummy_slot(kind), index=index,
+                          norm=norm, rope=rope)
         else:
-            scatter_rows(self.tensors[kind][layer], slots, rows, self.dummy_slot(kind), index=index)
+            scatter_rows(self.tensors[kind][layer], slots, prepare_rows(rows, norm, rope), self.dummy_slot(kind),
+                         index=index)
 
     def rows_per_block(self, kind: str) -> int:
         return self.layout.block_tokens // self.layout.kind(kind).tokens_per_entry

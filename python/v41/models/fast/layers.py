@@ -15,7 +15,7 @@ from ... import quant
 from ...config import RopeScaling, yarn_inv_freq
 from ...kernels.linear import linear
 from ...kernels.norm import rms_norm
-from ...kernels.rope import angle_tables, rms_norm_rope
+from ...kernels.rope import angle_tables
 from ...kernels.packed import PackedWeight, from_dense
 
 
@@ -79,9 +79,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.eps, self.weight)
 
-    def with_rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """``rope(self(x), cos, sin)`` for x [T, dim] in one launch (:func:`v41.kernels.rope.rms_norm_rope`)."""
-        return rms_norm_rope(x, self.eps, self.weight, cos, sin)
+    def params(self) -> tuple[Tensor, float]:
+        """(weight, eps): the ``norm`` argument of a cache write that normalizes in its own launch
+        (:meth:`~.cache.FastCache.store`)."""
+        return self.weight, self.eps
 
 
 class Rope:
