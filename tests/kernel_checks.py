@@ -198,8 +198,16 @@ def check_window_pool(device: str, dtype: torch.dtype, g: torch.Generator):
     fused = torch.cat([value, gate, value[:, :7]], dim=1)  # value and gate as column views of one GEMM's output
     poison(device)
     views = window_pool.pool_windows(*args, fused[:, :c], fused[:, c:2 * c], state.to(device))
-    return [("window_pool/mixed", rel(got.cpu(), want), 1e-5),
-            ("window_pool/column views", 0.0 if torch.equal(views, got) else float("inf"), 0.0)]
+    out = [("window_pool/mixed", rel(got.cpu(), want), 1e-5),
+           ("window_pool/column views", 0.0 if torch.equal(views, got) else float("inf"), 0.0)]
+    # the pooled values a / s (s = 0: no token) from the triples' column views, as PyTorch divides and rounds
+    for dt, through in ((torch.float32, False), (torch.float32, True), (torch.bfloat16, False)):
+        poison(device)
+        pv = window_pool.pooled_values(got[:, 1], got[:, 2], dt, through)
+        ref = window_pool.pooled_values_ref(got[:, 1].cpu(), got[:, 2].cpu(), dt, through)
+        same = torch.equal(pv.cpu(), ref) and pv.dtype == dt and bool((ref[3] == 0).all())
+        out.append((f"window_pool/pooled {dt} through_bf16={through}", 0.0 if same else float("inf"), 0.0))
+    return out
 
 
 def check_attention(device: str, dtype: torch.dtype, g: torch.Generator):

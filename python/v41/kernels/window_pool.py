@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import triton, use_triton
+from .pdl import triton_kw
 
 NEG = float("-inf")
 
@@ -68,8 +69,47 @@ def pool_windows(rows: Tensor, valid: Tensor, continues: Tensor, state_row: Tens
     return out
 
 
+def pooled_values_ref(s: Tensor, a: Tensor, dtype: torch.dtype, through_bf16: bool = False) -> Tensor:
+    """Reference of :func:`pooled_values`."""
+    y = a / torch.where(s > 0, s, torch.ones_like(s))
+    return (y.to(torch.bfloat16) if through_bf16 else y).to(dtype)
+
+
+def pooled_values(s: Tensor, a: Tensor, dtype: torch.dtype, through_bf16: bool = False) -> Tensor:
+    """The pooled entries ``a / s`` of full triples' s, a [S, C] float32 (a window with no token gives 0), rounded
+    to bf16 first where ``through_bf16`` (deployed numerics' cast of V4.1's pooled latent), returned as ``dtype``:
+    one Triton launch where :func:`.dispatch.use_triton` says so (a correctly rounded division, as PyTorch's), four
+    to six PyTorch launches in the reference."""
+    n, c = a.shape
+    if (n == 0 or a.dtype != torch.float32 or s.dtype != torch.float32 or s.stride(1) != 1 or a.stride(1) != 1
+            or not use_triton(s, a, family="attention")):
+        return pooled_values_ref(s, a, dtype, through_bf16)
+    out = torch.empty(n, c, dtype=dtype, device=a.device)
+    block = min(1024, triton.next_power_of_2(c))
+    through_bf16 = through_bf16 or dtype == torch.bfloat16  # the store of a bf16 value is then exact
+    _pooled_kernel[(n, triton.cdiv(c, block))](s, a, out, c, s.stride(0), a.stride(0), THROUGH_BF16=through_bf16,
+                                                BLOCK=block, **triton_kw(a.device))
+    return out
+
+
 if triton is not None:
     import triton.language as tl
+    from .pdl import prologue
+
+    @triton.jit
+    def _pooled_kernel(s_ptr, a_ptr, out_ptr, C, stride_s, stride_a, THROUGH_BF16: tl.constexpr, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr):
+        prologue(PDL)
+        i = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < C
+        s = tl.load(s_ptr + i * stride_s + cols, mask=ok, other=1.0)
+        a = tl.load(a_ptr + i * stride_a + cols, mask=ok, other=0.0)
+        y = tl.math.div_rn(a, tl.where(s > 0, s, 1.0))
+        if THROUGH_BF16:  # to nearest even by the bits (Triton's interpreter truncates in its bf16 casts)
+            bits = y.to(tl.int32, bitcast=True)
+            y = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+        tl.store(out_ptr + i * C + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
     def _pool_kernel(rows_ptr, valid_ptr, cont_ptr, srow_ptr, v_ptr, g_ptr, state_ptr, out_ptr, C, L, stride_v,

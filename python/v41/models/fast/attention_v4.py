@@ -105,13 +105,12 @@ class V4Attention(FastAttention):
             c = hd + self.indexer.head_dim
             ctx.write_closed(f"cov{r}", lid, seg, torch.stack([m[:, :c], s[:, :c], a[:, :c]], dim=1))
             m, s, a = combine_triples((m[:, c:], s[:, c:], a[:, c:]), self._prev_a(ctx, seg, c))
-        pooled = finish(m, s, a)
+        pooled = finish(s, a, x.dtype)
         angles = ctx.closed_rope(self.rope_key, r)
-        ctx.write_closed(f"ckv{r}", lid, seg, pooled[:, :hd].to(x.dtype), norm=self.compressor.norm.params(),
-                         rope=angles)
+        ctx.write_closed(f"ckv{r}", lid, seg, pooled[:, :hd], norm=self.compressor.norm.params(), rope=angles)
         if self.csa:
-            ctx.write_closed(f"idx{r}", lid, seg, pooled[:, hd:].to(x.dtype),
-                             norm=self.indexer.compressor.norm.params(), rope=angles)
+            ctx.write_closed(f"idx{r}", lid, seg, pooled[:, hd:], norm=self.indexer.compressor.norm.params(),
+                             rope=angles)
 
     def _prev_a(self, ctx: StepContext, seg, c: int):
         """The A triple of window w−1 of every segment from ``cov{r}`` (empty for window 0)."""

@@ -89,9 +89,8 @@ class CSA2Attention(FastAttention):
             ctx.write(f"ckv{r}", lid, rows, latent, rope=angles)
             return
         seg = ctx.segments[r]
-        m, s, a = pool_step(seg, proj["comp.wkv"], proj["comp.wgate"], ctx.cache.state[lid])
-        pooled = finish(m, s, a)
-        latent = comp.norm((pooled.to(torch.bfloat16) if comp.deployed else pooled).to(x.dtype))
+        _, s, a = pool_step(seg, proj["comp.wkv"], proj["comp.wgate"], ctx.cache.state[lid])
+        latent = comp.norm(finish(s, a, x.dtype, through_bf16=comp.deployed))
         angles = ctx.closed_rope(self.rope_key, r)
         ctx.write_closed(f"idx{r}", lid, seg, ix.wk(latent), norm=ix.k_norm.params(), rope=angles)
         ctx.write_closed(f"ckv{r}", lid, seg, latent, rope=angles)

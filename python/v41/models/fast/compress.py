@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ...kernels.segments import segment_facts
-from ...kernels.window_pool import pool_windows
+from ...kernels.window_pool import pool_windows, pooled_values
 from ..protocol import StepBatch
 
 
@@ -73,6 +73,7 @@ def pool_step(seg: Segments, value: Tensor, gate: Tensor, state: Tensor) -> tupl
     return out[:, 0], out[:, 1], out[:, 2]
 
 
-def finish(m: Tensor, s: Tensor, a: Tensor) -> Tensor:
-    """The pooled value ``a / s`` of full triples (windows with no token give 0)."""
-    return a / torch.where(s > 0, s, torch.ones_like(s))
+def finish(s: Tensor, a: Tensor, dtype: torch.dtype, through_bf16: bool = False) -> Tensor:
+    """The pooled value ``a / s`` of full triples (windows with no token give 0) as ``dtype``, rounded to bf16 on
+    the way where ``through_bf16`` (:func:`v41.kernels.window_pool.pooled_values`: one launch)."""
+    return pooled_values(s, a, dtype, through_bf16)
