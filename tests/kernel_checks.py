@@ -263,6 +263,14 @@ def check_index_scores(device: str, dtype: torch.dtype, g: torch.Generator):
             poison(device)
             y = indexer.index_scores(q, w, recs, bt, req, nvis, rpb, 20, record=fmt, tiles=tiles)
             out.append((name + "/records", rel(y, ref_rec), tol(dtype)))
+        # the head weights' scale applied where they are loaded, from a column view of a wider float32 output:
+        # the bits of scaling them first
+        wide = torch.randn(t, hi + 9, generator=g).to(device)
+        scale = (di * hi) ** -0.5
+        poison(device)
+        y = indexer.index_scores(q, wide[:, 3:3 + hi], keys, bt, req, nvis, rpb, 20, w_scale=scale)
+        want = indexer.index_scores(q, wide[:, 3:3 + hi] * scale, keys, bt, req, nvis, rpb, 20)
+        out.append((f"index_scores/h{hi}/d{di}/w_scale", 0.0 if torch.equal(y, want) else float("inf"), 0.0))
     return out
 
 
@@ -287,9 +295,10 @@ def check_record_store(device: str, dtype: torch.dtype, g: torch.Generator):
         slots = torch.randperm(2 * n, generator=g)[:n].to(device)
         slots[3] = -1
         index = torch.randperm(n, generator=g).to(device)
+        index[6] = -1  # a row that writes nothing
         want = torch.zeros(2 * n + 1, fmt.nbytes, dtype=torch.uint8, device=device)
         got = torch.zeros_like(want)
-        paged.scatter_rows_ref(want, slots[index], fmt.encode(x), 2 * n)
+        paged.scatter_rows_ref(want, paged.indexed_slots(slots, index), fmt.encode(x), 2 * n)
         record_store.store_records(got, slots, x, fmt, 2 * n, index=index)
         out.append((f"record_store/{fmt.kind}-{fmt.dims}", 0.0 if torch.equal(got[:-1], want[:-1]) else float("inf"),
                     0.0))
@@ -603,7 +612,15 @@ def check_table_slots(device: str, dtype: torch.dtype, g: torch.Generator):
     poison(device)
     got = paged.table_slots(bt, req, idx, 4)
     want = paged.block_slots(bt[req], idx, 4)
-    return [("table_slots/exact", 0.0 if torch.equal(got, want) else float("inf"), 0.0)]
+    out = [("table_slots/exact", 0.0 if torch.equal(got, want) else float("inf"), 0.0)]
+    pos = torch.tensor([0, 3, 6, 27, 40], device=device)  # windows before row 0, across blocks, past the table
+    for window in (1, 8, 13):
+        poison(device)
+        got = paged.window_slots(bt, req, pos, window, 4)
+        win = pos[:, None].cpu() - torch.arange(window - 1, -1, -1)[None, :]
+        want = paged.block_slots(bt[req].cpu(), torch.where(win >= 0, win, -1), 4)
+        out.append((f"table_slots/window {window}", 0.0 if torch.equal(got.cpu(), want) else float("inf"), 0.0))
+    return out
 
 
 def check_scatter_rows(device: str, dtype: torch.dtype, g: torch.Generator):
@@ -616,8 +633,10 @@ def check_scatter_rows(device: str, dtype: torch.dtype, g: torch.Generator):
         slots[[2, 7]] = -1
         rows = torch.randn(6 if indexed else 12, *shape, generator=g).to(device)
         index = torch.randperm(12, generator=g)[:6].to(device) if indexed else None
+        if indexed:
+            index[4] = -1  # a row that writes nothing (write_closed's padding segments)
         want = cache.clone()
-        paged.scatter_rows_ref(want, slots if index is None else slots[index], rows, 29)
+        paged.scatter_rows_ref(want, slots if index is None else paged.indexed_slots(slots, index), rows, 29)
         paged.scatter_rows(cache, slots, rows, 29, index=index)
         same = torch.equal(cache[:29].cpu(), want[:29].cpu())
         out.append((f"scatter_rows/{'x'.join(map(str, shape))}/{'indexed' if indexed else 'direct'}",

@@ -27,10 +27,12 @@ from .sparse_attention import gather_keys
 
 def index_scores_ref(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_index: Tensor,
                      n_visible: Tensor, rows_per_block: int, n_max: int, scratch_bytes: int = 64 << 20,
-                     record: RecordFormat | None = None) -> Tensor:
-    """q [T, Hi, di]; w [T, Hi] (already scaled); keys: the index-key cache [S, di] (or uint8 [S, nbytes] records
-    of ``record``); block_table [R, B] (−1 = none); req_index [T]; n_visible [T] visible entries per token;
-    n_max ≥ every request's cached entries. Returns float32 [T, n_max]."""
+                     record: RecordFormat | None = None, w_scale: float = 1.0) -> Tensor:
+    """q [T, Hi, di]; w [T, Hi] float, the head weights before ``w_scale`` (w · w_scale multiplied in w's dtype);
+    keys: the index-key cache [S, di] (or uint8 [S, nbytes] records of ``record``); block_table [R, B] (−1 = none);
+    req_index [T]; n_visible [T] visible entries per token; n_max ≥ every request's cached entries. Returns float32
+    [T, n_max]."""
+    w = w * w_scale
     t_all, hi, di = q.shape
     ent = torch.arange(n_max, device=q.device)
     req_keys = gather_keys(keys, block_slots(block_table, ent[None, :].expand(block_table.shape[0], -1),
@@ -48,21 +50,24 @@ def index_scores_ref(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, re
 
 def index_scores(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_index: Tensor, n_visible: Tensor,
                  rows_per_block: int, n_max: int, scratch_bytes: int = 64 << 20,
-                 record: RecordFormat | None = None, tiles: tuple[int, int, int] | None = None) -> Tensor:
+                 record: RecordFormat | None = None, tiles: tuple[int, int, int] | None = None,
+                 w_scale: float = 1.0) -> Tensor:
     """:func:`index_scores_ref` as one CUDA launch where :data:`CUDA_SCORER` is on, ``n_max`` is at least
     :data:`CUDA_MIN_ENTRIES`, :func:`.dispatch.use_cuda` says so and the kernel takes the operands
-    (:func:`_scores_cuda`), else one Triton launch where :func:`.dispatch.use_triton` says so; ``tiles`` (Triton
-    tilings: tests, sweeps) skips the CUDA kernel."""
+    (:func:`_scores_cuda`, after the multiply by ``w_scale``), else one Triton launch where
+    :func:`.dispatch.use_triton` says so (which multiplies by ``w_scale`` where it loads ``w`` as float32: the
+    reference's bits for float32 ``w``; ``w`` may be a view with unit head stride, read in place); ``tiles`` (Triton tilings: tests, sweeps) skips the CUDA kernel."""
     want = q.dtype if record is None else torch.uint8
     if (CUDA_SCORER and tiles is None and n_max >= CUDA_MIN_ENTRIES
             and use_cuda(q, keys, block_table, req_index, n_visible, family="attention")):
-        out = _scores_cuda(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, record)
+        out = _scores_cuda(q, w * w_scale, keys, block_table, req_index, n_visible, rows_per_block, n_max, record)
         if out is not None:
             return out
     if q.dtype in TRITON_DTYPES and keys.dtype == want and use_triton(q, keys, family="attention"):
-        return _scores_triton(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, record, tiles)
+        return _scores_triton(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, record, tiles,
+                              w_scale)
     return index_scores_ref(q, w, keys, block_table, req_index, n_visible, rows_per_block, n_max, scratch_bytes,
-                            record)
+                            record, w_scale)
 
 
 CUDA_SCORER = True  # False: the Triton kernel everywhere (an A/B switch: flash_slice.py --set)
@@ -148,7 +153,7 @@ if triton is not None:
 
     @triton.jit
     def _scores_kernel(q_ptr, w_ptr, k_ptr, bt_ptr, req_ptr, nvis_ptr, out_ptr, T, HI, N, RPB, NB,
-                       stride_qt, stride_qh, stride_wt, stride_k, stride_bt, stride_ot,
+                       stride_qt, stride_qh, stride_wt, stride_k, stride_bt, stride_ot, w_scale,
                        BH: tl.constexpr, DI: tl.constexpr, BN: tl.constexpr, QB: tl.constexpr, DOT: tl.constexpr,
                        IEEE: tl.constexpr, FMT: tl.constexpr, PDL: tl.constexpr):
         """Program (tb, jb): queries tb·QB … +QB−1 against entries jb·BN … +BN−1. When the block's queries share a
@@ -177,7 +182,7 @@ if triton is not None:
                                        stride_bt, DI, FMT, DOT)
                     q = tl.load(q_ptr + t * stride_qt + rh[:, None] * stride_qh + rd[None, :], mask=hmask[:, None],
                                 other=0.0).to(DOT)
-                    wt = tl.load(w_ptr + t * stride_wt + rh, mask=hmask, other=0.0).to(tl.float32)
+                    wt = tl.load(w_ptr + t * stride_wt + rh, mask=hmask, other=0.0).to(tl.float32) * w_scale
                     if IEEE:
                         s = tl.dot(q, tl.trans(kt), input_precision="ieee")
                     else:
@@ -192,7 +197,7 @@ if triton is not None:
 
 def _scores_triton(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_index: Tensor, n_visible: Tensor,
                    rows_per_block: int, n_max: int, record: RecordFormat | None,
-                   tiles: tuple[int, int, int] | None = None) -> Tensor:
+                   tiles: tuple[int, int, int] | None = None, w_scale: float = 1.0) -> Tensor:
     t, hi, di = q.shape
     out = torch.empty(t, n_max, dtype=torch.float32, device=q.device)
     if t == 0 or n_max == 0:
@@ -200,10 +205,10 @@ def _scores_triton(q: Tensor, w: Tensor, keys: Tensor, block_table: Tensor, req_
     qb, bn, warps = tiles or score_tiles(t, n_max, block_table.shape[0])
     bh = max(16, triton.next_power_of_2(hi))
     bt = block_table.contiguous()
-    w = w.contiguous()
+    w = w if w.stride(1) == 1 else w.contiguous()
     _scores_kernel[(triton.cdiv(t, qb), triton.cdiv(n_max, bn))](
         q, w, keys, bt, req_index.contiguous(), n_visible.contiguous(), out, t, hi, n_max, rows_per_block,
-        bt.shape[1], q.stride(0), q.stride(1), w.stride(0), keys.stride(0), bt.stride(0), out.stride(0),
+        bt.shape[1], q.stride(0), q.stride(1), w.stride(0), keys.stride(0), bt.stride(0), out.stride(0), float(w_scale),
         BH=bh, DI=di, BN=bn, QB=qb, DOT=dot_dtype(q.dtype), IEEE=q.dtype == torch.float32, FMT=format_id(record),
         num_warps=warps, **triton_kw(q.device))
     return out

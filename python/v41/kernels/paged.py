@@ -47,19 +47,25 @@ def scatter_rows(cache: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, d
                  index: torch.Tensor | None = None) -> None:
     """Store ``rows`` [n, *row_shape] at ``slots`` [n] int64 (or at ``slots[index]`` for ``index`` [n]) of ``cache``
     [num_slots, *row_shape] in place, converted to the cache's dtype, without reading anything back to the host:
-    slots < 0 write nothing (the reference sends them to ``dummy_slot``, a reserved row nothing reads; which of
-    several writes lands there is unspecified). One Triton launch where :func:`.dispatch.use_triton` says so."""
+    slots < 0 (and index entries < 0) write nothing (the reference sends them to ``dummy_slot``, a reserved row
+    nothing reads; which of several writes lands there is unspecified). One Triton launch where
+    :func:`.dispatch.use_triton` says so."""
     n = rows.shape[0]
     width = rows[0].numel() if n else 0
     if (n == 0 or width == 0 or not use_triton(cache, rows) or not cache[0].is_contiguous()
             or cache[0].numel() != width):
-        scatter_rows_ref(cache, slots if index is None else slots[index], rows, dummy_slot)
+        scatter_rows_ref(cache, slots if index is None else indexed_slots(slots, index), rows, dummy_slot)
         return
     src = rows.reshape(n, width).contiguous()
     block = min(1024, triton.next_power_of_2(width))
     _scatter_kernel[(n, triton.cdiv(width, block))](cache, slots, slots if index is None else index, src, width,
                                                   cache.stride(0), INDEXED=index is not None, BLOCK=block,
                                                   **triton_kw(cache.device))
+
+
+def indexed_slots(slots: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``slots[index]`` with −1 where ``index`` is negative (a row that writes nothing)."""
+    return torch.where(index >= 0, slots[index.clamp(min=0)], torch.full_like(index, -1))
 
 
 def table_slots(block_table: torch.Tensor, req: torch.Tensor, index: torch.Tensor, rows_per_block: int) -> torch.Tensor:
@@ -74,7 +80,27 @@ def table_slots(block_table: torch.Tensor, req: torch.Tensor, index: torch.Tenso
     idx = index.contiguous()
     block = min(1024, triton.next_power_of_2(k))
     _table_slots_kernel[(t, triton.cdiv(k, block))](bt, req.contiguous(), idx, out, k, bt.shape[1], bt.stride(0),
-                                                   rows_per_block, BLOCK=block, **triton_kw(bt.device))
+                                                   rows_per_block, WINDOW=False, BLOCK=block, **triton_kw(bt.device))
+    return out
+
+
+def window_slots(block_table: torch.Tensor, req: torch.Tensor, positions: torch.Tensor, window: int,
+                 rows_per_block: int) -> torch.Tensor:
+    """[T, W] slots of the positions ``pos − W + 1 .. pos`` of each query (``positions`` [T] int64; oldest first; −1
+    before position 0 or where the block is absent) through ``block_table`` [R, max_blocks] rows ``req`` [T]:
+    :func:`table_slots` of those rows, in one Triton launch where :func:`.dispatch.use_triton` says so (the rows
+    formed in it; five PyTorch launches before it otherwise)."""
+    t = positions.shape[0]
+    if t == 0 or window == 0 or not use_triton(positions, block_table):
+        offs = torch.arange(window - 1, -1, -1, device=positions.device)
+        win = positions[:, None] - offs[None, :]
+        return table_slots(block_table, req, torch.where(win >= 0, win, torch.full_like(win, -1)), rows_per_block)
+    out = torch.empty(t, window, dtype=torch.int64, device=positions.device)
+    bt = block_table.contiguous()
+    block = min(1024, triton.next_power_of_2(window))
+    _table_slots_kernel[(t, triton.cdiv(window, block))](bt, req.contiguous(), positions.contiguous(), out, window,
+                                                        bt.shape[1], bt.stride(0), rows_per_block, WINDOW=True,
+                                                        BLOCK=block, **triton_kw(bt.device))
     return out
 
 
@@ -88,7 +114,7 @@ if triton is not None:
         prologue(PDL)
         i, cb = tl.program_id(0), tl.program_id(1)
         j = tl.load(index_ptr + i) if INDEXED else i
-        slot = tl.load(slots_ptr + j)
+        slot = tl.load(slots_ptr + j, mask=j >= 0, other=-1)
         if slot >= 0:
             cols = cb * BLOCK + tl.arange(0, BLOCK)
             mask = cols < W
@@ -96,13 +122,19 @@ if triton is not None:
             tl.store(cache_ptr + slot * stride_c + cols, v.to(cache_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _table_slots_kernel(bt_ptr, req_ptr, idx_ptr, out_ptr, K, NB, stride_bt, RPB, BLOCK: tl.constexpr,
-                            PDL: tl.constexpr):
+    def _table_slots_kernel(bt_ptr, req_ptr, idx_ptr, out_ptr, K, NB, stride_bt, RPB, WINDOW: tl.constexpr,
+                            BLOCK: tl.constexpr, PDL: tl.constexpr):
+        """Program (row t, BLOCK columns): the slot of logical row idx[t, k], or with WINDOW of row
+        pos[t] − (K − 1) + k (idx_ptr: the positions [T]; −1 before row 0)."""
         prologue(PDL)
         t, kb = tl.program_id(0), tl.program_id(1)
         cols = kb * BLOCK + tl.arange(0, BLOCK)
         mask = cols < K
-        idx = tl.load(idx_ptr + t * K + cols, mask=mask, other=-1)
+        if WINDOW:
+            idx = tl.load(idx_ptr + t) - (K - 1) + cols
+            idx = tl.where(mask & (idx >= 0), idx, -1)
+        else:
+            idx = tl.load(idx_ptr + t * K + cols, mask=mask, other=-1)
         blk = tl.maximum(idx, 0) // RPB
         inside = (idx >= 0) & (blk < NB) & mask
         phys = tl.load(bt_ptr + tl.load(req_ptr + t) * stride_bt + blk, mask=inside, other=-1)

@@ -48,7 +48,7 @@ def store_records(cache: Tensor, slots: Tensor, rows: Tensor, record: RecordForm
                   index: Tensor | None = None, norm: tuple[Tensor, float] | None = None,
                   rope: tuple[Tensor, Tensor] | None = None) -> None:
     """Encode ``prepare_rows(rows, norm, rope)`` ([n, dims], float) as ``record`` and store them at ``slots`` [n] (or
-    ``slots[index]``) of ``cache`` uint8 [num_slots, record.nbytes]; slot −1 writes nothing. One Triton launch
+    ``slots[index]``) of ``cache`` uint8 [num_slots, record.nbytes]; slot −1 (or index −1) writes nothing. One Triton launch
     where :func:`.dispatch.use_triton` says so — the RMSNorm and RoPE computed in it with the bits of their own
     kernels (``rows`` may then be a view of whole rows' columns) — else :func:`prepare_rows`,
     :meth:`RecordFormat.encode` and :func:`~v41.kernels.paged.scatter_rows`."""
@@ -148,7 +148,7 @@ if triton is not None:
         prologue(PDL)
         i = tl.program_id(0)
         j = tl.load(index_ptr + i) if INDEXED else i
-        slot = tl.load(slots_ptr + j)
+        slot = tl.load(slots_ptr + j, mask=j >= 0, other=-1)
         if slot >= 0:
             row = src_ptr + i.to(tl.int64) * stride_s
             dst = cache_ptr + slot * stride_c

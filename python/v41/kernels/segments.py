@@ -4,7 +4,9 @@ each field: :class:`v41.models.fast.compress.Segments`), computed once per step 
 From ``seg`` [S, L] (token rows, −1 padded at the end of each segment), the step's ``positions`` / ``req_index``
 [T], and the requests' ``state_rows`` / ``seq_lens`` [R]:
 
-* ``rows = max(seg, 0)``, ``valid = seg ≥ 0``, ``last_row`` = the segment's last valid row (row 0's when none);
+* ``rows = max(seg, 0)``, ``valid = seg ≥ 0``, ``last_row`` = the segment's last valid row (row 0's when none),
+  ``closed_row`` = ``last_row``, or −1 for a segment with no valid row (the row whose cache slots a closed entry
+  takes: :meth:`v41.models.fast.attention.StepContext.write_closed`);
 * ``req``, ``window = ⌊pos / r⌋``, ``continues = valid₀ ∧ pos mod r ≠ 0`` of its first token;
 * ``closes = valid₀ ∧ pos(last) mod r = r − 1``;
 * ``state_row`` / ``keep_row``: the request's state row (ring slot ``state_row·R + window mod R`` with a ring of
@@ -23,7 +25,7 @@ from torch import Tensor
 from .dispatch import triton, use_triton
 from .pdl import triton_kw
 
-FIELDS = ("rows", "valid", "req", "window", "continues", "closes", "last_row", "state_row", "keep_row")
+FIELDS = ("rows", "valid", "req", "window", "continues", "closes", "last_row", "state_row", "keep_row", "closed_row")
 
 
 def segment_facts_ref(seg: Tensor, positions: Tensor, req_index: Tensor, state_rows: Tensor, seq_lens: Tensor,
@@ -43,7 +45,8 @@ def segment_facts_ref(seg: Tensor, positions: Tensor, req_index: Tensor, state_r
     dummy = torch.full_like(state_row, dummy_state_row * max(1, ring))
     window = pos_first // ratio
     continues = seg_ok & (pos_first % ratio != 0)
-    out = dict(rows=rows, valid=valid, req=req, window=window, continues=continues, closes=closes, last_row=last)
+    out = dict(rows=rows, valid=valid, req=req, window=window, continues=continues, closes=closes, last_row=last,
+               closed_row=torch.where(seg_ok, last, torch.full_like(last, -1)))
     if ring:
         slot = state_row * ring + window % ring
         recent = window > (seq_lens[req] - 1) // ratio - ring  # one writer per ring slot
@@ -65,7 +68,7 @@ def segment_facts(seg: Tensor, positions: Tensor, req_index: Tensor, state_rows:
     dev = seg.device
     out = dict(rows=torch.empty_like(seg), valid=torch.empty(s, length, dtype=torch.bool, device=dev),
                **{k: torch.empty(s, dtype=torch.int64, device=dev)
-                  for k in ("req", "window", "last_row", "state_row", "keep_row")},
+                  for k in ("req", "window", "last_row", "state_row", "keep_row", "closed_row")},
                continues=torch.empty(s, dtype=torch.bool, device=dev), closes=torch.empty(s, dtype=torch.bool,
                                                                                           device=dev))
     bs = 32
@@ -92,7 +95,7 @@ if triton is not None:
 
     @triton.jit
     def _facts_kernel(seg_ptr, pos_ptr, req_ptr, srow_ptr, slen_ptr, rows_ptr, valid_ptr, o_req_ptr, window_ptr,
-                      cont_ptr, closes_ptr, last_ptr, o_srow_ptr, keep_ptr, S, L, ratio, dummy, ring,
+                      cont_ptr, closes_ptr, last_ptr, o_srow_ptr, keep_ptr, closed_ptr, S, L, ratio, dummy, ring,
                       BS: tl.constexpr, BL: tl.constexpr, RING: tl.constexpr, PDL: tl.constexpr):
         prologue(PDL)
         rs = tl.program_id(0) * BS + tl.arange(0, BS)
@@ -130,3 +133,4 @@ if triton is not None:
         tl.store(last_ptr + rs, last, mask=smask)
         tl.store(o_srow_ptr + rs, out_srow.to(tl.int64), mask=smask)
         tl.store(keep_ptr + rs, keep.to(tl.int64), mask=smask)
+        tl.store(closed_ptr + rs, tl.where(seg_ok, last, -1).to(tl.int64), mask=smask)

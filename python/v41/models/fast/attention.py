@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ...config import LayerPlan, ModelConfig
 from ...distributed.group import SINGLE, TPGroup
-from ...kernels.paged import table_slots
+from ...kernels.paged import table_slots, window_slots as paged_window_slots
 from ...kernels.side_stream import beside
 from ...kernels.sparse_attention import sparse_mqa_sink
 from ..protocol import StepBatch
@@ -54,7 +54,6 @@ class StepContext:
     index_scratch_bytes: int
     topk: dict[int, Tensor] = field(default_factory=dict)
     cand: Tensor | None = None
-    _closed: dict[str, Tensor] = field(default_factory=dict)
     _closed_rope: dict[tuple[str, int], tuple[Tensor, Tensor]] = field(default_factory=dict)
 
     def closed_rope(self, key: str, ratio: int) -> tuple[Tensor, Tensor]:
@@ -78,13 +77,9 @@ class StepContext:
 
     def write_closed(self, kind: str, layer: int, seg: Segments, values: Tensor, **prep) -> None:
         """Write ``values`` [S, *row] of the segments ``seg`` at the slots their last tokens close in ``kind``'s
-        cache of ``layer``; padding segments (no valid row: CUDA-graph padding) write nothing. The masked slots
-        are computed once per step and kind. ``prep``: :meth:`FastCache.store`'s ``norm`` / ``rope``."""
-        slots = self._closed.get(kind)
-        if slots is None:
-            slots = torch.where(seg.valid[:, 0], self.batch.slot_mapping[kind][seg.last_row], -1)
-            self._closed[kind] = slots
-        self.cache.store(kind, layer, slots, values, **prep)
+        cache of ``layer`` (through ``seg.closed_row``); padding segments (no valid row: CUDA-graph padding) write
+        nothing. ``prep``: :meth:`FastCache.store`'s ``norm`` / ``rope``."""
+        self.cache.store(kind, layer, self.batch.slot_mapping[kind], values, index=seg.closed_row, **prep)
 
 
 def rope_key(plan: LayerPlan) -> str:
@@ -186,11 +181,8 @@ class FastAttention(nn.Module):
 
 def window_slots(batch: StepBatch, cache: FastCache, window: int) -> Tensor:
     """[T, W] swa slots of positions ``pos − W + 1 .. pos`` of each query (oldest first, −1 before 0)."""
-    pos = batch.positions
-    offs = torch.arange(window - 1, -1, -1, device=pos.device)
-    win = pos[:, None] - offs[None, :]
-    win = torch.where(win >= 0, win, torch.full_like(win, -1))
-    return table_slots(batch.block_tables["swa"], batch.req_index, win, cache.rows_per_block("swa"))
+    return paged_window_slots(batch.block_tables["swa"], batch.req_index, batch.positions, window,
+                              cache.rows_per_block("swa"))
 
 
 INDEX_BYTES_PER_ENTRY = 32  # float32 score, int64 order key, the masked copy, the candidate expansion

@@ -127,12 +127,12 @@ class V4Attention(FastAttention):
         ix, r, lid = self.indexer, self.plan.ratio, self.plan.layer_id
         cos, sin = ctx.rope[self.rope_key]
         q = rope_(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
-        w = proj["weights_proj"] * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+        w, w_scale = proj["weights_proj"], ix.head_dim ** -0.5 * ix.n_heads ** -0.5
         kind, b, n = f"idx{r}", ctx.batch, ctx.n_max[r]
         picks = []
         for rows in index_row_chunks(x.shape[0], n, ctx.index_scratch_bytes):  # bounded [rows, N] scratch
             scores = index_scores(q[rows], w[rows], ctx.cache.tensors[kind][lid], b.block_tables[kind],
                                   b.req_index[rows], ctx.n_visible[r][rows], ctx.cache.rows_per_block(kind), n,
-                                  record=ctx.cache.records[kind])
+                                  record=ctx.cache.records[kind], w_scale=w_scale)
             picks.append(select_topk(scores, min(self.cfg.index_topk, n), ctx.n_visible[r][rows]))
         return torch.cat(picks) if len(picks) > 1 else picks[0]

@@ -101,7 +101,7 @@ class CSA2Attention(FastAttention):
         r = plan.ratio
         cos, sin = ctx.rope[self.rope_key]
         q = rope_(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
-        w = proj["weights_proj"] * (ix.head_dim ** -0.5 * ix.n_heads ** -0.5)
+        w, w_scale = proj["weights_proj"], ix.head_dim ** -0.5 * ix.n_heads ** -0.5
         kind = f"idx{r}"
         record = ctx.cache.records[kind]
         if record is not None:  # MXFP4 keys are scored against MXFP4 queries, as the deployed kernel does (§2)
@@ -111,7 +111,7 @@ class CSA2Attention(FastAttention):
         for rows in index_row_chunks(x.shape[0], n, ctx.index_scratch_bytes):  # bounded [rows, N] scratch
             scores = index_scores(q[rows], w[rows], ctx.cache.tensors[kind][plan.kv_src], b.block_tables[kind],
                                   b.req_index[rows], ctx.n_visible[r][rows], ctx.cache.rows_per_block(kind), n,
-                                  record=record)
+                                  record=record, w_scale=w_scale)
             if plan.is_candidate_source:
                 cand.append(candidate_blocks(scores, ctx.n_visible[r][rows], block, cfg.candidate_topk_blocks))
             elif plan.uses_candidate_filter:

@@ -30,7 +30,8 @@ class Segments:
     rows [S, L] token rows (clamped ≥ 0), valid [S, L]; req [S] request row; window [S] window index (entry id
     it closes); continues [S] the window began before this step (its triple is in the state row); closes [S]
     the segment's last token closes the window; last_row [S]; state_row [S] the request's state row; keep_row
-    [S] where the segment's open triple goes (its state row, or the reserved dummy row when it closes).
+    [S] where the segment's open triple goes (its state row, or the reserved dummy row when it closes);
+    closed_row [S] last_row, −1 for a padding segment (no valid row).
 
     ``ring`` R > 0 (ratio 2 under speculative decoding, :func:`.cache.fast_layout`): state rows are rings of R
     slots, flat row ``state_row·R + window mod R``; every segment that opens one of its request's last R windows
@@ -48,6 +49,7 @@ class Segments:
     last_row: Tensor
     state_row: Tensor
     keep_row: Tensor
+    closed_row: Tensor
     ring: int = 0
 
     @classmethod
