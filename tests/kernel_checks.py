@@ -16,9 +16,9 @@ import torch
 
 from v41 import quant
 from v41.cache.records import RecordFormat
-from v41.kernels import (candidates, dequant, engram_gate, engram_rows, indexer, linear, mhc, moe, moe_align, moe_prefill, norm,
-                         paged, record_store, rope, router, sampling, segments, softmax, sparse_attention, swiglu, topk,
-                         window_pool, wstream)
+from v41.kernels import (candidates, dequant, engram_gate, engram_rows, hc_embed, indexer, linear, mhc, moe,
+                         moe_align, moe_prefill, norm, paged, record_store, rope, router, sampling, segments, softmax,
+                         sparse_attention, swiglu, topk, window_pool, wstream)
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
 
@@ -324,6 +324,10 @@ def check_record_store(device: str, dtype: torch.dtype, g: torch.Generator):
     q = (torch.randn(5, 4, 128, generator=g) * torch.logspace(-6, 4, 5).view(5, 1, 1)).to(device, dtype)
     same = torch.equal(record_store.mxfp4_qdq_rows(q), quant.mxfp4_qdq(q, 32))
     out.append(("record_store/mxfp4_qdq_rows", 0.0 if same else float("inf"), 0.0))
+    angles = tuple((torch.rand(5, 32, generator=g) * 2 - 1).to(device) for _ in range(2))  # the index queries' RoPE
+    poison(device)
+    same = torch.equal(record_store.mxfp4_qdq_rows(q, rope=angles), quant.mxfp4_qdq(rope.rope(q, *angles), 32))
+    out.append(("record_store/mxfp4_qdq_rows after rope", 0.0 if same else float("inf"), 0.0))
     return out
 
 
@@ -395,6 +399,17 @@ def check_mhc(device: str, dtype: torch.dtype, g: torch.Generator):
                 tol(dtype)))
     two = norm.rms_norm(mhc.hc_collapse(h, pre), 1e-6, w)  # the two launches it replaces, bit for bit
     out.append(("mhc/collapse_norm = collapse, rms_norm", 0.0 if torch.equal(fused, two) else float("inf"), 0.0))
+    sel = torch.tensor([t - 1, 0, t - 1], device=device)  # the head's logits rows, in their order, one repeated
+    poison(device)
+    picked = mhc.hc_collapse_norm(h, pre, 1e-6, w, sel)
+    out.append(("mhc/collapse_norm of rows", 0.0 if torch.equal(picked, fused[sel]) else float("inf"), 0.0))
+    ids = torch.randint(0, 50, (t,), generator=g).to(device)
+    table = torch.randn(50, d, generator=g).to(device, dtype)
+    poison(device)
+    copies, first = hc_embed.hc_embed(ids, table, 4, torch.float32)
+    want_h, want_pre = hc_embed.hc_copies(table[ids], 4, torch.float32)
+    same = torch.equal(copies, want_h) and torch.equal(first, want_pre) and first.dtype == torch.float32
+    out.append(("mhc/embedding copies and pre-mix", 0.0 if same else float("inf"), 0.0))
     poison(device)
     out.append(("mhc/expand", rel(mhc.hc_expand(h, y, post, comb),
                                   mhc.hc_expand_ref(h.double(), y.double(), post.double(), comb.double())), tol(dtype)))
@@ -602,6 +617,11 @@ def check_segments(device: str, dtype: torch.dtype, g: torch.Generator):
         want = segments.segment_facts_ref(*args, ratio, 11, ring)
         same = all(torch.equal(got[k], want[k]) for k in segments.FIELDS)
         out.append((f"segments/r{ratio}-ring{ring}", 0.0 if same else float("inf"), 0.0))
+    for ratios in ([1, 2], [4, 128], [2], [1, 2, 4, 128]):
+        poison(device)
+        got = segments.visible_entries(args[1], ratios)
+        same = all(torch.equal(got[r].cpu(), (positions + 1) // r) for r in ratios) and list(got) == ratios
+        out.append((f"segments/visible {ratios}", 0.0 if same else float("inf"), 0.0))
     return out
 
 

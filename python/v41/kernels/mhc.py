@@ -186,18 +186,24 @@ def hc_collapse_norm_ref(h: Tensor, pre: Tensor, eps: float, weight: Tensor) -> 
     return rms_norm_ref(hc_collapse_ref(h, pre), eps, weight)
 
 
-def hc_collapse_norm(h: Tensor, pre: Tensor, eps: float, weight: Tensor) -> Tensor:
-    """:func:`hc_collapse_norm_ref` as one Triton launch (a program per token, D ≤ 16384) where
-    :func:`.dispatch.use_triton` says so (hc = 4); its result equals :func:`hc_collapse` then :func:`.norm.rms_norm`
-    bit for bit (the same float32 sums in the same order)."""
+def hc_collapse_norm(h: Tensor, pre: Tensor, eps: float, weight: Tensor, rows: Tensor | None = None) -> Tensor:
+    """:func:`hc_collapse_norm_ref` of the tokens ``rows`` [N] int64 (None: all; the head's logits rows) as one
+    Triton launch (a program per token, D ≤ 16384) where :func:`.dispatch.use_triton` says so (hc = 4); its result
+    equals :func:`hc_collapse` then :func:`.norm.rms_norm` bit for bit (the same float32 sums in the same order)."""
     t, _, d = h.shape
     if not FUSED_NORM or h.dtype == torch.float64 or h.shape[1] != 4 or t == 0 or d > 16384 or not use_triton(h):
+        if rows is not None:
+            h, pre = h[rows], pre[rows]
         return rms_norm(hc_collapse(h, pre), eps, weight)
-    out = torch.empty(t, d, dtype=h.dtype, device=h.device)
+    n = t if rows is None else rows.shape[0]
+    out = torch.empty(n, d, dtype=h.dtype, device=h.device)
+    if n == 0:
+        return out
     bd = triton.next_power_of_2(d)
     # _rms_kernel's launch shape (4 warps, one row of next_power_of_2(D)): the same reduction tree, the same bits
-    _collapse_norm_kernel[(t,)](h.contiguous(), pre.float().contiguous(), weight, out, d, float(eps), BD=bd,
-                                **triton_kw(out.device))
+    _collapse_norm_kernel[(n,)](h.contiguous(), pre.float().contiguous(), weight, out,
+                                out if rows is None else rows.contiguous(), d, float(eps), ROWS=rows is not None,
+                                BD=bd, **triton_kw(out.device))
     return out
 
 
@@ -352,9 +358,11 @@ if triton is not None:
         tl.store(out_ptr + t.to(tl.int64) * D + rd, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _collapse_norm_kernel(h_ptr, pre_ptr, w_ptr, out_ptr, D, eps, BD: tl.constexpr, PDL: tl.constexpr):
+    def _collapse_norm_kernel(h_ptr, pre_ptr, w_ptr, out_ptr, rows_ptr, D, eps, ROWS: tl.constexpr, BD: tl.constexpr,
+                              PDL: tl.constexpr):
         prologue(PDL)
-        t = tl.program_id(0).to(tl.int64)
+        prog = tl.program_id(0).to(tl.int64)
+        t = tl.load(rows_ptr + prog).to(tl.int64) if ROWS else prog  # the token this program collapses
         rd = tl.arange(0, BD)
         mask = rd < D
         base = t * 4 * D
@@ -364,7 +372,7 @@ if triton is not None:
         x = acc.to(out_ptr.dtype.element_ty).to(tl.float32)  # the collapse as stored, then _rms_kernel's math
         y = x * rms_scale(x, D, eps)
         y = y * tl.load(w_ptr + rd, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + t * D + rd, y.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + prog * D + rd, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _expand_kernel(h_ptr, y_ptr, post_ptr, comb_ptr, out_ptr, D, BD: tl.constexpr, PDL: tl.constexpr):

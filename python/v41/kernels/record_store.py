@@ -73,15 +73,18 @@ def store_records(cache: Tensor, slots: Tensor, rows: Tensor, record: RecordForm
                          **triton_kw(cache.device))
 
 
-def mxfp4_qdq_rows(x: Tensor) -> Tensor:
-    """:func:`v41.quant.mxfp4_qdq` with blocks of 32 over the last dim (a multiple of 32), in one Triton launch
-    where :func:`.dispatch.use_triton` says so. Returns x's shape and dtype."""
+def mxfp4_qdq_rows(x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """:func:`v41.quant.mxfp4_qdq` with blocks of 32 over the last dim (a multiple of 32) of x [T, ..., d], after
+    ``rope`` = (cos, sin) [T, rd/2] where given (:func:`.rope.rope`: the index queries), in one Triton launch where
+    :func:`.dispatch.use_triton` says so (the rotation with its bits). Returns x's shape and dtype."""
     d = x.shape[-1]
     if x.numel() == 0 or d % 32 or x.dtype not in TRITON_DTYPES or not use_triton(x):
-        return quant.mxfp4_qdq(x, 32)
+        return quant.mxfp4_qdq(x if rope is None else rope_rows(x, *rope), 32)
     src = x.reshape(-1, d).contiguous()
     out = torch.empty_like(src)
-    _mxfp4_qdq_kernel[(src.shape[0],)](src, out, NB=triton.next_power_of_2(d // 32), NBLK=d // 32,
+    cos, sin = (r.float().contiguous() for r in rope) if rope is not None else (src, src)
+    _mxfp4_qdq_kernel[(src.shape[0],)](src, out, cos, sin, src.shape[0] // x.shape[0], cos.shape[-1] if rope else 0,
+                                       NB=triton.next_power_of_2(d // 32), NBLK=d // 32, ROT=rope is not None,
                                        **triton_kw(src.device))
     return out.view(x.shape)
 
@@ -195,14 +198,18 @@ if triton is not None:
                 tl.store(dst + nbytes_codes + 2 * rc + 1, ((hi16 >> 8) & 255).to(tl.uint8), mask=rok)
 
     @triton.jit
-    def _mxfp4_qdq_kernel(src_ptr, out_ptr, NB: tl.constexpr, NBLK: tl.constexpr, PDL: tl.constexpr):
+    def _mxfp4_qdq_kernel(src_ptr, out_ptr, cos_ptr, sin_ptr, ROWS, HALF, NB: tl.constexpr, NBLK: tl.constexpr,
+                          ROT: tl.constexpr, PDL: tl.constexpr):
+        """Program (row i of ROWS per token): its MXFP4 round trip, rotated first with ROT (token i // ROWS)."""
         prologue(PDL)
         i = tl.program_id(0).to(tl.int64)
         blk = tl.arange(0, NB)
         col = blk[:, None] * 32 + tl.arange(0, 32)[None, :]
         ok = blk[:, None] < NBLK
         x = tl.load(src_ptr + i * NBLK * 32 + col, mask=ok, other=0.0)
-        xf = x.to(tl.float32)
+        t = i // ROWS
+        xf = _row_values(src_ptr + i * NBLK * 32, col, ok, 1.0, src_ptr, cos_ptr + t * HALF, sin_ptr + t * HALF,
+                         NBLK * 32, HALF, False, ROT)
         s = (_pow2_ceil_byte(tl.math.div_rn(tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-30), 6.0)) << 23).to(
             tl.float32, bitcast=True)
         y = e2m1_value(_e2m1_code(tl.math.div_rn(xf, s[:, None]))) * s[:, None]

@@ -80,6 +80,21 @@ def segment_facts(seg: Tensor, positions: Tensor, req_index: Tensor, state_rows:
     return out
 
 
+def visible_entries(positions: Tensor, ratios: list[int]) -> dict[int, Tensor]:
+    """{r: ``(positions + 1) // r``} (int64 [T] each): the compressed entries of ratio r visible to each token
+    (docs/model.md §3.7), for up to four ratios in one Triton launch where :func:`.dispatch.use_triton` says so (two
+    PyTorch launches per ratio otherwise)."""
+    t = positions.shape[0]
+    if t == 0 or not ratios or len(ratios) > 4 or positions.dtype != torch.int64 or not use_triton(positions):
+        return {r: (positions + 1) // r for r in ratios}
+    out = torch.empty(len(ratios), t, dtype=torch.int64, device=positions.device)
+    rs = list(ratios) + [1] * (4 - len(ratios))
+    block = min(1024, triton.next_power_of_2(t))
+    _visible_kernel[(triton.cdiv(t, block),)](positions.contiguous(), out, t, *rs, NR=len(ratios), BLOCK=block,
+                                              **triton_kw(positions.device))
+    return {r: out[i] for i, r in enumerate(ratios)}
+
+
 if triton is not None:
     import triton.language as tl
     from .pdl import prologue
@@ -134,3 +149,18 @@ if triton is not None:
         tl.store(o_srow_ptr + rs, out_srow.to(tl.int64), mask=smask)
         tl.store(keep_ptr + rs, keep.to(tl.int64), mask=smask)
         tl.store(closed_ptr + rs, tl.where(seg_ok, last, -1).to(tl.int64), mask=smask)
+
+    @triton.jit
+    def _visible_kernel(pos_ptr, out_ptr, T, r0, r1, r2, r3, NR: tl.constexpr, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr):
+        prologue(PDL)
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = i < T
+        p1 = tl.load(pos_ptr + i, mask=mask, other=0) + 1
+        tl.store(out_ptr + i, _floordiv(p1, r0), mask=mask)
+        if NR > 1:
+            tl.store(out_ptr + T + i, _floordiv(p1, r1), mask=mask)
+        if NR > 2:
+            tl.store(out_ptr + 2 * T + i, _floordiv(p1, r2), mask=mask)
+        if NR > 3:
+            tl.store(out_ptr + 3 * T + i, _floordiv(p1, r3), mask=mask)

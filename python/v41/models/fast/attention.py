@@ -70,10 +70,10 @@ class StepContext:
         b = self.batch
         return table_slots(b.block_tables[kind], b.req_index, entry_ids, self.cache.rows_per_block(kind))
 
-    def write(self, kind: str, layer: int, rows_idx: Tensor, values: Tensor, **prep) -> None:
-        """Write ``values`` [n, *row] at the slots the tokens ``rows_idx`` [n] close in ``kind``'s cache of
-        ``layer`` (slot −1 = nothing written); ``prep``: :meth:`FastCache.store`'s ``norm`` / ``rope``."""
-        self.cache.store(kind, layer, self.batch.slot_mapping[kind], values, index=rows_idx, **prep)
+    def write(self, kind: str, layer: int, values: Tensor, **prep) -> None:
+        """Write ``values`` [T, *row] (one per token of the step) at the slots the tokens close in ``kind``'s cache
+        of ``layer`` (slot −1 = nothing written); ``prep``: :meth:`FastCache.store`'s ``norm`` / ``rope``."""
+        self.cache.store(kind, layer, self.batch.slot_mapping[kind], values, **prep)
 
     def write_closed(self, kind: str, layer: int, seg: Segments, values: Tensor, **prep) -> None:
         """Write ``values`` [S, *row] of the segments ``seg`` at the slots their last tokens close in ``kind``'s

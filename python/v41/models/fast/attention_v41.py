@@ -84,9 +84,8 @@ class CSA2Attention(FastAttention):
         if r == 1:
             latent = comp.norm(comp.wkv(x))
             angles = ctx.rope[self.rope_key]
-            rows = torch.arange(x.shape[0], device=x.device)
-            ctx.write(f"idx{r}", lid, rows, ix.wk(latent), norm=ix.k_norm.params(), rope=angles)
-            ctx.write(f"ckv{r}", lid, rows, latent, rope=angles)
+            ctx.write(f"idx{r}", lid, ix.wk(latent), norm=ix.k_norm.params(), rope=angles)
+            ctx.write(f"ckv{r}", lid, latent, rope=angles)
             return
         seg = ctx.segments[r]
         _, s, a = pool_step(seg, proj["comp.wkv"], proj["comp.wgate"], ctx.cache.state[lid])
@@ -99,13 +98,14 @@ class CSA2Attention(FastAttention):
         """This index source's top-k entry ids per query [T, min(index_topk, N)] (−1 = none), §3.7 steps 2–7."""
         cfg, plan, ix = self.cfg, self.plan, self.indexer
         r = plan.ratio
-        cos, sin = ctx.rope[self.rope_key]
-        q = rope_(ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim), cos, sin)
+        q = ix.wq_b(qr).view(x.shape[0], ix.n_heads, ix.head_dim)
         w, w_scale = proj["weights_proj"], ix.head_dim ** -0.5 * ix.n_heads ** -0.5
         kind = f"idx{r}"
         record = ctx.cache.records[kind]
         if record is not None:  # MXFP4 keys are scored against MXFP4 queries, as the deployed kernel does (§2)
-            q = mxfp4_qdq_rows(q)
+            q = mxfp4_qdq_rows(q, rope=ctx.rope[self.rope_key])  # rotated, then rounded, in one launch
+        else:
+            q = rope_(q, *ctx.rope[self.rope_key])
         b, n, block = ctx.batch, ctx.n_max[r], cfg.candidate_block_size
         picks, cand = [], []
         for rows in index_row_chunks(x.shape[0], n, ctx.index_scratch_bytes):  # bounded [rows, N] scratch

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...distributed.group import SINGLE, TPGroup, split_range
+from ...kernels.hc_embed import hc_copies, hc_embed
 from .layers import PackedLinear
 
 
@@ -20,6 +21,13 @@ class Embedding(nn.Module):
         self.tp = tp or SINGLE
         self.v0, self.v1 = split_range(vocab, self.tp.world_size, self.tp.rank)
         self.weight = nn.Parameter(torch.empty(self.v1 - self.v0, dim), requires_grad=False)
+
+    def hc_copies(self, ids: Tensor, hc: int, mix_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The first layer's residual copies [T, hc, D] and delayed pre-mix [T, hc] (``mix_dtype``) of ``ids``
+        (:func:`v41.kernels.hc_embed.hc_embed`: one launch on one rank; under TP the all-reduced lookup, copied)."""
+        if self.tp.world_size == 1:
+            return hc_embed(ids, self.weight, hc, mix_dtype)
+        return hc_copies(self(ids), hc, mix_dtype)
 
     def forward(self, ids: Tensor) -> Tensor:
         if self.tp.world_size == 1:

@@ -14,10 +14,10 @@ from ...kernels.mhc import hc_expand as expand
 from ...kernels.mhc import hc_seam
 
 
-def collapse_norm(h: Tensor, pre: Tensor, norm) -> Tensor:
-    """``norm(collapse(h, pre))`` in one launch where the kernels run (:func:`v41.kernels.mhc.hc_collapse_norm`);
-    ``norm``: the sub-layer's :class:`~.layers.RMSNorm`."""
-    return hc_collapse_norm(h, pre, norm.eps, norm.weight)
+def collapse_norm(h: Tensor, pre: Tensor, norm, rows: Tensor | None = None) -> Tensor:
+    """``norm(collapse(h, pre))`` of the tokens ``rows`` (None: all) in one launch where the kernels run
+    (:func:`v41.kernels.mhc.hc_collapse_norm`); ``norm``: the sub-layer's :class:`~.layers.RMSNorm`."""
+    return hc_collapse_norm(h, pre, norm.eps, norm.weight, rows)
 
 
 class HcSeam(nn.Module):

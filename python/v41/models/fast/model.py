@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from ...config import ModelConfig
 from ...distributed.group import SINGLE, TPGroup, check_tp, split_range
+from ...kernels.segments import visible_entries
 from ..protocol import StepBatch
 from .attention import FastAttention, StepContext, make_rope, window_slots
 from .attention_v4 import V4Attention
@@ -111,7 +112,7 @@ class FastModel(nn.Module):
             window_slots=window_slots(batch, cache, self.cfg.sliding_window),
             segments={r: Segments.build(batch, r, cache.dummy_state_row, self._ring(r)) for r in self.segment_ratios},
             n_max={r: batch.max_seq_len // r for r in ratios},
-            n_visible={r: (batch.positions + 1) // r for r in ratios}, index_scratch_bytes=self.index_scratch_bytes)
+            n_visible=visible_entries(batch.positions, ratios), index_scratch_bytes=self.index_scratch_bytes)
 
     def _ring(self, ratio: int) -> int:
         """Ring slots of the state rows of ``ratio`` (0 = plain rows): V4.1 ratio 2 when speculating."""
@@ -125,11 +126,8 @@ class FastModel(nn.Module):
         (:meth:`.dspark.FastDrafter.write_context`)."""
         cfg = self.cfg
         ctx = self.prepare(batch)
-        t = batch.num_tokens
-        h = self.embed(batch.token_ids).to(self.dtype).unsqueeze(1).repeat(1, cfg.hc_mult, 1)
-        pre_mix = torch.zeros(t, cfg.hc_mult, dtype=torch.promote_types(self.dtype, torch.float32),
-                              device=h.device)
-        pre_mix[:, 0] = 1
+        h, pre_mix = self.embed.hc_copies(batch.token_ids, cfg.hc_mult,
+                                          torch.promote_types(self.dtype, torch.float32))
         aux = []
         for lid, copies in batch.engram_copies.items():  # offload: slot fills run beside the layers before them
             self.layers[lid].engram.start_fill(copies)  # layer ids index cfg.plan
@@ -148,7 +146,7 @@ class FastModel(nn.Module):
             self.drafter.write_context(torch.cat(aux, dim=-1), *ctx.rope["base"], self.cache,
                                        batch.slot_mapping["dspark"])
         sel = batch.logits_rows
-        x = collapse_norm(h[sel], pre_mix[sel], self.norm) if cfg.is_v41 else self.norm(self.hc_head(h[sel]))
+        x = collapse_norm(h, pre_mix, self.norm, sel) if cfg.is_v41 else self.norm(self.hc_head(h[sel]))
         logits = self.head(x)
         if return_aux:
             return logits, (torch.cat(aux, dim=-1) if aux else None)
