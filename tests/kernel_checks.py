@@ -10,6 +10,7 @@ never passes. Each check returns ``(name, relative error, tolerance)``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -769,6 +770,9 @@ def run(check_name: str, device: str, dtype: torch.dtype):
 
 
 if __name__ == "__main__":  # the interpreter run: python tests/kernel_checks.py CHECK_NAME
+    if os.environ.get("V41_RECORD_LAUNCHES"):  # each launch's types and constexprs, to compile for sm_90a after
+        import triton_launches
+        triton_launches.record(os.environ["V41_RECORD_LAUNCHES"])
     for name, err, limit in run(sys.argv[1], "cpu", torch.float32):
         print(json.dumps({"name": name, "err": err, "tol": limit}))
     sys.stdout.flush()
