@@ -58,6 +58,12 @@
 #   flashmla (~5 min) FlashMLA's SM90 sparse FP8 decode kernel for V4 rows built from the staged sources
 #            (benches/gpu/flashmla/stage.sh here first; carry ".flashmla" too), then flashmla_compare.py: it against
 #            v41's CUDA sparse MQA on the same rows at B = 1, 8, 64 (the public-kernel comparison of issue 17);
+#   launches (~8 min) the checks of the kernels that took over PyTorch launches in the session of 2026-12-04 (CPU):
+#            candidate blocks and filter, fused norm + RoPE record writes, pooled values, index scores with the
+#            weights' scale, window slots, closed-row writes, segments, embedding copies, the head's collapse rows,
+#            select_all, the grouped kernel's K step of 64 (bf16 and float32); the engine's greedy tokens = CPU,
+#            graph replay = eager, no host synchronisation, CUDA kernels = Triton paths, FP8 vs bf16 records; then
+#            flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1 and the B = 1 profile (launches per step: 355 before);
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"] (MODE=flashmla: also ".flashmla").
 #   run: MODE=tests bash benches/gpu/issue17_check.sh
@@ -266,7 +272,16 @@ case "${MODE:-tests}" in
     tail -2 "$OUT/flashmla_build.txt"
     timeout 190 python3 benches/gpu/flashmla_compare.py --batches 1,8,64 > "$OUT/flashmla.txt" 2>&1 || rc=1
     tail -14 "$OUT/flashmla.txt" ;;
+  launches)
+    timeout 200 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and (candidates or record_store or window_pool \
+      or index_scores or table_slots or scatter_rows or segments or mhc or select_all or grouped)" \
+      > "$OUT/tests9.txt" 2>&1 || rc=1
+    tail -6 "$OUT/tests9.txt"
+    timeout 200 $PT tests/test_gpu_fast.py tests/test_gpu_cuda_attention.py -k "greedy or graph_replay \
+      or host_synchronisation or fp8_records_stay or cuda_kernels_give" > "$OUT/tests10.txt" 2>&1 || rc=1
+    tail -6 "$OUT/tests10.txt"
+    step_figures ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe," \
-       "seam, seam_ab, router, dbuf, router2, final2, prefill2, splits or flashmla"; exit 2 ;;
+       "seam, seam_ab, router, dbuf, router2, final2, prefill2, splits, flashmla or launches"; exit 2 ;;
 esac
 exit $rc
