@@ -208,6 +208,27 @@ def check_window_pool(device: str, dtype: torch.dtype, g: torch.Generator):
         ref = window_pool.pooled_values_ref(got[:, 1].cpu(), got[:, 2].cpu(), dt, through)
         same = torch.equal(pv.cpu(), ref) and pv.dtype == dt and bool((ref[3] == 0).all())
         out.append((f"window_pool/pooled {dt} through_bf16={through}", 0.0 if same else float("inf"), 0.0))
+    # V4's CSA entries: the B half combined with the previous window's A triple from the cov cache (window 0: none;
+    # a window whose block is absent: zeros), from column views of the pool's output
+    rpb, n_seg = 4, 6
+    cache = torch.randn(3 * rpb + rpb, 3, c, generator=g)
+    cache[:, 1] = cache[:, 1].abs()
+    cache[5, 0] = float("-inf")  # a previous window with no token
+    cache[5, 1:] = 0.0
+    table = torch.tensor([[2, 0, -1], [1, -1, 3]])
+    req = torch.tensor([0, 1, 0, 1, 0, 1])
+    win = torch.tensor([0, 2, 5, 9, 4, 6])  # previous entries: none, slot 5 (empty), 0, 12, 11, block absent
+    trip = torch.randn(n_seg, 3, 2 * c, generator=g)
+    trip[:, 1] = trip[:, 1].abs()
+    trip[2, 0], trip[2, 1:] = float("-inf"), 0.0  # an empty own half
+    cols = [x.to(device)[:, c:] for x in (trip[:, 0], trip[:, 1], trip[:, 2])]
+    for dt in (torch.float32, torch.bfloat16):
+        poison(device)
+        got = window_pool.pooled_after_previous(*cols, cache.to(device), table.to(device), req.to(device),
+                                                win.to(device), rpb, dt)
+        want = window_pool.pooled_after_previous_ref(*(x.double()[:, c:] for x in (trip[:, 0], trip[:, 1], trip[:, 2])),
+                                                     cache.double(), table, req, win, rpb, torch.float64)
+        out.append((f"window_pool/after previous {dt}", rel(got.cpu(), want), 1e-5 if dt == torch.float32 else 1e-2))
     return out
 
 

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import triton, use_triton
+from .paged import gather_slots, table_slots
 from .pdl import triton_kw
 
 NEG = float("-inf")
@@ -92,9 +93,78 @@ def pooled_values(s: Tensor, a: Tensor, dtype: torch.dtype, through_bf16: bool =
     return out
 
 
+def pooled_after_previous_ref(m: Tensor, s: Tensor, a: Tensor, prev_cache: Tensor, block_table: Tensor, req: Tensor,
+                              window: Tensor, rows_per_block: int, dtype: torch.dtype) -> Tensor:
+    """Reference of :func:`pooled_after_previous`."""
+    prev = window - 1
+    slots = table_slots(block_table, req, prev[:, None], rows_per_block)
+    t = gather_slots(prev_cache, slots)[:, 0]  # [S, 3, C]; zeros where no slot
+    has = (prev >= 0)[:, None]
+    before = (torch.where(has, t[:, 0], torch.full_like(t[:, 0], NEG)), torch.where(has, t[:, 1], 0.0),
+              torch.where(has, t[:, 2], 0.0))
+    _, s, a = combine_triples((m, s, a), before)
+    return pooled_values_ref(s, a, dtype)
+
+
+def pooled_after_previous(m: Tensor, s: Tensor, a: Tensor, prev_cache: Tensor, block_table: Tensor, req: Tensor,
+                          window: Tensor, rows_per_block: int, dtype: torch.dtype) -> Tensor:
+    """V4's overlapping CSA entries (docs/model.md §4): the pooled values (:func:`pooled_values`, as ``dtype``) of
+    each segment's own triple (m, s, a) [S, C] float32 (the B half of its window) combined with the A triple of the
+    window before it, read from ``prev_cache`` [slots, 3, C] float32 (the ``cov{r}`` cache) at entry ``window − 1``
+    of request ``req`` through ``block_table`` [R, max_blocks] (empty for window 0; zeros where the block is
+    absent). One Triton launch where :func:`.dispatch.use_triton` says so (about 25 PyTorch launches otherwise);
+    exponentials by Triton's ``exp``, as the pooling kernel's."""
+    n, c = a.shape
+    if (n == 0 or any(t.dtype != torch.float32 or t.stride(1) != 1 for t in (m, s, a)) or not prev_cache.is_contiguous()
+            or prev_cache.dtype != torch.float32 or not use_triton(a, prev_cache, family="attention")):
+        return pooled_after_previous_ref(m, s, a, prev_cache, block_table, req, window, rows_per_block, dtype)
+    out = torch.empty(n, c, dtype=dtype, device=a.device)
+    bt = block_table if block_table.stride(1) == 1 else block_table.contiguous()
+    block = min(1024, triton.next_power_of_2(c))
+    _after_previous_kernel[(n, triton.cdiv(c, block))](
+        m, s, a, m.stride(0), s.stride(0), a.stride(0), prev_cache, bt, req.contiguous(), window.contiguous(), out, c,
+        bt.shape[1], bt.stride(0), rows_per_block, THROUGH_BF16=dtype == torch.bfloat16, BLOCK=block,
+        **triton_kw(a.device))
+    return out
+
+
 if triton is not None:
     import triton.language as tl
     from .pdl import prologue
+
+    @triton.jit
+    def _after_previous_kernel(m_ptr, s_ptr, a_ptr, stride_m, stride_s, stride_a, cache_ptr, bt_ptr, req_ptr, win_ptr,
+                               out_ptr, C, NB, stride_bt, RPB, THROUGH_BF16: tl.constexpr, BLOCK: tl.constexpr,
+                               PDL: tl.constexpr):
+        """Program (segment, BLOCK channels): the previous window's A triple through the block table, combined with
+        the segment's own triple as combine_triples does, then a / s."""
+        prologue(PDL)
+        i = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < C
+        prev = tl.load(win_ptr + i) - 1
+        blk = tl.maximum(prev, 0) // RPB
+        inside = (prev >= 0) & (blk < NB)
+        phys = tl.load(bt_ptr + tl.load(req_ptr + i) * stride_bt + blk, mask=inside, other=-1)
+        slot = tl.where(inside & (phys >= 0), phys.to(tl.int64) * RPB + tl.maximum(prev, 0) % RPB, -1)
+        row = cache_ptr + tl.maximum(slot, 0) * 3 * C
+        got = ok & (slot >= 0)
+        m2 = tl.where(prev >= 0, tl.load(row + cols, mask=got, other=0.0), float("-inf"))
+        s2 = tl.where(prev >= 0, tl.load(row + C + cols, mask=got, other=0.0), 0.0)
+        a2 = tl.where(prev >= 0, tl.load(row + 2 * C + cols, mask=got, other=0.0), 0.0)
+        m1 = tl.load(m_ptr + i * stride_m + cols, mask=ok, other=float("-inf"))
+        s1 = tl.load(s_ptr + i * stride_s + cols, mask=ok, other=0.0)
+        a1 = tl.load(a_ptr + i * stride_a + cols, mask=ok, other=0.0)
+        mx = tl.maximum(m1, m2)
+        safe = tl.where((mx == mx) & (tl.abs(mx) != float("inf")), mx, 0.0)
+        f1 = tl.exp(m1 - safe)
+        f2 = tl.exp(m2 - safe)
+        s = s1 * f1 + s2 * f2
+        y = tl.math.div_rn(a1 * f1 + a2 * f2, tl.where(s > 0, s, 1.0))
+        if THROUGH_BF16:  # to nearest even by the bits (Triton's interpreter truncates in its bf16 casts)
+            bits = y.to(tl.int32, bitcast=True)
+            y = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+        tl.store(out_ptr + i * C + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
     def _pooled_kernel(s_ptr, a_ptr, out_ptr, C, stride_s, stride_a, THROUGH_BF16: tl.constexpr, BLOCK: tl.constexpr,

@@ -15,10 +15,9 @@ from torch import Tensor, nn
 from ...config import LayerPlan, ModelConfig
 from ...distributed.group import TPGroup
 from ...kernels.indexer import index_scores
-from ...kernels.paged import gather_slots, table_slots
 from ...kernels.rope import rope_
 from ...kernels.topk import select_topk
-from ...kernels.window_pool import NEG, combine_triples
+from ...kernels.window_pool import pooled_after_previous
 from .attention import FastAttention, StepContext, index_row_chunks
 from .compress import finish, pool_step
 from .layers import PackedLinear, RMSNorm
@@ -101,26 +100,19 @@ class V4Attention(FastAttention):
             value = torch.cat([value[:, :hd], iv[:, :di], value[:, hd:], iv[:, di:]], dim=1)
             gate = torch.cat([gate[:, :hd], ig[:, :di], gate[:, hd:], ig[:, di:]], dim=1)
         m, s, a = pool_step(seg, value, gate, ctx.cache.state[lid])
-        if self.csa:
-            c = hd + self.indexer.head_dim
-            ctx.write_closed(f"cov{r}", lid, seg, torch.stack([m[:, :c], s[:, :c], a[:, :c]], dim=1))
-            m, s, a = combine_triples((m[:, c:], s[:, c:], a[:, c:]), self._prev_a(ctx, seg, c))
-        pooled = finish(s, a, x.dtype)
+        if self.csa:  # this window's A half kept for the next; its B half pooled with the previous window's A half
+            c, kind = hd + self.indexer.head_dim, f"cov{r}"
+            ctx.write_closed(kind, lid, seg, torch.stack([m[:, :c], s[:, :c], a[:, :c]], dim=1))
+            pooled = pooled_after_previous(m[:, c:], s[:, c:], a[:, c:], ctx.cache.tensors[kind][lid],
+                                           ctx.batch.block_tables[kind], seg.req, seg.window,
+                                           ctx.cache.rows_per_block(kind), x.dtype)
+        else:
+            pooled = finish(s, a, x.dtype)
         angles = ctx.closed_rope(self.rope_key, r)
         ctx.write_closed(f"ckv{r}", lid, seg, pooled[:, :hd], norm=self.compressor.norm.params(), rope=angles)
         if self.csa:
             ctx.write_closed(f"idx{r}", lid, seg, pooled[:, hd:], norm=self.indexer.compressor.norm.params(),
                              rope=angles)
-
-    def _prev_a(self, ctx: StepContext, seg, c: int):
-        """The A triple of window w−1 of every segment from ``cov{r}`` (empty for window 0)."""
-        kind = f"cov{self.plan.ratio}"
-        prev = seg.window - 1
-        slots = table_slots(ctx.batch.block_tables[kind], seg.req, prev[:, None], ctx.cache.rows_per_block(kind))
-        t = gather_slots(ctx.cache.tensors[kind][self.plan.layer_id], slots)[:, 0]  # [S, 3, c]
-        has = (prev >= 0)[:, None]
-        return (torch.where(has, t[:, 0], torch.full_like(t[:, 0], NEG)), torch.where(has, t[:, 1], 0.0),
-                torch.where(has, t[:, 2], 0.0))
 
     def _select(self, x: Tensor, qr: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> Tensor:
         """The indexer's top-k entry ids per query [T, min(index_topk, N)] (−1 = none)."""
