@@ -662,6 +662,13 @@ def check_table_slots(device: str, dtype: torch.dtype, g: torch.Generator):
         win = pos[:, None].cpu() - torch.arange(window - 1, -1, -1)[None, :]
         want = paged.block_slots(bt[req].cpu(), torch.where(win >= 0, win, -1), 4)
         out.append((f"table_slots/window {window}", 0.0 if torch.equal(got.cpu(), want) else float("inf"), 0.0))
+    n_vis = torch.tensor([0, 1, 7, 20, 33], device=device)  # none, one, within a block, past the table
+    for n in (1, 9, 30):
+        poison(device)
+        got = paged.visible_slots(bt, req, n_vis, n, 4)
+        ent = torch.arange(n)[None, :]
+        want = paged.block_slots(bt[req].cpu(), torch.where(ent < n_vis[:, None].cpu(), ent, -1), 4)
+        out.append((f"table_slots/visible {n}", 0.0 if torch.equal(got.cpu(), want) else float("inf"), 0.0))
     return out
 
 

@@ -80,7 +80,7 @@ def table_slots(block_table: torch.Tensor, req: torch.Tensor, index: torch.Tenso
     idx = index.contiguous()
     block = min(1024, triton.next_power_of_2(k))
     _table_slots_kernel[(t, triton.cdiv(k, block))](bt, req.contiguous(), idx, out, k, bt.shape[1], bt.stride(0),
-                                                   rows_per_block, WINDOW=False, BLOCK=block, **triton_kw(bt.device))
+                                                   rows_per_block, MODE=0, BLOCK=block, **triton_kw(bt.device))
     return out
 
 
@@ -99,8 +99,27 @@ def window_slots(block_table: torch.Tensor, req: torch.Tensor, positions: torch.
     bt = block_table.contiguous()
     block = min(1024, triton.next_power_of_2(window))
     _table_slots_kernel[(t, triton.cdiv(window, block))](bt, req.contiguous(), positions.contiguous(), out, window,
-                                                        bt.shape[1], bt.stride(0), rows_per_block, WINDOW=True,
+                                                        bt.shape[1], bt.stride(0), rows_per_block, MODE=1,
                                                         BLOCK=block, **triton_kw(bt.device))
+    return out
+
+
+def visible_slots(block_table: torch.Tensor, req: torch.Tensor, n_visible: torch.Tensor, n: int,
+                  rows_per_block: int) -> torch.Tensor:
+    """[T, n] slots of the entries ``0 .. n − 1`` of each query's request, −1 from ``n_visible`` [T] int64 on (and where
+    the block is absent): :func:`table_slots` of those rows, in one Triton launch where :func:`.dispatch.use_triton`
+    says so (V4's HCA layers attend to every visible compressed entry; four PyTorch launches before it otherwise)."""
+    t = n_visible.shape[0]
+    if t == 0 or n == 0 or not use_triton(n_visible, block_table):
+        ent = torch.arange(n, device=n_visible.device)[None, :]
+        ids = torch.where(ent < n_visible[:, None], ent, torch.full_like(ent, -1))
+        return table_slots(block_table, req, ids, rows_per_block)
+    out = torch.empty(t, n, dtype=torch.int64, device=n_visible.device)
+    bt = block_table.contiguous()
+    block = min(1024, triton.next_power_of_2(n))
+    _table_slots_kernel[(t, triton.cdiv(n, block))](bt, req.contiguous(), n_visible.contiguous(), out, n,
+                                                   bt.shape[1], bt.stride(0), rows_per_block, MODE=2, BLOCK=block,
+                                                   **triton_kw(bt.device))
     return out
 
 
@@ -122,17 +141,20 @@ if triton is not None:
             tl.store(cache_ptr + slot * stride_c + cols, v.to(cache_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _table_slots_kernel(bt_ptr, req_ptr, idx_ptr, out_ptr, K, NB, stride_bt, RPB, WINDOW: tl.constexpr,
+    def _table_slots_kernel(bt_ptr, req_ptr, idx_ptr, out_ptr, K, NB, stride_bt, RPB, MODE: tl.constexpr,
                             BLOCK: tl.constexpr, PDL: tl.constexpr):
-        """Program (row t, BLOCK columns): the slot of logical row idx[t, k], or with WINDOW of row
-        pos[t] − (K − 1) + k (idx_ptr: the positions [T]; −1 before row 0)."""
+        """Program (row t, BLOCK columns): the slot of logical row idx[t, k] (MODE 0); of row pos[t] − (K − 1) + k
+        (MODE 1, idx_ptr: the positions [T]; −1 before row 0); of row k while k < n_visible[t] (MODE 2, idx_ptr:
+        n_visible [T]; −1 after)."""
         prologue(PDL)
         t, kb = tl.program_id(0), tl.program_id(1)
         cols = kb * BLOCK + tl.arange(0, BLOCK)
         mask = cols < K
-        if WINDOW:
+        if MODE == 1:
             idx = tl.load(idx_ptr + t) - (K - 1) + cols
             idx = tl.where(mask & (idx >= 0), idx, -1)
+        elif MODE == 2:
+            idx = tl.where(mask & (cols < tl.load(idx_ptr + t)), cols, -1)
         else:
             idx = tl.load(idx_ptr + t * K + cols, mask=mask, other=-1)
         blk = tl.maximum(idx, 0) // RPB

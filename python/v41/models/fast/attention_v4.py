@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ...config import LayerPlan, ModelConfig
 from ...distributed.group import TPGroup
 from ...kernels.indexer import index_scores
+from ...kernels.paged import visible_slots
 from ...kernels.rope import rope_
 from ...kernels.topk import select_topk
 from ...kernels.window_pool import pooled_after_previous
@@ -80,12 +81,11 @@ class V4Attention(FastAttention):
             return None
         r, lid = self.plan.ratio, self.plan.layer_id
         kind = f"ckv{r}"
-        if self.csa:
-            ids = self._select(x, qr, proj, ctx)
-        else:
-            ent = torch.arange(ctx.n_max[r], device=x.device)[None, :]
-            ids = torch.where(ent < ctx.n_visible[r][:, None], ent, torch.full_like(ent, -1))
-        return ctx.cache.tensors[kind][lid], ctx.entry_slots(kind, ids)
+        if not self.csa:  # HCA: every visible entry
+            b = ctx.batch
+            return ctx.cache.tensors[kind][lid], visible_slots(b.block_tables[kind], b.req_index, ctx.n_visible[r],
+                                                               ctx.n_max[r], ctx.cache.rows_per_block(kind))
+        return ctx.cache.tensors[kind][lid], ctx.entry_slots(kind, self._select(x, qr, proj, ctx))
 
     def _compress(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         """Pool this step's windows; write the closed entries (RoPE at ``j·r``) to ``ckv{r}`` (and the index keys
