@@ -18,9 +18,9 @@ from ...kernels.indexer import index_scores
 from ...kernels.paged import visible_slots
 from ...kernels.rope import rope_
 from ...kernels.topk import select_topk
-from ...kernels.window_pool import pooled_after_previous
+from ...kernels.window_pool import pooled_after_previous, pooled_values
 from .attention import FastAttention, StepContext, index_row_chunks
-from .compress import finish, pool_step
+from .compress import pool_step
 from .layers import PackedLinear, RMSNorm
 
 
@@ -107,7 +107,7 @@ class V4Attention(FastAttention):
                                            ctx.batch.block_tables[kind], seg.req, seg.window,
                                            ctx.cache.rows_per_block(kind), x.dtype)
         else:
-            pooled = finish(s, a, x.dtype)
+            pooled = pooled_values(s, a, x.dtype)
         angles = ctx.closed_rope(self.rope_key, r)
         ctx.write_closed(f"ckv{r}", lid, seg, pooled[:, :hd], norm=self.compressor.norm.params(), rope=angles)
         if self.csa:

@@ -15,8 +15,9 @@ from ...kernels.candidates import candidate_blocks, filter_candidates_
 from ...kernels.indexer import index_scores
 from ...kernels.record_store import mxfp4_qdq_rows
 from ...kernels.topk import select_topk
+from ...kernels.window_pool import pooled_values
 from .attention import FastAttention, StepContext, index_row_chunks
-from .compress import finish, pool_step
+from .compress import pool_step
 from ...kernels.rope import rope_
 from .layers import PackedLinear, RMSNorm
 
@@ -89,7 +90,7 @@ class CSA2Attention(FastAttention):
             return
         seg = ctx.segments[r]
         _, s, a = pool_step(seg, proj["comp.wkv"], proj["comp.wgate"], ctx.cache.state[lid])
-        latent = comp.norm(finish(s, a, x.dtype, through_bf16=comp.deployed))
+        latent = comp.norm(pooled_values(s, a, x.dtype, through_bf16=comp.deployed))
         angles = ctx.closed_rope(self.rope_key, r)
         ctx.write_closed(f"idx{r}", lid, seg, ix.wk(latent), norm=ix.k_norm.params(), rope=angles)
         ctx.write_closed(f"ckv{r}", lid, seg, latent, rope=angles)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ...kernels.segments import segment_facts
-from ...kernels.window_pool import pool_windows, pooled_values
+from ...kernels.window_pool import pool_windows
 from ..protocol import StepBatch
 
 
@@ -74,8 +74,3 @@ def pool_step(seg: Segments, value: Tensor, gate: Tensor, state: Tensor) -> tupl
         flat.index_copy_(0, seg.keep_row, out)
     return out[:, 0], out[:, 1], out[:, 2]
 
-
-def finish(s: Tensor, a: Tensor, dtype: torch.dtype, through_bf16: bool = False) -> Tensor:
-    """The pooled value ``a / s`` of full triples (windows with no token give 0) as ``dtype``, rounded to bf16 on
-    the way where ``through_bf16`` (:func:`v41.kernels.window_pool.pooled_values`: one launch)."""
-    return pooled_values(s, a, dtype, through_bf16)
