@@ -1,13 +1,18 @@
-"""Host time of an engine decode step outside the model: the tiny V4.1 engine on the CPU with B requests decoding,
-the forward replaced by stored logits, so what is timed is the Python / Rust host path (scheduling, the step's
-host plan, sampling on the CPU, committing and detokenizing tokens, building the outputs). Prints the median step
-and the mean of each part (its method wrapped in a timer): ``_launch`` (the plan's host step, the executor call and
+"""Host time of an engine decode step outside the model: a tiny engine on the CPU with B requests decoding, the
+forward replaced by stored logits, so what is timed is the Python / Rust host path (scheduling, the step's host
+plan, sampling on the CPU, committing and detokenizing tokens, building the outputs). Prints the median step and
+the mean of each part (its method wrapped in a timer): ``_launch`` (the plan's host step, the executor call and
 the sampler, itself shown apart), ``_complete`` (committing the sampled ids), ``_read_out`` (text and outputs).
 
-    python benches/host_step.py [--batch 64] [--steps 200]
+    python benches/host_step.py [--arch deepseek_v41] [--batch 64] [--steps 200] [--graph] [--greedy]
 
-The sampler's share is CPU arithmetic here (on a GPU it is kernels); the other parts are what the GPU waits for in
-a synchronous step (benches/RESULTS.md "2026-12-03 (ring and CUDA scorer)").
+``--graph``: the path a GPU decode step takes: the executor packs the step into a CUDA graph's static inputs
+(:mod:`v41.engine.graph_inputs`, shown apart as ``fill``) and "replays" it, the replay (the block-table prologue
+and the forward, device work inside the graph on a GPU) replaced by the stored logits; async scheduling's pending
+ids are resolved as on a GPU. Without it the executor call itself is replaced. ``--greedy``: temperature 0 (the
+sampler is one argmax; at temperature 1 it is the CPU reference of the keyed sampling kernels, CPU arithmetic that
+a GPU does in kernels). The other parts are what the GPU waits for when the host is slower than the step
+(benches/RESULTS.md "2026-12-03 (ring and CUDA scorer)", "2026-12-05 (host path)").
 """
 
 from __future__ import annotations
@@ -25,34 +30,59 @@ from v41.engine.core import EngineCore
 from v41.engine.params import SamplingParams
 from v41.testing.tiny import make_tiny
 
-PARTS = ("_launch", "sampler", "_complete", "_read_out")  # sampler: inside _launch
+PARTS = ("_launch", "sampler", "fill", "_complete", "_read_out")  # sampler and fill: inside _launch
+
+
+def stub_forward(core: EngineCore, graph: bool) -> dict:
+    """Replace the model by stored logits (module docstring); returns {part: object whose method to time}."""
+    vocab = core.cfg.vocab_size
+    logits: dict[int, torch.Tensor] = {}
+    gen = torch.Generator().manual_seed(0)
+
+    def stored(rows: int) -> torch.Tensor:
+        if rows not in logits:
+            logits[rows] = torch.randn(rows, vocab, generator=gen)
+        return logits[rows]
+
+    runner = core.executor.runner
+    if not graph:
+        core.executor.execute = lambda step, pending=None: stored(len(step.logits_rows))
+        return {}
+    graphs = runner.graphs = runner.make_graphs(runner._sizes(1), 1, capture=False)
+    graphs._replay = lambda size: stored(size)
+    return {f"fill:{size}": inputs for size, inputs in graphs.inputs.items()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", default="deepseek_v41", choices=("deepseek_v41", "deepseek_v4"))
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--graph", action="store_true", help="pack CUDA-graph static inputs as a GPU step does")
+    ap.add_argument("--greedy", action="store_true", help="temperature 0 (one argmax) instead of 1")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    path = make_tiny(tempfile.mkdtemp(), "deepseek_v41")
+    path = make_tiny(tempfile.mkdtemp(), a.arch)
     core = EngineCore(EngineArgs(model=str(path), device="cpu", max_num_seqs=a.batch, max_num_batched_tokens=4096,
                                  max_model_len=a.steps + 256, enable_prefix_caching=False))
     rng = random.Random(0)
     for i in range(a.batch):
         core.add_request(f"r{i}", [rng.randrange(3, 1000) for _ in range(32)],
-                         SamplingParams(temperature=1.0, seed=i, ignore_eos=True, max_tokens=a.steps + 64))
+                         SamplingParams(temperature=0.0 if a.greedy else 1.0, seed=i, ignore_eos=True,
+                                        max_tokens=a.steps + 64))
     while any(len(s.output_token_ids) == 0 for s in core.seqs.values()):
         core.step()
-    logits = torch.randn(a.batch, core.cfg.vocab_size)
-    core.executor.execute = lambda step, pending=None: logits[: len(step.logits_rows)]
+    fills = stub_forward(core, a.graph)
     spent = dict.fromkeys(PARTS, 0.0)
-    for name in PARTS:
-        def timed(*args, _f=getattr(core, name), _n=name, **kw):
+    targets = [(name, core, name) for name in ("_launch", "_complete", "_read_out")] + [("sampler", core, "sampler")]
+    targets += [("fill", inputs, "fill") for inputs in fills.values()]
+    for part, owner, attr in targets:
+        def timed(*args, _f=getattr(owner, attr), _n=part, **kw):
             t = time.perf_counter()
             out = _f(*args, **kw)
             spent[_n] += time.perf_counter() - t
             return out
-        setattr(core, name, timed)
+        setattr(owner, attr, timed)
     for _ in range(20):
         core.step()
     spent.update(dict.fromkeys(PARTS, 0.0))
@@ -61,8 +91,10 @@ def main() -> None:
         t = time.perf_counter()
         core.step()
         steps.append(time.perf_counter() - t)
-    print(f"B={a.batch}: host step median {statistics.median(steps) * 1e3:.2f} ms; mean per step: "
-          + ", ".join(f"{k} {v / a.steps * 1e3:.2f} ms" for k, v in spent.items()))
+    shown = [k for k in PARTS if k != "fill" or a.graph]
+    print(f"{a.arch} B={a.batch}{' graph' if a.graph else ''}{' greedy' if a.greedy else ''}: host step median "
+          f"{statistics.median(steps) * 1e3:.3f} ms; mean per step: "
+          + ", ".join(f"{k} {spent[k] / a.steps * 1e3:.3f} ms" for k in shown))
 
 
 if __name__ == "__main__":

@@ -62,21 +62,22 @@ class GraphInputs:
         self._done: torch.cuda.Event | None = None
         self.views: dict[str, object] = {"table_diffs": {}, "slot_mapping": {}, "engram_rows": {}, "segments": {},
                                          "engram_copies": {}}
-        self.offsets = []
+        # (name, key, host view) per field, made once: a step only writes into the host views
+        self._fields: list[tuple[str, object, np.ndarray]] = []
+        host = self.host.numpy()
         off = 0
         for name, key, shape in self.fields:
             count = int(np.prod(shape))
             view = self.dev[off:off + count].view(*shape)
-            self.offsets.append((name, key, off, shape))
             if key is None:
                 self.views[name] = view
             else:
                 self.views[name][key] = view
+            self._fields.append((name, key, host[off:off + count].reshape(shape)))
             off += count
-        self._padding_image = np.empty(n, dtype=np.int64)  # every field's padding, restored by one copy per step
-        for name, key, off, shape in self.offsets:
-            rows = self._padding_image[off:off + int(np.prod(shape))].reshape(shape)
+        for name, _, rows in self._fields:
             rows[...] = self._padding(name, rows)
+        self._padding_image = host.copy()  # every field's padding, restored by one copy per step
         self.num_out = 0
         self.fill(None)  # padding everywhere: what capture runs on
 
@@ -111,33 +112,41 @@ class GraphInputs:
             self.tables.check(k, diff)
         if self._done is not None:
             self._done.synchronize()
-        host = self.host.numpy()
-        host[:] = self._padding_image
+        self.host.numpy()[:] = self._padding_image
         if step is not None:
-            self._pack(host, step)
+            self._pack(step)
         elif dummy_ids is not None:
-            name, _, off, shape = self.offsets[0]
-            host[off:off + int(np.prod(shape))] = dummy_ids
+            self._fields[0][2][:] = dummy_ids  # token_ids
         if self.dev is not self.host:
             self.dev.copy_(self.host, non_blocking=True)
             self._done = torch.cuda.Event()
             self._done.record(torch.cuda.current_stream(self.dev.device))
 
-    def _pack(self, host: np.ndarray, step: HostStep) -> None:
-        r, q = step.num_requests, self.q
-        counts = step.num_scheduled.astype(np.int64)
-        first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        req = step.req_index()
-        grow = req * q + np.arange(step.num_tokens) - first[req]  # graph row of each step row
-        out = grow[step.logits_rows]
+    def _pack(self, step: HostStep) -> None:
+        """Write ``step`` into the host views (over the padding image). Token rows land at their graph rows; when
+        those are the first T rows (plain decode: one token per request at q = 1) every per-token field is a
+        prefix copy. At q = 1 the segments are the padding image itself (each request's one row is its own
+        window run), so they are not rewritten."""
+        r, q, t = step.num_requests, self.q, step.num_tokens
+        counts = step.num_scheduled.astype(np.int64, copy=False)
+        if q == 1 and t == r:  # every request one token: token row i is graph row i
+            req = grow = None
+            out = step.logits_rows
+            at = slice(0, t)
+        else:
+            first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+            req = step.req_index()
+            grow = req * q + np.arange(t) - first[req]  # graph row of each step row
+            out = grow[step.logits_rows]
+            at = grow
         self.num_out = -out.size if np.array_equal(out, np.arange(out.size)) else out.size
-        for name, key, off, shape in self.offsets:
-            rows = host[off:off + int(np.prod(shape))].reshape(shape)
+        for name, key, rows in self._fields:
             if name == "token_ids":  # req_index and logits_rows keep their padding image
-                rows[grow] = step.token_ids
+                rows[at] = step.token_ids
             elif name == "positions":
-                rows.reshape(self.size, q)[:r] = (step.start_pos + counts - 1)[:, None]
-                rows[grow] = step.positions
+                if grow is not None:
+                    rows.reshape(self.size, q)[:r] = (step.start_pos + counts - 1)[:, None]
+                rows[at] = step.positions
             elif name == "out_rows":
                 rows[:out.size] = out
             elif name == "seq_lens":
@@ -148,11 +157,11 @@ class GraphInputs:
                 src = step.table_diffs[key]
                 rows[:, :src.shape[1]] = src
             elif name in ("slot_mapping", "engram_rows"):
-                rows[grow] = getattr(step, name)[key]
+                rows[at] = getattr(step, name)[key]
             elif name == "engram_copies":
                 src = step.engram_copies[key]
                 rows[:, :src.shape[1]] = src
-            elif name == "segments":
+            elif name == "segments" and q > 1:
                 self._pack_segments(rows, step.segments(key), req, grow, key)
 
     def _pack_segments(self, rows: np.ndarray, seg: np.ndarray, req: np.ndarray, grow: np.ndarray, ratio: int) -> None:

@@ -88,7 +88,8 @@ class PendingResolver:
     """Fills a step's pending rows on ``device`` (module docstring): its token ids and, with ``hasher``, its Engram
     rows. ``vocab``: the model's vocabulary; ids the tokenizer's token map does not cover (padded vocabulary rows)
     hash as the pad token. Staging: two pinned int64 buffers used in turn (each reused once its copy finished) and
-    one non-blocking copy per step."""
+    one non-blocking copy per step; a plain decode step without Engram (rows and sources both 0 .. k − 1) needs neither:
+    it is one device-to-device copy."""
 
     def __init__(self, device: torch.device | str, hasher: EngramHasher | None, vocab: int):
         self.device = torch.device(device)
@@ -121,6 +122,9 @@ class PendingResolver:
         """Write the pending rows of ``token_ids`` [≥ T] int64 and of ``engram_rows`` {layer: [≥ T, cols] int64}
         (device views the step's forward reads) from ``p.sampled``; queued on the current stream."""
         k, layers = p.rows.size, len(self.layer_ids)
+        if not layers and p.rows[-1] == k - 1 and np.array_equal(p.src, np.arange(k)):  # rows (sorted, distinct)
+            token_ids[:k].copy_(p.sampled[:k])  # 0..k-1 take sampled ids 0..k-1 (plain decode): one copy
+            return
         keep = next(iter(p.partial.values())).shape[1] if p.partial else 0
         need = 2 * k + layers * k * keep
         if need > self.capacity:
