@@ -199,8 +199,20 @@ def check_window_pool(device: str, dtype: torch.dtype, g: torch.Generator):
     fused = torch.cat([value, gate, value[:, :7]], dim=1)  # value and gate as column views of one GEMM's output
     poison(device)
     views = window_pool.pool_windows(*args, fused[:, :c], fused[:, c:2 * c], state.to(device))
+    # V4's gate bias ape[p mod R] at each token's position, added where the gate is read
+    ape = torch.randn(4, c, generator=g) * 3
+    pos = torch.randint(0, 1000, (t,), generator=g)
+    poison(device)
+    biased = window_pool.pool_windows(*args, fused[:, :c], fused[:, c:2 * c], state.to(device), ape.to(device),
+                                      pos.to(device))
+    want_b = window_pool.pool_windows_ref(*[a.cpu() for a in args], value.double().cpu(), gate.double().cpu(),
+                                          state.double(), ape.double(), pos)
+    unbiased = window_pool.pool_windows_ref(*[a.cpu() for a in args], value.double().cpu(),
+                                            gate.double().cpu() + ape.double()[pos % 4], state.double())
     out = [("window_pool/mixed", rel(got.cpu(), want), 1e-5),
-           ("window_pool/column views", 0.0 if torch.equal(views, got) else float("inf"), 0.0)]
+           ("window_pool/column views", 0.0 if torch.equal(views, got) else float("inf"), 0.0),
+           ("window_pool/gate bias", rel(biased.cpu(), want_b), 1e-5),
+           ("window_pool/gate bias reference", 0.0 if torch.equal(want_b, unbiased) else float("inf"), 0.0)]
     # the pooled values a / s (s = 0: no token) from the triples' column views, as PyTorch divides and rounds
     for dt, through in ((torch.float32, False), (torch.float32, True), (torch.bfloat16, False)):
         poison(device)

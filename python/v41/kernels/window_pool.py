@@ -36,9 +36,12 @@ def combine_triples(t1: tuple[Tensor, Tensor, Tensor], t2: tuple[Tensor, Tensor,
 
 
 def pool_windows_ref(rows: Tensor, valid: Tensor, continues: Tensor, state_row: Tensor, value: Tensor,
-                     gate: Tensor, state: Tensor) -> Tensor:
+                     gate: Tensor, state: Tensor, ape: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
     """Reference of :func:`pool_windows`: rows, valid [S, L] (int64 ≥ 0, bool); continues [S] bool; state_row [S]
-    int64; value, gate [T, C] float32; state [rows, 3, C] float32 (read only) → [S, 3, C] float32."""
+    int64; value, gate [T, C] float32; state [rows, 3, C] float32 (read only); ape [R, C] (gate's dtype) and
+    positions [T] int64, or None → [S, 3, C] float32."""
+    if ape is not None:
+        gate = gate + ape[positions % ape.shape[0]]
     g = gate[rows].masked_fill(~valid[..., None], NEG)  # [S, L, C]
     m = g.amax(dim=1)
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -52,11 +55,13 @@ def pool_windows_ref(rows: Tensor, valid: Tensor, continues: Tensor, state_row: 
 
 
 def pool_windows(rows: Tensor, valid: Tensor, continues: Tensor, state_row: Tensor, value: Tensor, gate: Tensor,
-                 state: Tensor) -> Tensor:
-    """:func:`pool_windows_ref` as one Triton launch where :func:`.dispatch.use_triton` says so."""
+                 state: Tensor, ape: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+    """:func:`pool_windows_ref` as one Triton launch where :func:`.dispatch.use_triton` says so. ``ape`` [R, C]:
+    V4's per-position gate bias, ``ape[p mod R]`` added to the gate of the token at position ``positions[t]``
+    (docs/model.md §4) where each gate is read (the three PyTorch launches of the addition go)."""
     s, width = rows.shape
     if s == 0 or value.dtype != torch.float32 or not use_triton(value, state, family="attention"):
-        return pool_windows_ref(rows, valid, continues, state_row, value, gate, state)
+        return pool_windows_ref(rows, valid, continues, state_row, value, gate, state, ape, positions)
     c = value.shape[1]
     out = torch.empty(s, 3, c, dtype=torch.float32, device=value.device)
     block = min(256, triton.next_power_of_2(c))
@@ -64,9 +69,12 @@ def pool_windows(rows: Tensor, valid: Tensor, continues: Tensor, state_row: Tens
     v = value if value.stride(1) == 1 else value.contiguous()
     g = gate if gate.stride(1) == 1 else gate.contiguous()
     st = state.contiguous()
+    bias = ape.to(torch.float32).contiguous() if ape is not None else out
     _pool_kernel[(s, triton.cdiv(c, block))](rows.contiguous(), valid.contiguous(), continues.contiguous(),
-                                             state_row.contiguous(), v, g, st, out, c, width, v.stride(0),
-                                             g.stride(0), BLOCK=block)
+                                             state_row.contiguous(), v, g, st, out, bias,
+                                             out if positions is None else positions.contiguous(), c, width,
+                                             v.stride(0), g.stride(0), bias.shape[0], APE=ape is not None,
+                                             BLOCK=block)
     return out
 
 
@@ -182,8 +190,8 @@ if triton is not None:
         tl.store(out_ptr + i * C + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
-    def _pool_kernel(rows_ptr, valid_ptr, cont_ptr, srow_ptr, v_ptr, g_ptr, state_ptr, out_ptr, C, L, stride_v,
-                     stride_g, BLOCK: tl.constexpr):
+    def _pool_kernel(rows_ptr, valid_ptr, cont_ptr, srow_ptr, v_ptr, g_ptr, state_ptr, out_ptr, ape_ptr, pos_ptr, C,
+                     L, stride_v, stride_g, R, APE: tl.constexpr, BLOCK: tl.constexpr):
         seg, cb = tl.program_id(0), tl.program_id(1)
         cols = cb * BLOCK + tl.arange(0, BLOCK)
         cmask = cols < C
@@ -202,6 +210,9 @@ if triton is not None:
             if ok:
                 row = tl.load(rows_ptr + seg * L + j).to(tl.int64)
                 g = tl.load(g_ptr + row * stride_g + cols, mask=cmask, other=0.0)
+                if APE:  # the gate bias of the token's position within its window
+                    p = tl.load(pos_ptr + row) % R
+                    g = g + tl.load(ape_ptr + p * C + cols, mask=cmask, other=0.0)
                 v = tl.load(v_ptr + row * stride_v + cols, mask=cmask, other=0.0)
                 m_new = tl.maximum(m, g)  # g is finite, so m_new is
                 f = tl.exp(m - m_new)  # exp(−inf) = 0 for an empty running set

@@ -25,8 +25,8 @@ from .layers import PackedLinear, RMSNorm
 
 
 class WindowCompressor(nn.Module):
-    """``wkv``, ``wgate [c·width, D]`` BF16, ``ape [ratio, c·width]`` float32, ``norm [width]``; c = 2 with
-    ``overlap`` (CSA)."""
+    """``wkv``, ``wgate [c·width, D]`` BF16, ``ape [ratio, c·width]`` float32 (the gate's bias at each position of
+    a window: ``wgate(x) + ape[p mod ratio]``), ``norm [width]``; c = 2 with ``overlap`` (CSA)."""
 
     def __init__(self, dim: int, width: int, ratio: int, overlap: bool, eps: float):
         super().__init__()
@@ -36,11 +36,6 @@ class WindowCompressor(nn.Module):
         self.ape = nn.Parameter(torch.zeros(ratio, c * width), requires_grad=False)
         self.norm = RMSNorm(width, eps)
         self.width, self.ratio = width, ratio
-
-    def gates(self, gate: Tensor, pos: Tensor) -> Tensor:
-        """``wgate(x) + ape`` [T, c·width] (≥ float32) of tokens at positions ``pos``, from the projection
-        ``gate = wgate(x)`` (the attention's stacked projections, :meth:`FastAttention.project`)."""
-        return gate + self.ape.to(gate.dtype)[pos % self.ratio]
 
 
 class IndexerV4(nn.Module):
@@ -71,6 +66,18 @@ class V4Attention(FastAttention):
                 ic = self.indexer.compressor
                 wide.update({"idx.wkv": ic.wkv, "idx.wgate": ic.wgate, "weights_proj": self.indexer.weights_proj})
             self.add_wide_siblings(wide)
+        self.pool_ape: Tensor | None = None  # the gate bias in the pooled channels' order (finish_loading)
+
+    def finish_loading(self) -> None:
+        """The gate bias of the pooled channels (:meth:`_compress`): the compressor's ``ape``, for CSA interleaved
+        with the indexer compressor's as the channels are, ``[A_main | A_idx | B_main | B_idx]``."""
+        if self.plan.ratio == 0:
+            return
+        ape = self.compressor.ape
+        if self.csa:
+            hd, di, ia = self.head_dim, self.indexer.head_dim, self.indexer.compressor.ape
+            ape = torch.cat([ape[:, :hd], ia[:, :di], ape[:, hd:], ia[:, di:]], dim=1)
+        self.pool_ape = ape
 
     def write_entries(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         if self.plan.ratio > 0:
@@ -92,14 +99,14 @@ class V4Attention(FastAttention):
         to ``idx{r}``, the A triples to ``cov{r}`` for CSA)."""
         r, lid, hd = self.plan.ratio, self.plan.layer_id, self.head_dim
         seg = ctx.segments[r]
-        pos = ctx.batch.positions
-        value, gate = proj["comp.wkv"], self.compressor.gates(proj["comp.wgate"], pos)
+        value, gate = proj["comp.wkv"], proj["comp.wgate"]
         if self.csa:
             di = self.indexer.head_dim
-            iv, ig = proj["idx.wkv"], self.indexer.compressor.gates(proj["idx.wgate"], pos)
+            iv, ig = proj["idx.wkv"], proj["idx.wgate"]
             value = torch.cat([value[:, :hd], iv[:, :di], value[:, hd:], iv[:, di:]], dim=1)
             gate = torch.cat([gate[:, :hd], ig[:, :di], gate[:, hd:], ig[:, di:]], dim=1)
-        m, s, a = pool_step(seg, value, gate, ctx.cache.state[lid])
+        m, s, a = pool_step(seg, value, gate, ctx.cache.state[lid], self.pool_ape.to(gate.dtype),
+                            ctx.batch.positions)
         if self.csa:  # this window's A half kept for the next; its B half pooled with the previous window's A half
             c, kind = hd + self.indexer.head_dim, f"cov{r}"
             ctx.write_closed(kind, lid, seg, torch.stack([m[:, :c], s[:, :c], a[:, :c]], dim=1))

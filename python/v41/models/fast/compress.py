@@ -60,15 +60,17 @@ class Segments:
         return cls(ratio=ratio, ring=ring, **f)
 
 
-def pool_step(seg: Segments, value: Tensor, gate: Tensor, state: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def pool_step(seg: Segments, value: Tensor, gate: Tensor, state: Tensor, ape: Tensor | None = None,
+              positions: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Pool this step's rows per segment, continue windows from ``state`` [rows, 3, C] (fp32; [rows, R, 3, C]
     rings with ``seg.ring``), and store the open windows' triples back into it (after every segment has read its
-    own: :mod:`v41.kernels.window_pool`). Returns the segments' full-window triples (m, s, a) [S, C]."""
+    own: :mod:`v41.kernels.window_pool`). ``ape`` [r, C] with the step's ``positions`` [T]: V4's gate bias, added
+    to each gate as it is read. Returns the segments' full-window triples (m, s, a) [S, C]."""
     flat = state.view(-1, *state.shape[-2:])
-    out = pool_windows(seg.rows, seg.valid, seg.continues, seg.state_row, value, gate, flat)
+    out = pool_windows(seg.rows, seg.valid, seg.continues, seg.state_row, value, gate, flat, ape, positions)
     if seg.ring:  # the first token's own triple (m, s, a) = (g, 1, v): what a window holds after one token
         first = seg.rows[:, 0]
-        g = gate[first]
+        g = gate[first] if ape is None else gate[first] + ape[positions[first] % ape.shape[0]]
         flat.index_copy_(0, seg.keep_row, torch.stack([g, torch.ones_like(g), value[first]], dim=1).to(flat.dtype))
     else:
         flat.index_copy_(0, seg.keep_row, out)

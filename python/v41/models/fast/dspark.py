@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from ...config import LayerPlan, ModelConfig
 from ...distributed.group import TPGroup, split_range
+from ...kernels.mhc import hc_collapse as collapse
 from ...kernels.paged import table_slots
 from ...kernels.rope import rope
 from ...kernels.sparse_attention import sparse_mqa_sink
@@ -37,7 +38,6 @@ from .block import FastBlock
 from .cache import FastCache
 from .heads import LMHead
 from .layers import PackedLinear, RMSNorm, Rope
-from .mhc import collapse
 from .moe import FastMoE
 
 

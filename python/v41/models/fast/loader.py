@@ -130,6 +130,9 @@ def load_fast(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str
             host.close()
         raise
     reader.finish()
+    for m in model.modules():  # what modules derive from their loaded tensors (V4's head and compressor gates)
+        if hasattr(m, "finish_loading"):
+            m.finish_loading()
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise RuntimeError(f"fast model tensors left unloaded (a loader bug): {left[:10]}")

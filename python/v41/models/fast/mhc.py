@@ -8,7 +8,6 @@ import torch
 from torch import Tensor, nn
 
 from ...config import ModelConfig
-from ...kernels.mhc import hc_collapse as collapse
 from ...kernels.mhc import hc_collapse_norm
 from ...kernels.mhc import hc_expand as expand
 from ...kernels.mhc import hc_seam
@@ -44,12 +43,12 @@ class HcSeam(nn.Module):
                        pre_c, norm.eps, norm.weight, y, post, comb)
 
 
-def _ctype(h: Tensor) -> torch.dtype:
-    return torch.promote_types(h.dtype, torch.float32)
-
-
 class HcHead(nn.Module):
-    """V4's learned final collapse: ``pre = sigmoid(fn · rms(flatten H) · scale + base) + eps`` (§4)."""
+    """V4's learned final collapse: ``pre = sigmoid(fn · rms(flatten H) · scale + base) + eps`` (§4), then the final
+    RMSNorm. ``fn [hc, hc·D]``, ``base [hc]``, ``scale [1]`` (float32) as loaded; :meth:`finish_loading` (the loader calls it)
+    embeds them as the pre rows of an mHC seam's ``[(2+hc)·hc, hc·D]`` / ``[(2+hc)·hc]`` / ``[3]`` mixes whose post
+    and comb rows are zero, so the head is a seam of its own (:func:`v41.kernels.mhc.hc_seam`: one launch where the
+    CUDA seam runs) and the unused post and comb mixes cost a few zero rows."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -59,9 +58,26 @@ class HcHead(nn.Module):
         self.scale = nn.Parameter(torch.ones(1), requires_grad=False)
         self.cfg = cfg
 
-    def forward(self, h: Tensor) -> Tensor:
-        ct = _ctype(h)
-        flat = h.flatten(1).to(ct)
-        flat = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + self.cfg.rms_norm_eps)
-        pre = torch.sigmoid(flat @ self.fn.to(ct).T * self.scale.to(ct) + self.base.to(ct))
-        return collapse(h, pre + self.cfg.hc_eps)
+    def finish_loading(self) -> None:
+        """Replace the loaded ``fn``, ``base``, ``scale`` by the seam's shapes (class docstring); idempotent."""
+        hc = self.cfg.hc_mult
+        if self.base.shape[0] != hc:
+            return
+        ct = torch.promote_types(self.fn.dtype, torch.float32)
+        fn = torch.zeros((2 + hc) * hc, self.fn.shape[1], dtype=ct, device=self.fn.device)
+        fn[:hc] = self.fn
+        base = torch.zeros((2 + hc) * hc, dtype=ct, device=self.base.device)
+        base[:hc] = self.base
+        scale = torch.zeros(3, dtype=ct, device=self.scale.device)
+        scale[0] = self.scale[0]
+        self.fn, self.base, self.scale = (nn.Parameter(t, requires_grad=False) for t in (fn, base, scale))
+
+    def forward(self, h: Tensor, norm) -> Tensor:
+        """``norm(collapse(h, pre))`` [T, D] in h's dtype of h [T, hc, D]; ``norm``: the final
+        :class:`~.layers.RMSNorm`. Raises RuntimeError before :meth:`finish_loading`."""
+        c = self.cfg
+        if self.base.shape[0] == c.hc_mult:
+            raise RuntimeError("HcHead.finish_loading() was not called after loading the head's mixes")
+        # one Sinkhorn iteration: the comb mixes are unused
+        return hc_seam(h, self.fn, self.scale, self.base, c.hc_mult, 1, c.hc_eps, c.rms_norm_eps, None, norm.eps,
+                       norm.weight)[-1]

@@ -146,7 +146,7 @@ class FastModel(nn.Module):
             self.drafter.write_context(torch.cat(aux, dim=-1), *ctx.rope["base"], self.cache,
                                        batch.slot_mapping["dspark"])
         sel = batch.logits_rows
-        x = collapse_norm(h, pre_mix, self.norm, sel) if cfg.is_v41 else self.norm(self.hc_head(h[sel]))
+        x = collapse_norm(h, pre_mix, self.norm, sel) if cfg.is_v41 else self.hc_head(h[sel], self.norm)
         logits = self.head(x)
         if return_aux:
             return logits, (torch.cat(aux, dim=-1) if aux else None)
