@@ -19,7 +19,8 @@ from v41 import quant
 from v41.cache.records import RecordFormat
 from v41.kernels import (candidates, dequant, engram_gate, engram_rows, hc_embed, indexer, linear, mhc, moe,
                          moe_align, moe_prefill, norm, paged, record_store, rope, router, sampling, segments, softmax,
-                         sparse_attention, swiglu, topk, window_pool, wstream)
+                         sparse_attention, swiglu, table_prologue, topk, window_pool, wstream)
+from v41.engine.block_tables import static_tables
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
 
@@ -681,7 +682,42 @@ def check_table_slots(device: str, dtype: torch.dtype, g: torch.Generator):
         ent = torch.arange(n)[None, :]
         want = paged.block_slots(bt[req].cpu(), torch.where(ent < n_vis[:, None].cpu(), ent, -1), 4)
         out.append((f"table_slots/visible {n}", 0.0 if torch.equal(got.cpu(), want) else float("inf"), 0.0))
+    out.append(_check_table_prologue(device, g))
     return out
+
+
+def _check_table_prologue(device: str, g: torch.Generator):
+    """A graph's block-table prologue over three kinds (widths 7, 13 and 1; views of one allocation, as the engine
+    makes them): diffs of distinct (row, column) entries on gathered and other rows, padded with −1 writes into the
+    padding row; two graph rows reading the padding row. Tables and gathered rows equal the reference's exactly."""
+    widths, n_rows, cap, pad = {"a": 7, "b": 13, "c": 1}, 4, 11, 5
+    tables = static_tables(widths, pad + 1, device)
+    for t in tables.values():
+        t.copy_(torch.randint(-1, 50, t.shape, generator=g))
+        t[pad] = -1
+    dev = torch.zeros(n_rows + 3 * cap * len(widths), dtype=torch.int64, device=device)  # a graph's input buffer
+    rows = dev[:n_rows]
+    rows.copy_(torch.tensor([2, 0, pad, pad]))
+    diffs = {}
+    for i, (k, w) in enumerate(widths.items()):
+        d = dev[n_rows + 3 * cap * i:n_rows + 3 * cap * (i + 1)].view(3, cap)
+        d.copy_(torch.tensor([[pad], [0], [-1]]).expand(3, cap))
+        cells = torch.randperm(pad * w, generator=g)[:cap - 3]  # distinct (row, column); rows 0..4
+        d[0, :cells.numel()], d[1, :cells.numel()] = cells // w, cells % w
+        d[2, :cells.numel()] = torch.randint(-1, 50, (cells.numel(),), generator=g)
+        diffs[k] = d
+    want_tables = {k: t.clone() for k, t in tables.items()}
+    want = static_tables(widths, n_rows, device)
+    table_prologue.apply_gather_ref(list(want_tables.values()), list(diffs.values()), rows, list(want.values()))
+    got = static_tables(widths, n_rows, device)
+    for t in got.values():
+        t.fill_(99)
+    prologue = table_prologue.TablePrologue(tables, diffs, rows, got)
+    poison(device)
+    prologue()
+    same = prologue.fused and all(torch.equal(got[k], want[k]) and torch.equal(tables[k], want_tables[k])
+                                  for k in widths)
+    return ("table_slots/graph prologue", 0.0 if same else float("inf"), 0.0)
 
 
 def check_scatter_rows(device: str, dtype: torch.dtype, g: torch.Generator):

@@ -3,8 +3,9 @@
 The scheduler (``v41._native.Scheduler``, contract in ``crates/v41-sched/src/step.rs``) gives every running
 request a row ``0 .. max_num_seqs − 1`` and sends, per step and per kind, only the entries that changed:
 ``[3, D]`` (row, logical block, physical block; −1 = none). This module keeps one ``[max_num_seqs + 1, width]``
-int64 table per kind on the device, applies each step's diff with one scatter per kind, and gathers the step's
-``[R, max_blocks]`` tables by row. The last row (``padding_row``) is never given to a request and stays −1: CUDA
+int64 table per kind on the device (views of one allocation), applies each step's diff with one scatter per kind,
+and gathers the step's ``[R, max_blocks]`` tables by row (a CUDA graph's prologue does both for every kind in one
+launch: :mod:`v41.kernels.table_prologue`). The last row (``padding_row``) is never given to a request and stays −1: CUDA
 graph padding rows point at it, and fixed-size diff regions are padded with writes of −1 into it.
 """
 
@@ -21,8 +22,7 @@ class DeviceBlockTables:
     def __init__(self, widths: dict[str, int], max_rows: int, device: torch.device | str):
         self.widths = dict(widths)
         self.padding_row = max_rows
-        self.tables = {k: torch.full((max_rows + 1, w), -1, dtype=torch.int64, device=device)
-                       for k, w in self.widths.items()}
+        self.tables = static_tables(self.widths, max_rows + 1, device)
 
     def check(self, kind: str, diff: np.ndarray) -> None:
         """Raise ValueError if a diff entry falls outside the table (a request longer than the width the runner
@@ -42,6 +42,13 @@ class DeviceBlockTables:
         """[R, width] int64: the first ``width`` columns of ``rows`` (int64 [R] on the device)."""
         return self.tables[kind][:, :width].index_select(0, rows)
 
-    def gather_into(self, kind: str, rows: torch.Tensor, out: torch.Tensor) -> None:
-        """Full-width rows into the static ``out`` [R, width] (capturable: fixed shapes, no allocation)."""
-        torch.index_select(self.tables[kind], 0, rows, out=out)
+
+def static_tables(widths: dict[str, int], rows: int, device: torch.device | str) -> dict[str, torch.Tensor]:
+    """kind → [rows, width] int64 tables of −1, views of one allocation (so one launch can reach every kind's:
+    :mod:`v41.kernels.table_prologue`)."""
+    flat = torch.full((rows * sum(widths.values()),), -1, dtype=torch.int64, device=device)
+    out, off = {}, 0
+    for k, w in widths.items():
+        out[k] = flat[off:off + rows * w].view(rows, w)
+        off += rows * w
+    return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..kernels.table_prologue import TablePrologue
 from ..models.protocol import StepBatch
 from .block_tables import DeviceBlockTables
 from .host_step import HostStep
@@ -34,7 +35,9 @@ class GraphInputs:
 
     tables: the persistent block tables; block_tables: kind → [≥ size, width] static gather target shared by every
     graph (graphs replay one at a time); engram_cols: layer → columns; ratios: the model's segment ratios;
-    engram_copies: the forward fills offloaded Engram slots (a copy list of up to T·cols entries per layer)."""
+    engram_copies: the forward fills offloaded Engram slots (a copy list of up to T·cols entries per layer).
+    ``prologue()`` applies the static diff to the persistent tables and gathers the static rows (device work, captured
+    with the forward: :class:`v41.kernels.table_prologue.TablePrologue`)."""
 
     def __init__(self, size: int, tables: DeviceBlockTables, block_tables: dict[str, torch.Tensor],
                  engram_cols: dict[int, int], ratios: list[int], max_model_len: int, dummy_state_row: int,
@@ -80,18 +83,14 @@ class GraphInputs:
         self._padding_image = host.copy()  # every field's padding, restored by one copy per step
         self.num_out = 0
         self.fill(None)  # padding everywhere: what capture runs on
+        self.prologue = TablePrologue(tables.tables, self.views["table_diffs"], self.views["table_rows"],
+                                      self.block_tables)
 
     def fits(self, step: HostStep) -> bool:
         """At most ``size`` requests of at most ``query_tokens`` tokens each, and every kind's block-table diff fits
         the static region."""
         return (step.num_requests <= self.size and int(step.num_scheduled.max(initial=0)) <= self.q
                 and all(d.shape[1] <= self.diff_capacity for d in step.table_diffs.values()))
-
-    def prologue(self) -> None:
-        """Apply the static diff and gather the static rows (device work, captured with the forward)."""
-        for k, diff in self.views["table_diffs"].items():
-            self.tables.apply(k, diff)
-            self.tables.gather_into(k, self.views["table_rows"], self.block_tables[k])
 
     def batch(self) -> StepBatch:
         """The static batch (what the graph captured)."""
