@@ -280,6 +280,8 @@ case "${MODE:-tests}" in
     timeout 200 $PT tests/test_gpu_fast.py tests/test_gpu_cuda_attention.py -k "greedy or graph_replay \
       or host_synchronisation or fp8_records_stay or cuda_kernels_give" > "$OUT/tests10.txt" 2>&1 || rc=1
     tail -6 "$OUT/tests10.txt"
+    # this host's Python path of a graph decode step (CPU only: the v4 B = 1 cell is bound by it on slow hosts)
+    timeout 60 python3 benches/host_step.py --arch deepseek_v4 --batch 1 --graph --steps 500 2>&1 | tail -1
     step_figures ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe," \
        "seam, seam_ab, router, dbuf, router2, final2, prefill2, splits, flashmla or launches"; exit 2 ;;
