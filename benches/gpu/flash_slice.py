@@ -240,9 +240,10 @@ def export_dense(model):
     yield "embed.weight", model.embed.weight
     yield "norm.weight", model.norm.weight
     yield "head.weight", model.head.proj.packed.dequantize(torch.bfloat16)
-    if hasattr(model, "hc_head"):
-        for a in ("fn", "base", "scale"):
-            yield f"hc_head_{a}", getattr(model.hc_head, a)
+    if hasattr(model, "hc_head"):  # the checkpoint's rows of the head's seam mixes (HcHead.finish_loading)
+        hc = model.cfg.hc_mult
+        for a, rows in (("fn", hc), ("base", hc), ("scale", 1)):
+            yield f"hc_head_{a}", getattr(model.hc_head, a)[:rows]
     for i, block in enumerate(model.layers):
         p = f"layers.{i}."
         for norm in ("attn_norm", "ffn_norm"):
