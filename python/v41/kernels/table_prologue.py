@@ -43,10 +43,14 @@ class TablePrologue:
     persistent table [R + 1, W], diff region [3, D], static table [N, W] (int64, row-major); ``rows`` [N] int64: the
     table row of each of the graph's requests. One Triton launch where :func:`.dispatch.use_triton` says so and each
     role's views share a storage, else :func:`apply_gather_ref`. Calling it is capturable (no allocation, no host
-    synchronisation)."""
+    synchronisation). Raises ValueError when a kind's static table is not as wide as its persistent table."""
 
     def __init__(self, tables: dict[str, Tensor], diffs: dict[str, Tensor], rows: Tensor, outs: dict[str, Tensor]):
         kinds = list(tables)
+        bad = [k for k in kinds if outs[k].shape[1] != tables[k].shape[1] or diffs[k].shape[0] != 3]
+        if bad:
+            raise ValueError(f"block-table prologue: kinds {bad} have a static table of another width than their "
+                             "persistent table, or a diff region that is not [3, D]")
         self.tables, self.diffs = [tables[k] for k in kinds], [diffs[k] for k in kinds]
         self.outs, self.rows = [outs[k] for k in kinds], rows
         caps = {d.shape[1] for d in self.diffs}
