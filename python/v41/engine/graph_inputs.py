@@ -48,17 +48,17 @@ class GraphInputs:
         self.diff_capacity = 2 * size + 16  # per kind: a new block and a released window block per request
         self.seg_shape = {r: segment_shape(r, query_tokens) for r in ratios}
         b, t = size, size * query_tokens
-        self.fields: list[tuple[str, object, tuple[int, ...]]] = [
+        fields: list[tuple[str, object, tuple[int, ...]]] = [
             ("token_ids", None, (t,)), ("positions", None, (t,)), ("req_index", None, (t,)), ("seq_lens", None, (b,)),
             ("state_rows", None, (b,)), ("logits_rows", None, (t,)), ("table_rows", None, (b,)),
             ("out_rows", None, (t,))]
-        self.fields += [("table_diffs", k, (3, self.diff_capacity)) for k in tables.widths]
-        self.fields += [("slot_mapping", k, (t,)) for k in tables.widths]
-        self.fields += [("engram_rows", lid, (t, c)) for lid, c in engram_cols.items()]
+        fields += [("table_diffs", k, (3, self.diff_capacity)) for k in tables.widths]
+        fields += [("slot_mapping", k, (t,)) for k in tables.widths]
+        fields += [("engram_rows", lid, (t, c)) for lid, c in engram_cols.items()]
         if engram_copies:
-            self.fields += [("engram_copies", lid, (2, t * c)) for lid, c in engram_cols.items()]
-        self.fields += [("segments", r, (b * n, w)) for r, (n, w) in self.seg_shape.items()]
-        n = sum(int(np.prod(s)) for *_, s in self.fields)
+            fields += [("engram_copies", lid, (2, t * c)) for lid, c in engram_cols.items()]
+        fields += [("segments", r, (b * n, w)) for r, (n, w) in self.seg_shape.items()]
+        n = sum(int(np.prod(s)) for *_, s in fields)
         cuda = torch.device(device).type == "cuda"
         self.host = torch.zeros(n, dtype=torch.int64, pin_memory=cuda)
         self.dev = torch.zeros(n, dtype=torch.int64, device=device) if cuda else self.host
@@ -69,7 +69,7 @@ class GraphInputs:
         self._fields: list[tuple[str, object, np.ndarray]] = []
         host = self.host.numpy()
         off = 0
-        for name, key, shape in self.fields:
+        for name, key, shape in fields:
             count = int(np.prod(shape))
             view = self.dev[off:off + count].view(*shape)
             if key is None:
