@@ -44,6 +44,17 @@ def test_cpu_tensors_never_take_the_cuda_path():
     assert not dispatch.cuda_runs_on(torch.device("cpu"))
 
 
+def test_mode_triton_runs_cpu_tensors_only_under_the_interpreter(monkeypatch):
+    """Without ``TRITON_INTERPRET=1`` a CPU tensor (a reference computed on the CPU beside a GPU kernel) runs the
+    reference in mode ``triton``; under the interpreter it runs the Triton kernel."""
+    monkeypatch.setenv("V41_KERNELS", "triton")
+    x = torch.zeros(2, 4)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not dispatch.use_triton(x)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert dispatch.use_triton(x) == (dispatch.triton is not None)
+
+
 @pytest.mark.parametrize("mode", ["auto", "cuda", "torch"])
 def test_linear_and_grouped_fall_back_to_the_reference_on_the_cpu(no_extension, monkeypatch, mode):
     """With the extension absent the CPU path still computes (mode ``cuda`` only insists for CUDA tensors'

@@ -77,7 +77,7 @@ PT="python3 -m pytest -q -p no:cacheprovider --durations=8"
 rc=0
 # flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1, and the B = 1 profile of flash-slice-v41 (PDL off)
 step_figures() {
-  timeout 110 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
+  timeout 170 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
     --kv-cache-dtype fp8 --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
   tail -4 "$OUT/fs_v41.txt"
   timeout 60 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \

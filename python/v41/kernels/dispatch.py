@@ -5,9 +5,10 @@ its PyTorch reference (docs/kernels.md §1).
 built for the device (``sm_90a``: compute capability 9.0) and the shape is one the kernel takes, else its Triton
 kernel when Triton imports, else the reference (the CPU fast model always runs the references); ``cuda`` is
 ``auto`` that also insists the extension loads (a ValueError otherwise); ``triton`` never runs the CUDA kernels
-and runs the Triton kernels also on CPU tensors, which only works under Triton's interpreter
+and runs the Triton kernels on CUDA tensors, and also on CPU tensors under Triton's interpreter
 (``TRITON_INTERPRET=1``, set before v41 is imported: the CI tests of the kernels run that way in a subprocess,
-docs/numerics.md §4a); ``torch`` always runs the references (a debugging aid and the GPU tests' comparison point).
+docs/numerics.md §4a; without it a CPU tensor runs the reference, as a reference computed on the CPU next to a GPU
+kernel does); ``torch`` always runs the references (a debugging aid and the GPU tests' comparison point).
 
 Two op families can be set on their own (``v41-serve --moe-backend`` / ``--attention-backend``, docs/kernels.md
 §1 "Choosing a path"): ``$V41_MOE_KERNELS`` for the MoE ops (``moe.py``, ``router.py``) and
@@ -145,7 +146,7 @@ def use_triton(*tensors: torch.Tensor, family: str | None = None) -> bool:
     mode = kernel_mode(family)
     if mode == "torch":
         return False
-    if mode == "triton":
+    if mode == "triton" and interpreting():
         return True
     return all(t.is_cuda for t in tensors)  # auto, cuda: ops without a CUDA kernel run Triton
 
