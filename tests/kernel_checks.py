@@ -20,7 +20,7 @@ from v41.cache.records import RecordFormat
 from v41.kernels import (candidates, dequant, engram_gate, engram_rows, hc_embed, indexer, linear, mhc, moe,
                          moe_align, moe_prefill, norm, paged, record_store, rope, router, sampling, segments, softmax,
                          sparse_attention, swiglu, table_prologue, topk, window_pool, wstream)
-from v41.engine.block_tables import static_tables
+from v41.engine.block_tables import one_allocation_tables
 from v41.kernels.packed import PackedWeight, from_dense, stack_experts
 
 
@@ -691,7 +691,7 @@ def _check_table_prologue(device: str, g: torch.Generator):
     makes them): diffs of distinct (row, column) entries on gathered and other rows, padded with −1 writes into the
     padding row; two graph rows reading the padding row. Tables and gathered rows equal the reference's exactly."""
     widths, n_rows, cap, pad = {"a": 7, "b": 13, "c": 1}, 4, 11, 5
-    tables = static_tables(widths, pad + 1, device)
+    tables = one_allocation_tables(widths, pad + 1, device)
     for t in tables.values():
         t.copy_(torch.randint(-1, 50, t.shape, generator=g))
         t[pad] = -1
@@ -707,9 +707,9 @@ def _check_table_prologue(device: str, g: torch.Generator):
         d[2, :cells.numel()] = torch.randint(-1, 50, (cells.numel(),), generator=g)
         diffs[k] = d
     want_tables = {k: t.clone() for k, t in tables.items()}
-    want = static_tables(widths, n_rows, device)
+    want = one_allocation_tables(widths, n_rows, device)
     table_prologue.apply_gather_ref(list(want_tables.values()), list(diffs.values()), rows, list(want.values()))
-    got = static_tables(widths, n_rows, device)
+    got = one_allocation_tables(widths, n_rows, device)
     for t in got.values():
         t.fill_(99)
     prologue = table_prologue.TablePrologue(tables, diffs, rows, got)

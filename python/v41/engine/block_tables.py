@@ -22,7 +22,7 @@ class DeviceBlockTables:
     def __init__(self, widths: dict[str, int], max_rows: int, device: torch.device | str):
         self.widths = dict(widths)
         self.padding_row = max_rows
-        self.tables = static_tables(self.widths, max_rows + 1, device)
+        self.tables = one_allocation_tables(self.widths, max_rows + 1, device)
 
     def check(self, kind: str, diff: np.ndarray) -> None:
         """Raise ValueError if a diff entry falls outside the table (a request longer than the width the runner
@@ -43,7 +43,7 @@ class DeviceBlockTables:
         return self.tables[kind][:, :width].index_select(0, rows)
 
 
-def static_tables(widths: dict[str, int], rows: int, device: torch.device | str) -> dict[str, torch.Tensor]:
+def one_allocation_tables(widths: dict[str, int], rows: int, device: torch.device | str) -> dict[str, torch.Tensor]:
     """kind → [rows, width] int64 tables of −1, views of one allocation (so one launch can reach every kind's:
     :mod:`v41.kernels.table_prologue`)."""
     flat = torch.full((rows * sum(widths.values()),), -1, dtype=torch.int64, device=device)

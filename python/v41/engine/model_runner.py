@@ -20,7 +20,7 @@ from ..distributed.group import SINGLE, TPGroup
 from ..kernels.dispatch import describe_paths
 from ..models.protocol import StepModel
 from .args import EngineArgs
-from .block_tables import DeviceBlockTables, static_tables
+from .block_tables import DeviceBlockTables, one_allocation_tables
 from .adaptive_verify import VerifyCosts, measure_costs
 from .cuda_graph import CudaGraphRunner, capture_sizes
 from .draft_graph import DraftGraphs, draft_pass
@@ -157,7 +157,7 @@ class ModelRunner:
         if self._static is None or min(t.shape[0] for t in self._static.values()) < sizes[-1]:
             # one gather target for every graph set (graphs replay one at a time)
             rows = max(sizes[-1], min(self.args.max_cudagraph_capture_size or 512, self.args.max_num_seqs))
-            self._static = static_tables(self.tables.widths, rows, self.device)
+            self._static = one_allocation_tables(self.tables.widths, rows, self.device)
         static = self._static
         engram = self.buffers.engram_cols
         return CudaGraphRunner(self.model, sizes, lambda size: GraphInputs(
