@@ -28,14 +28,11 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
              const c10::optional<at::Tensor>& offsets, const c10::optional<at::Tensor>& active, at::Tensor& y,
              const c10::optional<at::Tensor>& partial, const c10::optional<at::Tensor>& counters, int64_t fmt,
              int64_t n_groups, int64_t b0, int64_t sk, int64_t slots, int64_t split,
-             int64_t chunks_per_split, bool x_prefetch, bool five_ctas, int64_t double_buffer, bool pdl,
-             int64_t l2_prefetch) {
+             int64_t chunks_per_split, bool x_prefetch, bool five_ctas, int64_t double_buffer, bool pdl) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "x must be a 2-D bfloat16 CUDA tensor with unit inner stride");
   TORCH_CHECK(double_buffer == 0 || (double_buffer == 2 && !x_prefetch),
               "double_buffer must be 0, or 2 without x_prefetch");
-  TORCH_CHECK(l2_prefetch >= 0 && l2_prefetch % 64 == 0 && l2_prefetch < (int64_t(1) << 31),
-              "l2_prefetch must be a multiple of 64 bytes, from 0 to below 2^31");
   TORCH_CHECK(y.scalar_type() == at::kBFloat16 && y.dim() == 2 && y.stride(1) == 1 && y.device() == x.device(),
               "y must be a 2-D bfloat16 tensor with unit inner stride on x's device");
   TORCH_CHECK(w.device() == x.device() && s.device() == x.device() && s.scalar_type() == at::kByte,
@@ -103,7 +100,6 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   while ((int64_t(1) << prm.sk_log2) < sk) ++prm.sk_log2;
   prm.chunks_per_split = int(chunks_per_split);
   prm.x_prefetch = x_prefetch;
-  prm.l2_prefetch = int(l2_prefetch);
   const dim3 grid{static_cast<unsigned>(slots), static_cast<unsigned>(tiles_n), static_cast<unsigned>(split)};
   const cudaError_t err = v41::wstream_launch(prm, fmt == 0 ? v41::WFmt::kMxfp4 : v41::WFmt::kFp8, five_ctas,
                                               int(double_buffer), grid, at::cuda::getCurrentCUDAStream(), pdl);
@@ -336,8 +332,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("rows"), py::arg("w"), py::arg("s"), py::arg("offsets"), py::arg("active"),
         py::arg("y"), py::arg("partial"), py::arg("counters"), py::arg("fmt"), py::arg("n_groups"), py::arg("b0"),
         py::arg("sk"), py::arg("slots"), py::arg("split"), py::arg("chunks_per_split"),
-        py::arg("x_prefetch"), py::arg("five_ctas"), py::arg("double_buffer") = 0, py::arg("pdl") = false,
-        py::arg("l2_prefetch") = 0);
+        py::arg("x_prefetch"), py::arg("five_ctas"), py::arg("double_buffer") = 0, py::arg("pdl") = false);
   m.def("sparse_mqa", &sparse_mqa, "sparse MQA with sink over bf16 rows or records (python/v41/kernels/sparse_mqa.py)",
         py::arg("q"), py::arg("out"), py::arg("sink"), py::arg("cache0"), py::arg("slots0"), py::arg("fmt0"),
         py::arg("rope0"), py::arg("cache1"), py::arg("slots1"), py::arg("fmt1"), py::arg("rope1"), py::arg("scale"),

@@ -140,41 +140,6 @@ def test_a_slice_bytes_floor_keeps_the_results(floor, monkeypatch):
         assert y is not None and rel(y, linear.linear_ref(x[:m].double(), w, torch.float64)) < 4e-3
 
 
-@pytest.mark.parametrize("prefetch", [64, 4096, 1 << 20])
-def test_l2_prefetch_leaves_the_bits_unchanged(prefetch, monkeypatch):
-    """wstream.L2_PREFETCH_* only moves weight bytes into L2 earlier: dense linears (one and several K slices, a
-    grouped wo_a) and expert GEMMs give the same bits as without it, in eager launches and in a graph replay."""
-    g = _gen()
-    dense = [(packed(torch.randn(512, 5120, generator=g) / 72, "fp8").to(DEV), 1),
-             (_weight("fp8", 1024, 4096, g, block=(128, 128)), 1), (_weight("fp8", 8 * 128, 512, g), 8)]
-    experts = _weight("mxfp4", 256, 1024, g, experts=16, one_factor=True)
-    x = torch.randn(8, 5120, generator=g).to(DEV, torch.bfloat16)
-    pairs = [moe_align.route_pairs(torch.randint(0, 16, (m, 4), generator=g).to(DEV), 16) for m in (1, 8)]
-
-    def outputs():
-        ys = [wstream.linear(x[:m, :w.in_features * groups], w, torch.bfloat16, groups)
-              for w, groups in dense for m in (1, 8)]
-        ys += [wstream.grouped(x[:m, :1024], experts, pr.offsets, pr.rows, pr.active)
-               for m, pr in zip((1, 8), pairs)]
-        return ys
-
-    monkeypatch.setattr(wstream, "L2_PREFETCH_DENSE", 0)
-    monkeypatch.setattr(wstream, "L2_PREFETCH_EXPERTS", 0)
-    want = outputs()
-    monkeypatch.setattr(wstream, "L2_PREFETCH_DENSE", prefetch)
-    monkeypatch.setattr(wstream, "L2_PREFETCH_EXPERTS", prefetch)
-    poison(DEV)
-    got = outputs()
-    assert all(a is not None and torch.equal(a, b) for a, b in zip(got, want))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = outputs()
-    for y in captured:
-        y.fill_(float("nan"))
-    graph.replay()
-    assert all(torch.equal(a, b) for a, b in zip(captured, want))
-
-
 def test_linear_declines_what_it_does_not_take():
     g = _gen()
     w = packed(torch.randn(64, 256, generator=g), "fp8").to(DEV)

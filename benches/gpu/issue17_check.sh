@@ -64,10 +64,6 @@
 #            select_all, the grouped kernel's K step of 64 (bf16 and float32); the engine's greedy tokens = CPU,
 #            graph replay = eager, no host synchronisation, CUDA kernels = Triton paths, FP8 vs bf16 records; then
 #            flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1 and the B = 1 profile (launches per step: 355 before);
-#   prefetch (~9 min) the weight-streaming kernel's L2 prefetch (wstream.L2_PREFETCH_*): its bit-equality test;
-#            flash-slice-v41 B = 1 and 64 at PFS= bytes per row (default "0 16384 1048576": off, 16 KB, whole
-#            rows) and -v4 B = 1 off and at PF4= (16 KB); kernel_bench.py linears and experts at one row with 16 KB
-#            and whole-row prefetches.
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"] (MODE=flashmla: also ".flashmla").
 #   run: MODE=tests bash benches/gpu/issue17_check.sh
@@ -287,25 +283,7 @@ case "${MODE:-tests}" in
     # this host's Python path of a graph decode step (CPU only: the v4 B = 1 cell is bound by it on slow hosts)
     timeout 60 python3 benches/host_step.py --arch deepseek_v4 --batch 1 --graph --steps 500 2>&1 | tail -1
     step_figures ;;
-  prefetch)
-    timeout 120 $PT tests/test_gpu_cuda.py -k "l2_prefetch" > "$OUT/tests11.txt" 2>&1 || rc=1
-    tail -2 "$OUT/tests11.txt"
-    for pf in ${PFS:-0 16384 1048576}; do
-      timeout 150 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
-        --kv-cache-dtype fp8 --set v41.kernels.wstream.L2_PREFETCH_DENSE=$pf \
-        --set v41.kernels.wstream.L2_PREFETCH_EXPERTS=$pf --out "$OUT/fs_pf$pf" > "$OUT/fs_v41_pf$pf.txt" 2>&1
-      echo "v41 l2_prefetch=$pf:"; grep "'v41'" "$OUT/fs_v41_pf$pf.txt" | cut -c1-90
-    done
-    for pf in 0 ${PF4:-16384}; do
-      timeout 60 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
-        --set v41.kernels.wstream.L2_PREFETCH_DENSE=$pf --set v41.kernels.wstream.L2_PREFETCH_EXPERTS=$pf \
-        --out "$OUT/fs4_pf$pf" > "$OUT/fs_v4_pf$pf.txt" 2>&1
-      echo "v4 l2_prefetch=$pf: $(grep "'v41'" "$OUT/fs_v4_pf$pf.txt" | tail -1 | cut -c1-90)"
-    done
-    timeout 90 python3 benches/gpu/kernel_bench.py --ops linears,experts --batches 1 --reps 16 \
-      --l2-prefetch 16384,1048576 > "$OUT/l2p.txt" 2>&1
-    tail -14 "$OUT/l2p.txt" ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe," \
-       "seam, seam_ab, router, dbuf, router2, final2, prefill2, splits, flashmla, launches or prefetch"; exit 2 ;;
+       "seam, seam_ab, router, dbuf, router2, final2, prefill2, splits, flashmla or launches"; exit 2 ;;
 esac
 exit $rc

@@ -56,7 +56,6 @@ SWEEP: list[str] = []
 SPLITS: list[int] = []  # --splits: also time the CUDA kernel with its K split forced to these (columns split<n>)
 DOUBLE_BUFFER: list[str] = []  # --double-buffer: wstream.DOUBLE_BUFFER[:CTAS_PER_SM] settings (columns db<setting>)
 MIN_SLICE: list[int] = []  # --min-slice: also time the CUDA kernel at these wstream.MIN_SLICE_BYTES (slice<n>K)
-L2_PREFETCH: list[int] = []  # --l2-prefetch: also time the CUDA kernel at these wstream.L2_PREFETCH_* (l2p<n>K)
 FIVE_CTAS = [False]  # --five-ctas: also time the expert GEMMs with wstream.FIVE_CTAS flipped (its own column)
 LINEAR_TILES: list[tuple[int, int, int, int]] = []
 
@@ -66,8 +65,7 @@ def sweep(timed) -> dict[str, float]:
     (forced on every launch, at most one slice per chunk), each ``--double-buffer`` setting
     (``wstream.DOUBLE_BUFFER``, taken by every expert launch, optionally with its own CTAS_PER_SM; dense linears
     load their activations with their weights and never take it) and each ``--min-slice`` value of
-    ``wstream.MIN_SLICE_BYTES``, and at each ``--l2-prefetch`` value of ``wstream.L2_PREFETCH_DENSE`` and
-    ``L2_PREFETCH_EXPERTS`` (both set)."""
+    ``wstream.MIN_SLICE_BYTES``."""
     out, default, floor = {}, wstream.CTAS_PER_SM, wstream.MIN_SLICE_BYTES
     for c in SWEEP:
         wstream.CTAS_PER_SM = int(c)
@@ -97,13 +95,6 @@ def sweep(timed) -> dict[str, float]:
         wstream.MIN_SLICE_BYTES = b
         out[f"slice{b >> 10}K"] = timed()
     wstream.MIN_SLICE_BYTES = floor
-    l2 = wstream.L2_PREFETCH_DENSE, wstream.L2_PREFETCH_EXPERTS
-    for b in L2_PREFETCH:
-        wstream.L2_PREFETCH_DENSE = wstream.L2_PREFETCH_EXPERTS = b
-        try:
-            out[f"l2p{b >> 10}K"] = timed()
-        finally:
-            wstream.L2_PREFETCH_DENSE, wstream.L2_PREFETCH_EXPERTS = l2
     return out
 
 
@@ -184,8 +175,6 @@ def main() -> None:
                     "expert GEMMs at (2, or 0 for none), each optionally with its CTAS_PER_SM, e.g. 2,2:5")
     ap.add_argument("--min-slice", default="", help="wstream.MIN_SLICE_BYTES values to also time the CUDA kernel "
                     "at, e.g. 32768,65536")
-    ap.add_argument("--l2-prefetch", default="", help="bytes per weight row each CTA asks into L2 at its start "
-                    "(wstream.L2_PREFETCH_DENSE / _EXPERTS) to also time the CUDA kernel at, e.g. 4096,65536")
     ap.add_argument("--five-ctas", action="store_true", help="also time the expert GEMMs with wstream.FIVE_CTAS "
                     "flipped")
     ap.add_argument("--linear-tiles", default="", help="BM:BN:warps:stages tilings to also time the Triton linear "
@@ -195,7 +184,6 @@ def main() -> None:
     SPLITS.extend(int(c) for c in args.splits.split(",") if c)
     DOUBLE_BUFFER.extend(c for c in args.double_buffer.split(",") if c)
     MIN_SLICE.extend(int(b) for b in args.min_slice.split(",") if b)
-    L2_PREFETCH.extend(int(b) for b in args.l2_prefetch.split(",") if b)
     FIVE_CTAS[0] = args.five_ctas
     LINEAR_TILES.extend(tuple(int(v) for v in c.split(":")) for c in args.linear_tiles.split(",") if c)
     batches = [int(b) for b in args.batches.split(",")]

@@ -21,14 +21,6 @@
 namespace v41 {
 namespace {
 
-// Asks `bytes` (a multiple of 16, from a 16-byte aligned address) into L2 without waiting for them (PTX ISA
-// "cp.async.bulk.prefetch", sm_90): the later loads of those bytes then hit L2.
-__device__ __forceinline__ void prefetch_l2(const uint8_t* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 __device__ __forceinline__ uint4 load_stream(const uint8_t* p) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
@@ -219,15 +211,6 @@ struct Tile {
         p.y[q * p.y_stride + r] = __float2bfloat16_rn(acc[i]);
     }
   }
-  // l2_prefetch bytes of each of the CTA's rows, from chunk `first` on (one thread per row): the whole slice is
-  // then in flight at once, and a dense tile's goes out before the programmatic-dependent wait, so it overlaps the
-  // previous kernel.
-  __device__ __forceinline__ void prefetch_rows(const WStreamParams& p, int first) const {
-    const int row = n0 + int(threadIdx.x);
-    if (p.l2_prefetch <= 0 || threadIdx.x >= kWStreamRowsPerCta || row >= p.N || first >= c_hi) return;
-    const int64_t lo = int64_t(first) * 64, hi = min(int64_t(c_hi) * 64, lo + p.l2_prefetch);
-    prefetch_l2(p.w + e * p.w_stride_e + int64_t(row) * p.w_stride_n + lo, uint32_t(hi - lo));
-  }
   // Split-K: the last CTA of the tile to arrive sums the slices' partials in slice order and resets the counter.
   __device__ __forceinline__ void sum_partials(const WStreamParams& p) const {
     __shared__ int is_last;
@@ -290,7 +273,6 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
   };
   bool preloaded = !routed && tl.n_base < p.N;
   if (preloaded) load(bt, tl.c_lo);
-  tl.prefetch_rows(p, tl.c_lo + kUnroll);
   if (!routed) pdl_wait();
   pdl_launch_dependents();
 

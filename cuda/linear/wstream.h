@@ -27,8 +27,6 @@ struct WStreamParams {
   int B0, sk_log2;         // scale block: rows, log2 of its inputs (mxfp4: 1, 5)
   int chunks_per_split;    // K chunks (128 inputs mxfp4, 64 fp8) per grid.z slice
   int x_prefetch;          // load the activation pieces with the weights' (more registers)
-  int l2_prefetch;         // bytes of each of a CTA's weight rows (a multiple of 64, 0 = none) asked into L2 at its
-                           // start, past the first register batch: before the programmatic-dependent wait (dense)
 };
 
 constexpr int kWStreamWarps = 4;

@@ -53,12 +53,6 @@ FIVE_CTAS = True
 # (prefill paths)").
 DOUBLE_BUFFER = 2
 DOUBLE_BUFFER_CTAS_PER_SM = 4
-# Bytes of each weight row a CTA asks into L2 when it starts (cp.async.bulk.prefetch; a multiple of 64, 0 = off),
-# past its first register batch: the CTA's slice is then in flight at once instead of a batch per lane, and a dense
-# linear's goes out before the programmatic-dependent wait, so it streams while the kernel before it (an mHC seam,
-# attention, a norm: latency-bound, HBM idle) runs. Experts ask after the wait (their tiles come from the routing).
-L2_PREFETCH_DENSE = 0
-L2_PREFETCH_EXPERTS = 0
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
@@ -138,8 +132,7 @@ def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        counters, FMT_CODES[w.fmt], n_group, w.block[0],
                        32 if w.fmt == "mxfp4" else w.block[1], slots, split, per,
-                       x_prefetch, FIVE_CTAS, double_buffer, pdl_enabled(x.device),
-                       L2_PREFETCH_EXPERTS if offsets is not None else L2_PREFETCH_DENSE)
+                       x_prefetch, FIVE_CTAS, double_buffer, pdl_enabled(x.device))
     return y
 
 
