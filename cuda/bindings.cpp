@@ -217,7 +217,8 @@ void sparse_mqa(const at::Tensor& q, at::Tensor& out, const at::Tensor& sink, co
 
 // out[t] = the k best eligible entries of scores[t], ascending, -1 for ineligible picks (python/v41/kernels/topk.py).
 void select_topk(const at::Tensor& scores, const c10::optional<at::Tensor>& n_valid, int64_t k, at::Tensor& out,
-                 bool pdl) {
+                 bool pdl, int64_t ordered_max_n) {
+  TORCH_CHECK(ordered_max_n >= 0 && ordered_max_n < (int64_t(1) << 31), "ordered_max_n must be in [0, 2^31)");
   TORCH_CHECK(scores.is_cuda() && scores.scalar_type() == at::kFloat && scores.dim() == 2 && scores.stride(1) == 1,
               "scores must be a float32 CUDA tensor [T, N] with unit inner stride");
   const int64_t t = scores.size(0), n = scores.size(1);
@@ -240,6 +241,7 @@ void select_topk(const at::Tensor& scores, const c10::optional<at::Tensor>& n_va
   p.T = int(t);
   p.N = int(n);
   p.k = int(k);
+  p.ordered_max_n = int(ordered_max_n);
   at::Tensor work, cand;
   if (!v41::select_topk_single(p.T, p.N, sms)) {
     work = at::zeros({t, v41::kTopkWorkInts}, scores.options().dtype(at::kInt));
@@ -339,7 +341,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("splits"), py::arg("tiles_per_split"), py::arg("part_acc"), py::arg("part_ml"),
         py::arg("pdl") = false);
   m.def("select_topk", &select_topk, "exact top-k ids of float32 score rows (python/v41/kernels/topk.py)",
-        py::arg("scores"), py::arg("n_valid"), py::arg("k"), py::arg("out"), py::arg("pdl") = false);
+        py::arg("scores"), py::arg("n_valid"), py::arg("k"), py::arg("out"), py::arg("pdl") = false,
+        py::arg("ordered_max_n") = v41::kTopkOrderedMaxN);
   m.def("index_scores", &index_scores, "indexer scores over the paged index keys (python/v41/kernels/indexer.py)",
         py::arg("q"), py::arg("w"), py::arg("keys"), py::arg("block_table"), py::arg("req_index"),
         py::arg("n_visible"), py::arg("out"), py::arg("rows_per_block"), py::arg("fmt"), py::arg("queries_per_cta"),

@@ -14,19 +14,25 @@ pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and dispatch.cuda
 
 
 def _check(scores: torch.Tensor, k: int, n_valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Kernel ids (output poisoned first) == the CPU reference's; returns the ids."""
+    """Kernel ids (output poisoned first) == the CPU reference's, with the one-CTA rows finished by the ordered
+    pass (the default up to ``topk.ORDERED_MAX_N`` entries) and by the sort (``ordered_max_n = 0``); returns the
+    ids."""
     t = scores.shape[0]
-    out = torch.full((t, k), 123456789, dtype=torch.int64, device="cuda")
-    dispatch.cuda_ext().select_topk(scores, n_valid, k, out)
     want = topk.select_topk_ref(scores.cpu(), k, None if n_valid is None else n_valid.cpu())
-    got = out.cpu()
-    bad = (got != want).any(dim=1).nonzero().flatten().tolist()
-    assert not bad, f"rows {bad[:5]} differ: got {got[bad[0]][:16].tolist()} want {want[bad[0]][:16].tolist()}"
+    for ordered_max_n in (topk.ORDERED_MAX_N, 0):
+        out = torch.full((t, k), 123456789, dtype=torch.int64, device="cuda")
+        dispatch.cuda_ext().select_topk(scores, n_valid, k, out, ordered_max_n=ordered_max_n)
+        got = out.cpu()
+        bad = (got != want).any(dim=1).nonzero().flatten().tolist()
+        assert not bad, (f"ordered_max_n {ordered_max_n}: rows {bad[:5]} differ: got {got[bad[0]][:16].tolist()} "
+                         f"want {want[bad[0]][:16].tolist()}")
     return out
 
 
-# (T, N, k): one-launch rows (N <= 16,384), three-pass rows, many rows of a long length (one launch again)
-SHAPES = [(1, 1, 1), (3, 7, 7), (5, 100, 17), (4, 513, 512), (64, 2048, 512), (8, 16384, 512), (2, 16385, 512),
+# (T, N, k): one-launch rows (N <= 16,384; up to 8,192 the picks are written by an ordered pass, above by a sort),
+# three-pass rows, many rows of a long length (one launch again)
+SHAPES = [(1, 1, 1), (3, 7, 7), (5, 100, 17), (4, 513, 512), (64, 2048, 512), (3, 5000, 2048), (2, 8192, 512),
+          (2, 8193, 512), (8, 16384, 512), (2, 16385, 512),
           (3, 70001, 2048), (1, 1 << 20, 512), (300, 20000, 64)]
 
 
@@ -61,11 +67,11 @@ def test_ties_take_the_lower_index(n):
     _check(scores, 512, torch.tensor([n // 3, n, 0, n, 5, n - 1], device="cuda"))
 
 
-def test_narrow_band_is_resolved_exactly():
-    """Row 0: 200,000 distinct consecutive floats above 1.0 (bands of 1,024 keys, sorted in shared memory). Row 1:
-    200,000 scores over the 1,024 floats of one 22-bit key prefix, so the band overflows and the last 10 key bits,
-    then the index, decide."""
-    n = 200_000
+@pytest.mark.parametrize("n", [6000, 200_000])
+def test_narrow_band_is_resolved_exactly(n):
+    """Row 0: n distinct consecutive floats above 1.0 (bands of 1,024 keys, sorted in shared memory). Row 1:
+    n scores over the 1,024 floats of one 22-bit key prefix, so the band overflows and the last 10 key bits,
+    then the index, decide (6,000: in the one-CTA kernel's ordered finish; 200,000: the three-pass path)."""
     g = torch.Generator(device="cuda").manual_seed(1)
     base = torch.tensor(1.0).view(torch.int32).item()
     bits = torch.stack([base + torch.randperm(n, device="cuda", generator=g),
@@ -73,6 +79,7 @@ def test_narrow_band_is_resolved_exactly():
     scores = bits.to(torch.int32).view(torch.float32)
     for k in (1, 511, 2048):
         _check(scores, k)
+        _check(scores, k, torch.tensor([n - 3, n // 2], device="cuda"))
 
 
 def test_strided_rows_and_repeat_calls_are_identical():

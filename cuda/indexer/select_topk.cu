@@ -9,7 +9,8 @@
 // kTopkCap entries (heavy ties) is resolved exactly by one CTA: a histogram of bits 9..0, then an ordered scan
 // that takes equal keys by increasing index. When fewer than k entries are eligible, the lowest-index ineligible
 // entries fill the list as -1, which is what sorting the stable top-k ascending and masking -inf picks gives.
-// The output is sorted ascending; atomics only decide where an id is staged, so results are deterministic.
+// The output is sorted ascending; atomics only decide where an id is staged, so results are deterministic. Rows of
+// one CTA up to TopkParams::ordered_max_n entries write their picks in index order from one last pass instead of sorting them.
 #include <cub/block/block_scan.cuh>
 
 #include "../common/pdl.cuh"
@@ -232,6 +233,67 @@ __device__ void finish_row(const float* row, int n, int k, const RowSel& sel, Ro
   }
 }
 
+// One-CTA rows up to p.ordered_max_n entries finish without sorting the ids: the k-th pick's composite
+// theta = (key << 32) | ~id is found (the band's entries sorted, or for heavy ties the last 10 key bits, then the
+// need3-th equal key in index order), and one ordered pass over the row writes each eligible entry whose composite
+// is at least theta at its place in index order — exactly k of them, the composites being distinct. With fewer than
+// k eligible entries (sel.all) every eligible entry is picked and the first k − eligible ineligible ones (entries
+// past n last) give −1 at their places. Block scans (two 16-bit counts per int) give the places.
+constexpr int kOrderedItems = 4;  // consecutive entries per thread and pass
+
+__device__ unsigned long long band_theta(const float* row, int n, int k, const RowSel& sel, RowSmem& s) {
+  const int need = k - s.n_sel;
+  if (sel.c2 <= kTopkCap) {
+    const int p2 = pow2_at_least(sel.c2);
+    for (int i = sel.c2 + threadIdx.x; i < p2; i += kThreads) s.a.cand[i] = 0ull;
+    __syncthreads();
+    bitonic<unsigned long long, true>(s.a.cand, p2);
+    return s.a.cand[need - 1];
+  }
+  const uint32_t band = (sel.b1 << 10) | sel.b2;
+  for (int b = threadIdx.x; b < kBins2; b += kThreads) s.hist2[b] = 0;
+  __syncthreads();
+  hist_range<3>(row, 0, n, band, s.hist2);
+  __syncthreads();
+  pick_bin(s.hist2, kBins2, need, s.scan, s.pick);
+  const uint32_t theta = (band << 10) | uint32_t(s.pick.bin);
+  const int need3 = need - s.pick.above;
+  ordered_take(0, n, need3, 0, [&](int j) { const float f = __ldg(row + j);
+                                            return eligible(f) && order_key(f) == theta; },
+               s.ids, s.scan);
+  return (static_cast<unsigned long long>(theta) << 32) | uint32_t(~uint32_t(s.ids[need3 - 1] >> 1));
+}
+
+__device__ void finish_row_ordered(const float* row, int n, int k, const RowSel& sel, RowSmem& s, int64_t* out) {
+  const unsigned long long theta = sel.all ? 0ull : band_theta(row, n, k, sel, s);
+  const int m = sel.all ? k - s.n_sel : 0;  // ineligible entries that fill the list
+  int picked = 0, filled = 0;              // eligible picks and ineligible entries before this pass
+  for (int j0 = 0; j0 < n; j0 += kThreads * kOrderedItems) {
+    int v[kOrderedItems], pre[kOrderedItems], total;
+#pragma unroll
+    for (int i = 0; i < kOrderedItems; ++i) {
+      const int j = j0 + int(threadIdx.x) * kOrderedItems + i;
+      const float f = j < n ? __ldg(row + j) : 0.f;
+      const bool el = j < n && eligible(f);
+      const bool pick = el && ((static_cast<unsigned long long>(order_key(f)) << 32) | uint32_t(~uint32_t(j))) >= theta;
+      v[i] = int(pick) | (int(j < n && !el && m > 0) << 16);
+    }
+    Scan(s.scan).ExclusiveSum(v, pre, total);
+#pragma unroll
+    for (int i = 0; i < kOrderedItems; ++i) {
+      const int j = j0 + int(threadIdx.x) * kOrderedItems + i;
+      const int a = picked + (pre[i] & 0xFFFF), b = filled + (pre[i] >> 16);
+      if (v[i] & 1) out[a + min(b, m)] = j;
+      else if ((v[i] >> 16) && b < m) out[a + b] = -1;
+    }
+    picked += total & 0xFFFF;
+    filled += total >> 16;
+    __syncthreads();  // the scan's storage is reused
+  }
+  const int rest = m - min(filled, m);  // entries past n: after every entry below n
+  for (int i = threadIdx.x; i < rest; i += kThreads) out[k - rest + i] = -1;
+}
+
 // One CTA per row: both histograms, the collect and the finish in shared memory.
 __global__ void __launch_bounds__(kThreads) topk_row_kernel(const __grid_constant__ TopkParams p) {
   pdl_wait();  // common/pdl.cuh: everything below may read the previous kernel's output
@@ -261,7 +323,10 @@ __global__ void __launch_bounds__(kThreads) topk_row_kernel(const __grid_constan
   __syncthreads();  // hist1 is dead: its space holds the band
   collect_range(row, 0, n, sel, s.ids, &s.n_sel, sel.c2 <= kTopkCap ? s.a.cand : nullptr, &s.n_cand);
   __syncthreads();
-  finish_row(row, n, p.k, sel, s, p.out + int64_t(t) * p.k);
+  if (n <= p.ordered_max_n)
+    finish_row_ordered(row, n, p.k, sel, s, p.out + int64_t(t) * p.k);
+  else
+    finish_row(row, n, p.k, sel, s, p.out + int64_t(t) * p.k);
 }
 
 __device__ __forceinline__ bool chunk_active(int c, int n) { return c == 0 || c * kTopkChunk < n; }

@@ -14,6 +14,7 @@ constexpr int kTopkChunk = 4096;     // entries per CTA of the multi-CTA passes
 constexpr int kTopkSingleMaxN = 16384;  // rows up to this length: one CTA per row, one launch
 constexpr int64_t kTopkMaxN = int64_t(65535) * kTopkChunk;  // grid.y of the passes; ids staged as 2·id + flag
 constexpr int kTopkWorkInts = 5136;  // per-row work area of the multi-CTA passes (zeroed by the caller)
+constexpr int kTopkOrderedMaxN = 8192;  // default TopkParams::ordered_max_n
 
 struct TopkParams {
   const float* scores;     // [T, N], row stride `stride`, unit inner stride
@@ -23,6 +24,7 @@ struct TopkParams {
   int* work;               // [T, kTopkWorkInts] zeros (multi-CTA path only)
   unsigned long long* cand;  // [T, kTopkCap] (multi-CTA path only)
   int T, N, k;
+  int ordered_max_n;       // one-CTA rows up to this length write their picks by an ordered pass, not a sort
 };
 
 // Whether rows of length N at T rows take the one-launch path (one CTA per row).

@@ -24,6 +24,9 @@ from .dispatch import cuda_ext, triton, use_cuda, use_triton
 from .pdl import enabled as pdl_enabled
 
 _LOW32 = 0xFFFFFFFF
+# Rows of the CUDA kernel's one-CTA path up to this many entries write their picks in index order from one last
+# pass over the row instead of sorting the k ids (cuda/indexer/select_topk.cu; 0: always sort).
+ORDERED_MAX_N = 8192
 
 
 def order_keys(scores: Tensor) -> Tensor:
@@ -71,7 +74,7 @@ def select_topk(scores: Tensor, k: int, n_valid: Tensor | None = None) -> Tensor
             and k <= getattr(cuda_ext(), "TOPK_MAX_K", 0) and n <= getattr(cuda_ext(), "TOPK_MAX_N", 0)):
         out = torch.empty((t, k), dtype=torch.int64, device=scores.device)
         cuda_ext().select_topk(scores, None if n_valid is None else n_valid.contiguous(), k, out,
-                               pdl_enabled(scores.device))
+                               pdl_enabled(scores.device), ORDERED_MAX_N)
         return out
     return select_topk_ref(scores, k, n_valid)
 
