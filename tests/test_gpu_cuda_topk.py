@@ -13,13 +13,15 @@ pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and dispatch.cuda
                                 reason="needs a CUDA device and v41._cuda built for it")
 
 
+ORDERED = 8192  # the ordered finish's row length to test (topk.ORDERED_MAX_N, off by default, would take it)
+
+
 def _check(scores: torch.Tensor, k: int, n_valid: torch.Tensor | None = None) -> torch.Tensor:
     """Kernel ids (output poisoned first) == the CPU reference's, with the one-CTA rows finished by the ordered
-    pass (the default up to ``topk.ORDERED_MAX_N`` entries) and by the sort (``ordered_max_n = 0``); returns the
-    ids."""
+    pass (rows up to ORDERED entries) and by the sort (``ordered_max_n = 0``); returns the ids."""
     t = scores.shape[0]
     want = topk.select_topk_ref(scores.cpu(), k, None if n_valid is None else n_valid.cpu())
-    for ordered_max_n in (topk.ORDERED_MAX_N, 0):
+    for ordered_max_n in (ORDERED, 0):
         out = torch.full((t, k), 123456789, dtype=torch.int64, device="cuda")
         dispatch.cuda_ext().select_topk(scores, n_valid, k, out, ordered_max_n=ordered_max_n)
         got = out.cpu()

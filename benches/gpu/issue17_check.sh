@@ -64,6 +64,9 @@
 #            select_all, the grouped kernel's K step of 64 (bf16 and float32); the engine's greedy tokens = CPU,
 #            graph replay = eager, no host synchronisation, CUDA kernels = Triton paths, FP8 vs bf16 records; then
 #            flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1 and the B = 1 profile (launches per step: 355 before);
+#   topk     (~3 min) the CUDA top-k's tests (tests/test_gpu_cuda_topk.py: both finishes of the one-CTA rows) and
+#            its cells (kernel_bench.py --ops topk: the "cuda, ordered finish" column sets topk.ORDERED_MAX_N to
+#            8,192), then flash-slice-v41 B = 1 with ORDERED_MAX_N 0 and 8,192 (four top-k launches per step).
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"] (MODE=flashmla: also ".flashmla").
 #   run: MODE=tests bash benches/gpu/issue17_check.sh
@@ -283,7 +286,17 @@ case "${MODE:-tests}" in
     # this host's Python path of a graph decode step (CPU only: the v4 B = 1 cell is bound by it on slow hosts)
     timeout 60 python3 benches/host_step.py --arch deepseek_v4 --batch 1 --graph --steps 500 2>&1 | tail -1
     step_figures ;;
+  topk)
+    timeout 120 $PT tests/test_gpu_cuda_topk.py > "$OUT/tests12.txt" 2>&1 || rc=1
+    tail -3 "$OUT/tests12.txt"
+    timeout 150 python3 benches/gpu/kernel_bench.py --ops topk --reps 12 > "$OUT/topk.txt" 2>&1
+    grep -A12 "indexer top-k" "$OUT/topk.txt" | head -14
+    for o in 0 8192; do
+      timeout 120 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
+        --set v41.kernels.topk.ORDERED_MAX_N=$o --out "$OUT/fs_o$o" > "$OUT/fs_v41_o$o.txt" 2>&1
+      echo "ORDERED_MAX_N=$o: $(grep "'v41'" "$OUT/fs_v41_o$o.txt" | tail -1 | cut -c1-90)"
+    done ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe," \
-       "seam, seam_ab, router, dbuf, router2, final2, prefill2, splits, flashmla or launches"; exit 2 ;;
+       "seam, seam_ab, router, dbuf, router2, final2, prefill2, splits, flashmla, launches or topk"; exit 2 ;;
 esac
 exit $rc

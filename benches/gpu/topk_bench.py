@@ -34,9 +34,10 @@ SWEEP_TILES = [(1, 128, 4), (1, 256, 4), (1, 256, 8), (1, 512, 8), (4, 128, 4), 
                (16, 128, 8)]
 
 
-def sorted_finish(scores, n_valid):
-    """The CUDA top-k with its one-CTA rows finished by sorting the ids (``topk.ORDERED_MAX_N = 0``)."""
-    kept, topk.ORDERED_MAX_N = topk.ORDERED_MAX_N, 0
+def ordered_finish(scores, n_valid):
+    """The CUDA top-k with its one-CTA rows of up to 8,192 entries finished by the ordered pass
+    (``topk.ORDERED_MAX_N = 8192``; the "cuda" column runs the default)."""
+    kept, topk.ORDERED_MAX_N = topk.ORDERED_MAX_N, 8192
     try:
         return topk.select_topk(scores, K, n_valid)
     finally:
@@ -51,7 +52,7 @@ def topk_cells(reps: int, bw: float):
         n_valid = torch.full((t,), n, dtype=torch.int64, device="cuda")
         paths = {"cuda": lambda s: topk.select_topk(s, K, n_valid),
                  "triton": lambda s: topk.select_topk_ref(s, K, n_valid),
-                 "cuda, sorted finish": lambda s: sorted_finish(s, n_valid)}
+                 "cuda, ordered finish": lambda s: ordered_finish(s, n_valid)}
         diff = (paths["cuda"](inputs[0]) != paths["triton"](inputs[0])).float().mean().item()
         calls = max(2, min(reps, (64 << 20) // (t * n)))
         us = {p: graph_us([lambda i=i, f=f: f(inputs[i % 2]) for i in range(calls)]) for p, f in paths.items()}

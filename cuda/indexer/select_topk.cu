@@ -10,7 +10,8 @@
 // that takes equal keys by increasing index. When fewer than k entries are eligible, the lowest-index ineligible
 // entries fill the list as -1, which is what sorting the stable top-k ascending and masking -inf picks gives.
 // The output is sorted ascending; atomics only decide where an id is staged, so results are deterministic. Rows of
-// one CTA up to TopkParams::ordered_max_n entries write their picks in index order from one last pass instead of sorting them.
+// one CTA up to TopkParams::ordered_max_n entries write their picks in index order from one last pass instead of
+// sorting them.
 #include <cub/block/block_scan.cuh>
 
 #include "../common/pdl.cuh"

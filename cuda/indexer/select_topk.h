@@ -14,7 +14,7 @@ constexpr int kTopkChunk = 4096;     // entries per CTA of the multi-CTA passes
 constexpr int kTopkSingleMaxN = 16384;  // rows up to this length: one CTA per row, one launch
 constexpr int64_t kTopkMaxN = int64_t(65535) * kTopkChunk;  // grid.y of the passes; ids staged as 2·id + flag
 constexpr int kTopkWorkInts = 5136;  // per-row work area of the multi-CTA passes (zeroed by the caller)
-constexpr int kTopkOrderedMaxN = 8192;  // default TopkParams::ordered_max_n
+constexpr int kTopkOrderedMaxN = 0;  // default TopkParams::ordered_max_n (python/v41/kernels/topk.py ORDERED_MAX_N)
 
 struct TopkParams {
   const float* scores;     // [T, N], row stride `stride`, unit inner stride
