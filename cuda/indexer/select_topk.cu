@@ -62,6 +62,7 @@ struct RowSel {
   int all;          // at most k eligible entries: every one is selected
   uint32_t b1, b2;  // key bits 31..20 and 19..10 of the threshold band
   int c2;           // entries in the band
+  int above;        // entries selected outright: every eligible one (all), else those above the band
 };
 
 __device__ __forceinline__ uint32_t order_key(float f) {
@@ -120,7 +121,8 @@ __device__ void pick_bin(const int* hist, int nbins, int need, typename Scan::Te
   __syncthreads();
 }
 
-// Selected entries → ids[atomicAdd(n_ids)] (2·id); band entries → cand[atomicAdd(n_cand)] when cand is given.
+// Selected entries → ids[atomicAdd(n_ids)] (2·id) when ids is given; band entries → cand[atomicAdd(n_cand)] when
+// cand is given.
 template <typename Id>
 __device__ void collect_range(const float* row, int j0, int j1, const RowSel& s, Id* ids, int* n_ids,
                               unsigned long long* cand, int* n_cand) {
@@ -129,13 +131,13 @@ __device__ void collect_range(const float* row, int j0, int j1, const RowSel& s,
     if (!eligible(f)) continue;
     const uint32_t key = order_key(f);
     if (s.all) {
-      ids[atomicAdd(n_ids, 1)] = Id(2 * j);
+      if (ids != nullptr) ids[atomicAdd(n_ids, 1)] = Id(2 * j);
       continue;
     }
     const uint32_t d1 = key >> 20, d2 = (key >> 10) & 1023u;
     if (d1 < s.b1 || (d1 == s.b1 && d2 < s.b2)) continue;
     if (d1 > s.b1 || d2 > s.b2) {
-      ids[atomicAdd(n_ids, 1)] = Id(2 * j);
+      if (ids != nullptr) ids[atomicAdd(n_ids, 1)] = Id(2 * j);
     } else if (cand != nullptr) {
       cand[atomicAdd(n_cand, 1)] = (static_cast<unsigned long long>(key) << 32) | uint32_t(~uint32_t(j));
     }
@@ -243,7 +245,7 @@ __device__ void finish_row(const float* row, int n, int k, const RowSel& sel, Ro
 constexpr int kOrderedItems = 4;  // consecutive entries per thread and pass
 
 __device__ unsigned long long band_theta(const float* row, int n, int k, const RowSel& sel, RowSmem& s) {
-  const int need = k - s.n_sel;
+  const int need = k - sel.above;
   if (sel.c2 <= kTopkCap) {
     const int p2 = pow2_at_least(sel.c2);
     for (int i = sel.c2 + threadIdx.x; i < p2; i += kThreads) s.a.cand[i] = 0ull;
@@ -267,7 +269,7 @@ __device__ unsigned long long band_theta(const float* row, int n, int k, const R
 
 __device__ void finish_row_ordered(const float* row, int n, int k, const RowSel& sel, RowSmem& s, int64_t* out) {
   const unsigned long long theta = sel.all ? 0ull : band_theta(row, n, k, sel, s);
-  const int m = sel.all ? k - s.n_sel : 0;  // ineligible entries that fill the list
+  const int m = sel.all ? k - sel.above : 0;  // ineligible entries that fill the list
   int picked = 0, filled = 0;              // eligible picks and ineligible entries before this pass
   for (int j0 = 0; j0 < n; j0 += kThreads * kOrderedItems) {
     int v[kOrderedItems], pre[kOrderedItems], total;
@@ -310,6 +312,7 @@ __global__ void __launch_bounds__(kThreads) topk_row_kernel(const __grid_constan
   pick_bin(s.a.hist1, kBins1, p.k, s.scan, s.pick);
   RowSel sel{};
   sel.all = s.pick.total <= p.k;
+  sel.above = s.pick.total;
   if (!sel.all) {
     sel.b1 = uint32_t(s.pick.bin);
     const int gt1 = s.pick.above;
@@ -320,11 +323,17 @@ __global__ void __launch_bounds__(kThreads) topk_row_kernel(const __grid_constan
     pick_bin(s.hist2, kBins2, p.k - gt1, s.scan, s.pick);
     sel.b2 = uint32_t(s.pick.bin);
     sel.c2 = s.pick.count;
+    sel.above = gt1 + s.pick.above;
   }
   __syncthreads();  // hist1 is dead: its space holds the band
-  collect_range(row, 0, n, sel, s.ids, &s.n_sel, sel.c2 <= kTopkCap ? s.a.cand : nullptr, &s.n_cand);
+  const bool ordered = p.ordered_max_n > 0 && n <= p.ordered_max_n;  // (block-uniform)
+  unsigned long long* cand = sel.c2 <= kTopkCap ? s.a.cand : nullptr;
+  if (!ordered)
+    collect_range(row, 0, n, sel, s.ids, &s.n_sel, cand, &s.n_cand);
+  else if (!sel.all && cand != nullptr)  // only the band's entries: the picks are written by the ordered pass
+    collect_range(row, 0, n, sel, static_cast<int*>(nullptr), &s.n_sel, cand, &s.n_cand);
   __syncthreads();
-  if (n <= p.ordered_max_n)
+  if (ordered)
     finish_row_ordered(row, n, p.k, sel, s, p.out + int64_t(t) * p.k);
   else
     finish_row(row, n, p.k, sel, s, p.out + int64_t(t) * p.k);

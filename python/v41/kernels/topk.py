@@ -26,7 +26,7 @@ from .pdl import enabled as pdl_enabled
 _LOW32 = 0xFFFFFFFF
 # Rows of the CUDA kernel's one-CTA path up to this many entries write their picks in index order from one last
 # pass over the row instead of sorting the k ids (cuda/indexer/select_topk.cu; 0: always sort). Off until a GPU
-# has run tests/test_gpu_cuda_topk.py on it and topk_bench.py's "sorted finish" column shows it faster
+# has run tests/test_gpu_cuda_topk.py on it and topk_bench.py's "cuda, ordered finish" column shows it faster
 # (benches/RESULTS.md "2026-12-05 (morning)"); 8,192 is the length to try.
 ORDERED_MAX_N = 0
 
