@@ -12,178 +12,38 @@
 // The output is sorted ascending; atomics only decide where an id is staged, so results are deterministic. Rows of
 // one CTA up to TopkParams::ordered_max_n entries write their picks in index order from one last pass instead of
 // sorting them.
-#include <cub/block/block_scan.cuh>
-
 #include "../common/pdl.cuh"
-#include "select_topk.h"
+#include "select_topk_row.cuh"
 
 namespace v41 {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kBins1 = 4096;
-constexpr int kBins2 = 1024;
-// per-row work area (ints): the two histograms, then counters and the picks of each pass
-constexpr int kH1 = 0, kH2 = kBins1, kDone1 = kH2 + kBins2, kDone2 = kDone1 + 1, kDone3 = kDone1 + 2,
-              kB1 = kDone1 + 3, kGt1 = kDone1 + 4, kB2 = kDone1 + 5, kC2 = kDone1 + 6, kNOut = kDone1 + 7,
-              kNCand = kDone1 + 8;
-static_assert(kNCand < kTopkWorkInts, "work area too small");
-
-using Scan = cub::BlockScan<int, kThreads>;
-
-struct Pick {
-  int bin;    // the bin holding the need-th largest key, -1 when fewer than need keys were counted
-  int above;  // keys in higher bins
-  int count;  // keys in `bin`
-  int total;  // keys counted
-};
-
-struct PassSmem {
-  int hist[kBins1];
-  typename Scan::TempStorage scan;
-  Pick pick;
-  int last;
-};
-
-struct RowSmem {
-  union {
-    int hist1[kBins1];
-    unsigned long long cand[kTopkCap];  // (key << 32) | ~id of the band's entries
-  } a;
-  int hist2[kBins2];
-  int ids[kTopkMaxK];  // 2·id (+1: ineligible pick, -1 in the output)
-  typename Scan::TempStorage scan;
-  Pick pick;
-  int n_sel, n_cand, last;
-};
-
-// What the passes decided for a row.
-struct RowSel {
-  int all;          // at most k eligible entries: every one is selected
-  uint32_t b1, b2;  // key bits 31..20 and 19..10 of the threshold band
-  int c2;           // entries in the band
-  int above;        // entries selected outright: every eligible one (all), else those above the band
-};
-
-__device__ __forceinline__ uint32_t order_key(float f) {
-  if (f != f) return 0xFFFFFFFFu;
-  const uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ __forceinline__ bool eligible(float f) { return f != __int_as_float(0xff800000); }
-
-__device__ __forceinline__ int row_len(const TopkParams& p, int t) {
-  if (p.n_valid == nullptr) return p.N;
-  const int64_t v = p.n_valid[t];
-  return int(v < 0 ? 0 : (v > p.N ? p.N : v));
-}
-
-// kMode 1: bins of bits 31..20; 2: bits 19..10 of keys whose bits 31..20 equal `prefix`; 3: bits 9..0 of keys
-// whose bits 31..10 equal `prefix`. `hist` may be shared or global memory.
-template <int kMode>
-__device__ void hist_range(const float* row, int j0, int j1, uint32_t prefix, int* hist) {
-#pragma unroll 4
-  for (int j = j0 + threadIdx.x; j < j1; j += kThreads) {
-    const float f = __ldg(row + j);
-    if (!eligible(f)) continue;
-    const uint32_t key = order_key(f);
-    if (kMode == 1) {
-      atomicAdd(&hist[key >> 20], 1);
-    } else if (kMode == 2) {
-      if ((key >> 20) == prefix) atomicAdd(&hist[(key >> 10) & 1023u], 1);
-    } else {
-      if ((key >> 10) == prefix) atomicAdd(&hist[key & 1023u], 1);
-    }
-  }
-}
-
-// Block-wide: the bin of `hist` (shared memory, nbins a multiple of kThreads) holding the need-th largest key.
-__device__ void pick_bin(const int* hist, int nbins, int need, typename Scan::TempStorage& scan, Pick& out) {
-  const int per = nbins / kThreads;
-  const int g = kThreads - 1 - int(threadIdx.x);  // thread 0 owns the highest bins
-  int sum = 0;
-  for (int i = 0; i < per; ++i) sum += hist[g * per + i];
-  if (threadIdx.x == 0) out.bin = -1;
+// The band's c2 composites (key << 32) | ~id in s.a.cand sorted descending (padded with zeros, below every real
+// one, to a power of two).
+__device__ void sort_band(RowSmem& s, int c2) {
+  const int p2 = pow2_at_least(c2);
+  for (int i = c2 + threadIdx.x; i < p2; i += kThreads) s.a.cand[i] = 0ull;
   __syncthreads();
-  int above, total;
-  Scan(scan).ExclusiveSum(sum, above, total);
-  for (int i = per - 1; i >= 0; --i) {
-    const int b = g * per + i, h = hist[b];
-    if (above < need && above + h >= need) {
-      out.bin = b;
-      out.above = above;
-      out.count = h;
-    }
-    above += h;
-  }
-  if (threadIdx.x == 0) out.total = total;
+  bitonic<unsigned long long, true>(s.a.cand, p2);
+}
+
+// Heavy ties (a band of more than kTopkCap entries): the full key holding the band's need-th largest key (a
+// histogram of bits 9..0); need3 = how many of the picks have exactly that key.
+__device__ uint32_t heavy_tie_key(const float* row, int n, uint32_t band, int need, RowSmem& s, int& need3) {
+  for (int b = threadIdx.x; b < kBins2; b += kThreads) s.hist2[b] = 0;
   __syncthreads();
+  hist_range<3>(row, 0, n, band, s.hist2);
+  __syncthreads();
+  pick_bin(s.hist2, kBins2, need, s.scan, s.pick);
+  need3 = need - s.pick.above;
+  return (band << 10) | uint32_t(s.pick.bin);
 }
 
-// Selected entries → ids[atomicAdd(n_ids)] (2·id) when ids is given; band entries → cand[atomicAdd(n_cand)] when
-// cand is given.
-template <typename Id>
-__device__ void collect_range(const float* row, int j0, int j1, const RowSel& s, Id* ids, int* n_ids,
-                              unsigned long long* cand, int* n_cand) {
-  for (int j = j0 + threadIdx.x; j < j1; j += kThreads) {
-    const float f = __ldg(row + j);
-    if (!eligible(f)) continue;
-    const uint32_t key = order_key(f);
-    if (s.all) {
-      if (ids != nullptr) ids[atomicAdd(n_ids, 1)] = Id(2 * j);
-      continue;
-    }
-    const uint32_t d1 = key >> 20, d2 = (key >> 10) & 1023u;
-    if (d1 < s.b1 || (d1 == s.b1 && d2 < s.b2)) continue;
-    if (d1 > s.b1 || d2 > s.b2) {
-      if (ids != nullptr) ids[atomicAdd(n_ids, 1)] = Id(2 * j);
-    } else if (cand != nullptr) {
-      cand[atomicAdd(n_cand, 1)] = (static_cast<unsigned long long>(key) << 32) | uint32_t(~uint32_t(j));
-    }
-  }
-}
-
-// Block-wide in-place bitonic sort of a[0, n) (n a power of two), ascending or descending.
-template <typename T, bool kDesc>
-__device__ void bitonic(T* a, int n) {
-  for (int size = 2; size <= n; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = threadIdx.x; i < n / 2; i += kThreads) {
-        const int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
-        const bool up = ((lo & size) == 0) != kDesc;
-        const T x = a[lo], y = a[hi];
-        if ((x > y) == up) {
-          a[lo] = y;
-          a[hi] = x;
-        }
-      }
-      __syncthreads();
-    }
-  }
-}
-
-__device__ __forceinline__ int pow2_at_least(int n) {
-  int p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
-
-// Block-wide: dst[0, m) = 2·j + tag for the first m entries j of [j0, j1) (in index order) where flag(j); returns
-// how many were found (at most m).
-template <typename Flag>
-__device__ int ordered_take(int j0, int j1, int m, int tag, Flag flag, int* dst, typename Scan::TempStorage& scan) {
-  int taken = 0;
-  for (int base = j0; base < j1 && taken < m; base += kThreads) {
-    const int j = base + int(threadIdx.x);
-    const int f = (j < j1 && flag(j)) ? 1 : 0;
-    int pre, tot;
-    Scan(scan).ExclusiveSum(f, pre, tot);
-    if (f && taken + pre < m) dst[taken + pre] = 2 * j + tag;
-    taken += tot;
-    __syncthreads();
-  }
-  return taken < m ? taken : m;
+// dst[0, m) = 2·j for the first m eligible entries j whose key is exactly `key`, in index order.
+__device__ void take_equal(const float* row, int n, uint32_t key, int m, int* dst, RowSmem& s) {
+  ordered_take(0, n, m, 0, [&](int j) { const float f = __ldg(row + j);
+                                        return eligible(f) && order_key(f) == key; },
+               dst, s.scan);
 }
 
 // Block-wide, one CTA per row: s.ids holds s.n_sel selected ids (the entries above the band, or every eligible
@@ -193,29 +53,19 @@ __device__ void finish_row(const float* row, int n, int k, const RowSel& sel, Ro
   if (!sel.all) {
     const int need = k - n_sel;
     if (sel.c2 <= kTopkCap) {
-      const int p2 = pow2_at_least(sel.c2);
-      for (int i = sel.c2 + threadIdx.x; i < p2; i += kThreads) s.a.cand[i] = 0ull;  // below every real key
-      __syncthreads();
-      bitonic<unsigned long long, true>(s.a.cand, p2);
+      sort_band(s, sel.c2);
       for (int i = threadIdx.x; i < need; i += kThreads) s.ids[n_sel + i] = 2 * int(~uint32_t(s.a.cand[i]));
     } else {  // heavy ties: bits 9..0 of the band, then equal keys by increasing index
       const uint32_t band = (sel.b1 << 10) | sel.b2;
-      for (int b = threadIdx.x; b < kBins2; b += kThreads) s.hist2[b] = 0;
-      __syncthreads();
-      hist_range<3>(row, 0, n, band, s.hist2);
-      __syncthreads();
-      pick_bin(s.hist2, kBins2, need, s.scan, s.pick);
-      const uint32_t b3 = uint32_t(s.pick.bin), theta = (band << 10) | b3;
-      const int need3 = need - s.pick.above;
+      int need3;
+      const uint32_t theta = heavy_tie_key(row, n, band, need, s, need3), b3 = theta & 1023u;
       for (int j = threadIdx.x; j < n; j += kThreads) {
         const float f = __ldg(row + j);
         const uint32_t key = order_key(f);
         if (eligible(f) && (key >> 10) == band && (key & 1023u) > b3) s.ids[atomicAdd(&s.n_sel, 1)] = 2 * j;
       }
       __syncthreads();
-      ordered_take(0, n, need3, 0, [&](int j) { const float f = __ldg(row + j);
-                                                return eligible(f) && order_key(f) == theta; },
-                   s.ids + s.n_sel, s.scan);
+      take_equal(row, n, theta, need3, s.ids + s.n_sel, s);
     }
     n_sel = k;
   } else if (n_sel < k) {  // fewer than k eligible: the lowest-index ineligible entries, flagged
@@ -247,23 +97,12 @@ constexpr int kOrderedItems = 4;  // consecutive entries per thread and pass
 __device__ unsigned long long band_theta(const float* row, int n, int k, const RowSel& sel, RowSmem& s) {
   const int need = k - sel.above;
   if (sel.c2 <= kTopkCap) {
-    const int p2 = pow2_at_least(sel.c2);
-    for (int i = sel.c2 + threadIdx.x; i < p2; i += kThreads) s.a.cand[i] = 0ull;
-    __syncthreads();
-    bitonic<unsigned long long, true>(s.a.cand, p2);
+    sort_band(s, sel.c2);
     return s.a.cand[need - 1];
   }
-  const uint32_t band = (sel.b1 << 10) | sel.b2;
-  for (int b = threadIdx.x; b < kBins2; b += kThreads) s.hist2[b] = 0;
-  __syncthreads();
-  hist_range<3>(row, 0, n, band, s.hist2);
-  __syncthreads();
-  pick_bin(s.hist2, kBins2, need, s.scan, s.pick);
-  const uint32_t theta = (band << 10) | uint32_t(s.pick.bin);
-  const int need3 = need - s.pick.above;
-  ordered_take(0, n, need3, 0, [&](int j) { const float f = __ldg(row + j);
-                                            return eligible(f) && order_key(f) == theta; },
-               s.ids, s.scan);
+  int need3;
+  const uint32_t theta = heavy_tie_key(row, n, (sel.b1 << 10) | sel.b2, need, s, need3);
+  take_equal(row, n, theta, need3, s.ids, s);
   return (static_cast<unsigned long long>(theta) << 32) | uint32_t(~uint32_t(s.ids[need3 - 1] >> 1));
 }
 
