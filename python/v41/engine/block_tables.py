@@ -5,8 +5,8 @@ request a row ``0 .. max_num_seqs − 1`` and sends, per step and per kind, only
 ``[3, D]`` (row, logical block, physical block; −1 = none). This module keeps one ``[max_num_seqs + 1, width]``
 int64 table per kind on the device (views of one allocation), applies each step's diff with one scatter per kind,
 and gathers the step's ``[R, max_blocks]`` tables by row (a CUDA graph's prologue does both for every kind in one
-launch: :mod:`v41.kernels.table_prologue`). The last row (``padding_row``) is never given to a request and stays −1: CUDA
-graph padding rows point at it, and fixed-size diff regions are padded with writes of −1 into it.
+launch: :mod:`v41.kernels.table_prologue`). The last row (``padding_row``) is never given to a request and stays
+−1: CUDA graph padding rows point at it, and fixed-size diff regions are padded with writes of −1 into it.
 """
 
 from __future__ import annotations

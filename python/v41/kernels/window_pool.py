@@ -35,13 +35,19 @@ def combine_triples(t1: tuple[Tensor, Tensor, Tensor], t2: tuple[Tensor, Tensor,
     return m, s1 * f1 + s2 * f2, a1 * f1 + a2 * f2
 
 
+def gate_bias(ape: Tensor, positions: Tensor) -> Tensor:
+    """V4's compressor gate bias of tokens at ``positions`` [n] int64: ``ape[p mod R]`` [n, C] of ``ape`` [R, C]
+    (docs/model.md §4)."""
+    return ape[positions % ape.shape[0]]
+
+
 def pool_windows_ref(rows: Tensor, valid: Tensor, continues: Tensor, state_row: Tensor, value: Tensor,
                      gate: Tensor, state: Tensor, ape: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
     """Reference of :func:`pool_windows`: rows, valid [S, L] (int64 ≥ 0, bool); continues [S] bool; state_row [S]
     int64; value, gate [T, C] float32; state [rows, 3, C] float32 (read only); ape [R, C] (gate's dtype) and
     positions [T] int64, or None → [S, 3, C] float32."""
     if ape is not None:
-        gate = gate + ape[positions % ape.shape[0]]
+        gate = gate + gate_bias(ape, positions)
     g = gate[rows].masked_fill(~valid[..., None], NEG)  # [S, L, C]
     m = g.amax(dim=1)
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))

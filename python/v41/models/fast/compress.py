@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ...kernels.segments import segment_facts
-from ...kernels.window_pool import pool_windows
+from ...kernels.window_pool import gate_bias, pool_windows
 from ..protocol import StepBatch
 
 
@@ -70,7 +70,7 @@ def pool_step(seg: Segments, value: Tensor, gate: Tensor, state: Tensor, ape: Te
     out = pool_windows(seg.rows, seg.valid, seg.continues, seg.state_row, value, gate, flat, ape, positions)
     if seg.ring:  # the first token's own triple (m, s, a) = (g, 1, v): what a window holds after one token
         first = seg.rows[:, 0]
-        g = gate[first] if ape is None else gate[first] + ape[positions[first] % ape.shape[0]]
+        g = gate[first] if ape is None else gate[first] + gate_bias(ape, positions[first])
         flat.index_copy_(0, seg.keep_row, torch.stack([g, torch.ones_like(g), value[first]], dim=1).to(flat.dtype))
     else:
         flat.index_copy_(0, seg.keep_row, out)

@@ -45,8 +45,8 @@ class HcSeam(nn.Module):
 
 class HcHead(nn.Module):
     """V4's learned final collapse: ``pre = sigmoid(fn · rms(flatten H) · scale + base) + eps`` (§4), then the final
-    RMSNorm. ``fn [hc, hc·D]``, ``base [hc]``, ``scale [1]`` (float32) as loaded; :meth:`finish_loading` (the loader calls it)
-    embeds them as the pre rows of an mHC seam's ``[(2+hc)·hc, hc·D]`` / ``[(2+hc)·hc]`` / ``[3]`` mixes whose post
+    RMSNorm. ``fn [hc, hc·D]``, ``base [hc]``, ``scale [1]`` (float32) as loaded; :meth:`finish_loading` (the
+    loader calls it) embeds them as the pre rows of an mHC seam's ``[(2+hc)·hc, hc·D]`` / ``[(2+hc)·hc]`` / ``[3]`` mixes whose post
     and comb rows are zero, so the head is a seam of its own (:func:`v41.kernels.mhc.hc_seam`: one launch where the
     CUDA seam runs) and the unused post and comb mixes cost a few zero rows."""
 
