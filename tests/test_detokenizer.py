@@ -270,3 +270,32 @@ def test_streamed_text_equals_the_non_streamed_answer_for_any_split(text, stops,
     assert "".join(deltas) + tail == want == d.text
     # Nothing emitted is ever taken back: every prefix of the stream is a prefix of the answer.
     assert all(want.startswith("".join(deltas[:k])) for k in range(len(deltas) + 1))
+
+
+# --------------------------------------------------------------------------- a decoder whose text is not monotonic
+
+
+def _replacing_tokenizer():
+    """Word-level ids a=0, b=1, c=2 whose decoder rewrites "ab" as "XYZ": decode([a, b]) does not start with
+    decode([a]), so ``DecodeStream`` raises "Invalid prefix encountered" on b after a."""
+    from tokenizers import Tokenizer, decoders, models
+    tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "c": 2, "[UNK]": 3}, unk_token="[UNK]"))
+    tok.decoder = decoders.Sequence([decoders.Fuse(), decoders.Replace("ab", "XYZ")])
+    return tok
+
+
+def test_a_non_monotonic_decoder_restarts_the_stream_instead_of_raising():
+    from tokenizers.decoders import DecodeStream
+    tok = _replacing_tokenizer()
+    raw = DecodeStream(ids=[2], skip_special_tokens=True)
+    raw.step(tok, 0)
+    with pytest.raises(Exception, match="Invalid prefix"):
+        raw.step(tok, 1)
+    ids = [0, 1, 2, 0, 2, 0]
+    for groups in some_groupings(ids, seed=3):
+        d = IncrementalDetokenizer(tok, [2])
+        deltas = [d.push(g)[0] for g in groups]
+        tail = d.flush()
+        # "a" was emitted before "b" turned "ab" into "XYZ": the restarted stream decodes b without the a it cannot
+        # take back, and the following ids in their new context.
+        assert "".join(deltas) + tail == d.text == "abcaca"

@@ -1,10 +1,14 @@
 """Incremental detokenization with stop strings (one instance per completion).
 
-Decoding uses vLLM's prefix-offset window: the text of the new tokens is
-``decode(ids[prefix:]) - decode(ids[prefix:read])``, the window starting at the last ``INITIAL_CONTEXT_TOKENS``
-prompt tokens and moving forward each time the decoded text ends on a whole character. Text that ends in
-U+FFFD (a multi-byte character whose bytes are split across tokens) is held back until the character is
-complete, so no replacement character is ever emitted for a split character.
+Decoding is ``tokenizers``' own streaming decoder, :class:`tokenizers.decoders.DecodeStream` (one call into Rust
+per token), primed with the last ``INITIAL_CONTEXT_TOKENS`` prompt tokens as left context. It keeps vLLM's
+prefix-offset window: the text of a new token is ``decode(ids[prefix:]) - decode(ids[prefix:read])``, and the
+window moves forward each time the decoded text ends on a whole character. Text that would end in U+FFFD (a
+multi-byte character whose bytes are split across tokens) is held back, with the text before it, until the
+character is complete, so no replacement character is ever emitted for a split character. Some tokenizers decode
+a longer id sequence to text that does not start with the shorter one's (vLLM issue 17448); the stream then raises
+"Invalid prefix encountered", and the detokenizer starts a new stream and decodes the held-back ids again
+(:meth:`IncrementalDetokenizer._step`; text already emitted is never taken back).
 
 Stop strings are matched on the complete decoded text, across token boundaries (KF-11):
 
@@ -20,8 +24,9 @@ Stop strings are matched on the complete decoded text, across token boundaries (
 Invariant: the concatenation of every delta returned by ``push`` and ``flush`` equals
 :attr:`IncrementalDetokenizer.text`, and it is the same whatever the grouping of the ids into pushes.
 Limitation: a genuine U+FFFD at the very end of the output is indistinguishable from a split character
-and is dropped at ``flush``. Cost per token: two decodes of a short window, plus O(sum len(stop)^2); the text
-already released is kept as a list of parts, so a token never copies the whole output (:meth:`text_since`).
+and is dropped at ``flush``. Cost per token: one ``DecodeStream.step`` (two decodes of a short window, in Rust),
+plus O(sum len(stop)^2); the text already released is kept as a list of parts, so a token never copies the whole
+output (:meth:`text_since`). benches/RESULTS.md "2026-12-05 (CPU)" has the figures against the Python window.
 """
 
 from __future__ import annotations
@@ -30,9 +35,10 @@ from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 
 from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 INITIAL_CONTEXT_TOKENS = 5  # prompt tokens decoded as left context (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET)
-_REPLACEMENT = "\ufffd"
+_INVALID_PREFIX = "Invalid prefix encountered"  # DecodeStream's error when the decoded text is not monotonic
 
 
 class IncrementalDetokenizer:
@@ -58,13 +64,11 @@ class IncrementalDetokenizer:
         self._stops = list(stop or [])
         if any(not s for s in self._stops):
             raise ValueError("stop cannot contain an empty string")
+        self._stop_prefix_chars = frozenset("".join(s[:-1] for s in self._stops))
         self._include_stop = include_stop_str_in_output
-        # Decoding window: ids[0:read] decode to _prefix_text; ids[read:] are new since the last advance.
-        context = list(prompt_ids)[-INITIAL_CONTEXT_TOKENS:] if INITIAL_CONTEXT_TOKENS else []
-        self._window: list[int] = context
-        self._read = len(context)
-        self._prefix_text = self._decode(context)
-        self._window_released = 0  # chars past _prefix_text already returned as text
+        context = list(prompt_ids[-INITIAL_CONTEXT_TOKENS:]) if INITIAL_CONTEXT_TOKENS else []
+        self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
+        self._held = 0  # ids at the end of token_ids whose text the stream holds back (a split character)
         # The decoded output text is "".join(_parts) + _pending: _parts the deltas handed out (_ends[i]: the text's
         # length after part i), _pending the text past them (held back; may run past a stop until truncated). No
         # stop string starts inside released text (_safe_len holds back every suffix that could start one), so
@@ -121,9 +125,15 @@ class IncrementalDetokenizer:
             return "", self._stop_hit
         released = []
         for t in token_ids:
-            self.token_ids.append(int(t))
-            new = self._decode_next(int(t))
-            if not new:
+            t = int(t)
+            self.token_ids.append(t)
+            new = self._step(t)
+            if new is None:  # a character split across tokens, or a skipped special token
+                self._held += 1
+                continue
+            self._held = 0
+            if not self._stops:
+                released.append(self._release_text(new))
                 continue
             start = len(self._pending)
             self._pending += new
@@ -148,29 +158,17 @@ class IncrementalDetokenizer:
 
     # ----------------------------------------------------------------- decoding
 
-    def _decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(list(ids), skip_special_tokens=self._skip_special_tokens)
-
-    def _decode_next(self, token_id: int) -> str:
-        """Append one id to the window; return the text it completes (no trailing split character)."""
-        self._window.append(token_id)
-        full = self._decode(self._window)
-        if len(full) <= len(self._prefix_text):
-            return ""  # e.g. a skipped special token
-        new = full[len(self._prefix_text) :]
-        if new.endswith(_REPLACEMENT):
-            # A character is still incomplete: release what precedes it, keep the window where it is.
-            complete = new.rstrip(_REPLACEMENT)
-            delta = complete[self._window_released :]
-            self._window_released = max(self._window_released, len(complete))
-            return delta
-        delta = new[self._window_released :]
-        # Whole characters: move the window so the tokens just read become the left context.
-        self._window = self._window[self._read :]
-        self._read = len(self._window)
-        self._prefix_text = self._decode(self._window)
-        self._window_released = 0
-        return delta
+    def _step(self, token_id: int) -> str | None:
+        """``DecodeStream.step``; on "Invalid prefix encountered" (module docstring) a new, unprimed stream decodes
+        the held-back ids and ``token_id`` (an empty prefix cannot be violated; without left context a decoder
+        that strips a leading space may drop that one space). Errors: other ``DecodeStream`` errors propagate."""
+        try:
+            return self._stream.step(self._tokenizer, token_id)
+        except Exception as e:  # tokenizers raises a plain Exception
+            if not str(e).startswith(_INVALID_PREFIX):
+                raise
+        self._stream = DecodeStream(skip_special_tokens=self._skip_special_tokens)
+        return self._stream.step(self._tokenizer, self.token_ids[len(self.token_ids) - self._held - 1:])
 
     # ----------------------------------------------------------------- stop strings
 
@@ -187,6 +185,8 @@ class IncrementalDetokenizer:
     def _safe_len(self) -> int:
         """Length of the pending text that can no longer be part of a stop string (the rest is held back)."""
         n = len(self._pending)
+        if not n or self._pending[-1] not in self._stop_prefix_chars:
+            return n  # a held-back suffix ends in a character of some stop's proper prefix
         safe = n
         for s in self._stops:
             for k in range(min(len(s) - 1, n), 0, -1):
@@ -198,6 +198,10 @@ class IncrementalDetokenizer:
     def _release(self, end: int) -> str:
         """Hands out the first ``end`` chars of the pending text."""
         delta, self._pending = self._pending[:end], self._pending[end:]
+        return self._release_text(delta)
+
+    def _release_text(self, delta: str) -> str:
+        """Hands out ``delta`` (text past what was handed out; no stop strings, or already checked)."""
         if delta:
             self._emitted += len(delta)
             self._parts.append(delta)
