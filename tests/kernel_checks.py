@@ -261,6 +261,17 @@ def check_attention(device: str, dtype: torch.dtype, g: torch.Generator):
             r = sparse_attention.sparse_mqa_sink_ref(q.double(), [(c.double(), sl) for c, sl in sources],
                                                      sink.double(), d ** -0.5)
             out.append((f"attention/d{d}/h{h}/{len(sources)}src", rel(y, r), tol(dtype)))
+            if d == 512 and (device == "cpu" or dtype == torch.bfloat16):  # the wide tiling: bf16 on a GPU
+                poison(device)  # (64 heads a program: the 20 heads and 44 masked ones)
+                y = sparse_attention._sparse_triton(q, sources, sink, d ** -0.5, [None] * len(sources), wide=True)
+                out.append((f"attention/d{d}/h{h}/{len(sources)}src/wide", rel(y, r), tol(dtype)))
+                if device == "cuda":  # the dispatch takes it for chunks of WIDE_MIN_TOKENS tokens
+                    saved, sparse_attention.WIDE_MIN_TOKENS = sparse_attention.WIDE_MIN_TOKENS, t
+                    try:
+                        same = torch.equal(sparse_attention.sparse_mqa_sink(q, sources, sink, d ** -0.5), y)
+                    finally:
+                        sparse_attention.WIDE_MIN_TOKENS = saved
+                    out.append((f"attention/d{d}/h{h}/{len(sources)}src/wide dispatch", 0.0 if same else 1.0, 0.0))
         # --kv-cache-dtype fp8: V4.1's window as FP8 records and compressed entries as FP4 records; V4's rows
         v4 = RecordFormat("swa_v4", d, rope=d // 8)
         for name, fmts in (("v41", [RecordFormat("swa_fp8", d), RecordFormat("ckv_fp4", d)]), ("v4", [v4, v4])):

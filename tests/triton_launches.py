@@ -70,13 +70,32 @@ def record(path: str) -> None:
     InterpretedFunction.run = run
 
 
+def _bf16_only(entry: dict) -> bool:
+    """Launches a GPU makes in bf16 only, whose float32 form (the interpreter's) is compiled as the bf16 launch: the
+    wide tiling of sparse MQA (the dispatch sends it bf16 chunks; in float32 its 64 × 512 products compile to FMA
+    loops for minutes, and would not fit in shared memory)."""
+    from v41.kernels import sparse_attention
+
+    return (entry["module"], entry["name"]) == ("v41.kernels.sparse_attention", "_sparse_kernel") and \
+        entry["const"]["BH"] == sparse_attention.WIDE[0]
+
+
+def as_bf16(entry: dict) -> dict:
+    """``entry`` with its float32 pointers as bf16 and its dot in bf16 (not IEEE)."""
+    sig = {k: "*bf16" if v == "*fp32" and k != "sink_ptr" else v for k, v in entry["sig"].items()}
+    const = dict(entry["const"], DOT={"tl": "bf16"}, IEEE=False)
+    return dict(entry, sig=sig, const=const)
+
+
 def compile_launch(entry: dict) -> None:
-    """Compile one recorded launch for sm_90a; raises what Triton raises."""
+    """Compile one recorded launch for sm_90a (a :func:`_bf16_only` one as bf16); raises what Triton raises."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if _bf16_only(entry):
+        entry = as_bf16(entry)
     fn = getattr(importlib.import_module(entry["module"]), entry["name"])
     sig, const = {}, {}
     for i, name in enumerate(fn.arg_names):

@@ -67,6 +67,10 @@
 #   topk     (~3 min) the CUDA top-k's tests (tests/test_gpu_cuda_topk.py: both finishes of the one-CTA rows) and
 #            its cells (kernel_bench.py --ops topk: the "cuda, ordered finish" column sets topk.ORDERED_MAX_N to
 #            8,192), then flash-slice-v41 B = 1 with ORDERED_MAX_N 0 and 8,192 (four top-k launches per step).
+#   wide     (~4 min) the Triton sparse-MQA checks on the GPU (the wide tiling of 64 heads a program and its
+#            dispatch, bf16) and the sparse-MQA cells (kernel_bench.py --ops attention: the "triton wide" column), then
+#            the 8,192-token prefill of flash-slice-v41 over bf16 rows (the wide tiling does not take records) with
+#            sparse_attention.WIDE_MIN_TOKENS 0 and 256.
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"] (MODE=flashmla: also ".flashmla").
 #   run: MODE=tests bash benches/gpu/issue17_check.sh
@@ -296,7 +300,18 @@ case "${MODE:-tests}" in
         --set v41.kernels.topk.ORDERED_MAX_N=$o --out "$OUT/fs_o$o" > "$OUT/fs_v41_o$o.txt" 2>&1
       echo "ORDERED_MAX_N=$o: $(grep "'v41'" "$OUT/fs_v41_o$o.txt" | tail -1 | cut -c1-90)"
     done ;;
+  wide)
+    timeout 150 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and attention and bf16" > "$OUT/tests17.txt" 2>&1 \
+      || rc=1
+    tail -3 "$OUT/tests17.txt"
+    timeout 200 python3 benches/gpu/kernel_bench.py --ops attention --batches 1,8,64 --reps 12 > "$OUT/wide.txt" 2>&1
+    grep "sparse MQA\|^| op" "$OUT/wide.txt"
+    for w in 0 256; do
+      timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 8192 --kv-cache-dtype auto \
+        --set v41.kernels.sparse_attention.WIDE_MIN_TOKENS=$w --out "$OUT/fs_w$w" > "$OUT/fs_w$w.txt" 2>&1
+      echo "WIDE_MIN_TOKENS=$w: $(grep "prefill" "$OUT/fs_w$w.txt" | tail -1)"
+    done ;;
   *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe," \
-       "seam, seam_ab, router, dbuf, router2, final2, prefill2, splits, flashmla, launches or topk"; exit 2 ;;
+       "seam, seam_ab, router, dbuf, router2, final2, prefill2, splits, flashmla, launches, topk or wide"; exit 2 ;;
 esac
 exit $rc

@@ -3,12 +3,15 @@
 by the ``ptxas`` Triton ships (``-v``), so occupancy can be counted before a device call times it.
 
     python benches/gpu/triton_regs.py [--tiles 128:128,128:128:64:3:128] [--warps 4,8] [--gather]
+    python benches/gpu/triton_regs.py --mqa 16:32:4:3,64:32:8:2     # sparse MQA's Triton tilings instead
 
 A tiling is ``BM:BN[:BK[:stages[:maxnreg]]]`` (moe_bench.py's ``--tiles``; defaults BK 128, 3 stages, no register
 cap); each is compiled through ``tl.dot_scaled`` and through the nibble decode, for MXFP4 weights and bf16
 activations, with the rows in order (``w2``) or, with ``--gather``, through the pairs' token ids (``w13``). Integer
 arguments are compiled as multiples of 16, as the launches' shapes specialize them. CTAs per SM = min(65,536
-registers / (threads · registers), 228 KB / shared memory).
+registers / (threads · registers), 228 KB / shared memory). ``--mqa BH:BK:warps:stages,...``: the tilings of
+:func:`v41.kernels.sparse_attention._sparse_triton` (heads per program, keys per tile) at V4.1's d = 512 over two
+bf16 sources, with the count of WGMMA and ``mma.sync`` instructions in the PTX.
 """
 
 from __future__ import annotations
@@ -26,31 +29,15 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from moe_bench import parse_tiling
-from v41.kernels import moe
+from v41.kernels import moe, sparse_attention
 
 POINTERS = {"x_ptr": "*bf16", "rows_ptr": "*i64", "w_ptr": "*u8", "s_ptr": "*u8", "offs_ptr": "*i64",
             "act_ptr": "*i64", "y_ptr": "*bf16"}
 UNALIGNED = ("offs_ptr", "act_ptr")  # indexed by expert: no 16-element alignment
 
 
-def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps: int, scaled: bool,
-                    gather: bool = False) -> dict:
-    """One tiling of the grouped kernel for sm_90a → {registers, spill bytes, shared bytes}; ``gather``: rows read
-    through the pairs' token ids (``w13``), else in order (``w2``)."""
-    fn = moe._grouped_kernel
-    consts = dict(GATHER=gather, B0=1, SK=32, FMT=2, BM=bm, BN=bn, BK=bk, DOT=tl.bfloat16, IEEE=False, SCALED=scaled,
-                  LHS_FMT="bf16", PDL=False)
-    sig, const, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name in consts:
-            sig[name] = "constexpr"
-            const[(i,)] = consts[name]
-            continue
-        sig[name] = POINTERS.get(name, "i32")
-        if name not in UNALIGNED:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
-    kernel = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=options)
+def _ptxas(kernel) -> dict:
+    """Registers, spill bytes and shared memory of a compiled kernel (its PTX assembled by Triton's ptxas -v)."""
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "k.ptx")
@@ -63,12 +50,60 @@ def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps:
     return dict(registers=regs, spills=spills, shared=kernel.metadata.shared)
 
 
+def _compile(fn, consts: dict, pointers: dict, unaligned=(), **options):
+    """``triton.compile`` of ``fn`` for sm_90a: ``consts`` by name, ``pointers`` {name: type}, other arguments i32
+    (multiples of 16 unless ``unaligned``)."""
+    sig, const, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            sig[name] = "constexpr"
+            const[(i,)] = consts[name]
+            continue
+        sig[name] = pointers.get(name, "i32")
+        if name not in unaligned:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps: int, scaled: bool,
+                    gather: bool = False) -> dict:
+    """One tiling of the grouped kernel for sm_90a → {registers, spill bytes, shared bytes}; ``gather``: rows read
+    through the pairs' token ids (``w13``), else in order (``w2``)."""
+    fn = moe._grouped_kernel
+    consts = dict(GATHER=gather, B0=1, SK=32, FMT=2, BM=bm, BN=bn, BK=bk, DOT=tl.bfloat16, IEEE=False, SCALED=scaled,
+                  LHS_FMT="bf16", PDL=False)
+    options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return _ptxas(_compile(fn, consts, POINTERS, UNALIGNED, **options))
+
+
+def compile_sparse_mqa(bh: int, bk: int, warps: int, stages: int) -> dict:
+    """One tiling of the sparse-MQA Triton kernel at d = 512, two bf16 sources → {registers, spill bytes, shared
+    bytes, wgmma, mma.sync (instruction counts in the PTX)}."""
+    consts = dict(TWO=True, D=512, BH=bh, BK=bk, DOT=tl.bfloat16, IEEE=False, FMT0=0, FMT1=0, ROPE0=0, ROPE1=0)
+    pointers = {"q_ptr": "*bf16", "o_ptr": "*bf16", "sink_ptr": "*fp32", "c0_ptr": "*bf16", "s0_ptr": "*i64",
+                "c1_ptr": "*bf16", "s1_ptr": "*i64", "scale": "fp32"}
+    kernel = _compile(sparse_attention._sparse_kernel, consts, pointers, ("scale",), num_warps=warps,
+                      num_stages=stages)
+    ptx = kernel.asm["ptx"]
+    return dict(_ptxas(kernel), wgmma=ptx.count("wgmma.mma_async"), mma=ptx.count("mma.sync"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiles", default="128:128,128:128:64,128:128:64:3:128,128:128:64:4:128")
     ap.add_argument("--warps", default="8")
     ap.add_argument("--gather", action="store_true", help="the w13 launch (rows through token ids), else w2's")
+    ap.add_argument("--mqa", default="", help="sparse-MQA tilings BH:BK:warps:stages to compile instead")
     a = ap.parse_args()
+    if a.mqa:
+        print("| tiling BH:BK:warps:stages | registers | spill bytes | shared KB | wgmma | mma.sync |")
+        print("|---|---|---|---|---|---|")
+        for tile in a.mqa.split(","):
+            bh, bk, warps, stages = (int(v) for v in tile.split(":"))
+            r = compile_sparse_mqa(bh, bk, warps, stages)
+            print(f"| {tile} | {r['registers']} | {r['spills']} | {r['shared'] / 1024:.1f} | {r['wgmma']} | "
+                  f"{r['mma']} |", flush=True)
+        return
     print("| tiling BM:BN:BK:stages:maxnreg | warps | dot | registers | spill bytes | shared KB | CTAs per SM |")
     print("|---|---|---|---|---|---|---|")
     for tile, warps, scaled in itertools.product(a.tiles.split(","), [int(w) for w in a.warps.split(",")],

@@ -4,7 +4,12 @@ bf16 queries take the CUDA kernel of :mod:`.sparse_mqa`; the Triton kernel below
 
 The Triton kernel (one program per query token and block of 16 heads) gathers each listed key row once per
 head block, keeps an online softmax in float32 and adds the sink to the final normaliser only; slot −1 is
-skipped inside the kernel. Up to two sources (the window and the compressed entries) are read in one launch.
+skipped inside the kernel. Its wide tiling (:data:`WIDE`: all 64 heads in one program of 8 warps, 32-key tiles,
+two stages) reads each key tile once per query token and, on sm_90, compiles its two products to WGMMA with the
+64 heads as the M = 64 operand (FlashMLA's layout; the CUDA kernel's ``mma.sync`` reads a tile from shared memory
+once per 16 heads): 255 registers, 20 spilled bytes and 128 KB of shared memory for d = 512, compiled for sm_90a
+here (benches/RESULTS.md "2026-12-05 (CPU)"). Prefill chunks of at least :data:`WIDE_MIN_TOKENS` tokens take it
+ahead of the CUDA kernel; 0 (the default) until the H200 times it (``attention_bench.py``'s "triton wide"). Up to two sources (the window and the compressed entries) are read in one launch.
 A source may be a cache of records (``--kv-cache-dtype fp8``, :mod:`v41.cache.records`): its rows are decoded
 where they are read (:func:`.records.load_rows`).
 """
@@ -21,6 +26,13 @@ from .records import format_id, rope_dims
 from .sparse_mqa import sparse_mqa
 
 Records = list[RecordFormat | None] | None
+
+# (heads per program, keys per tile, warps, pipeline stages) of the Triton kernel: the default for decode and the
+# wide tiling (module docstring).
+NARROW, WIDE = (16, None, 4, None), (64, 32, 8, 2)
+# bf16 chunks of at least this many query tokens over bf16 rows take the wide Triton tiling ahead of the CUDA kernel
+# (0: never; :func:`sparse_mqa_sink`).
+WIDE_MIN_TOKENS = 0
 
 
 def gather_keys(cache: Tensor, slots: Tensor, record: RecordFormat | None, dtype: torch.dtype) -> Tensor:
@@ -71,18 +83,28 @@ def sparse_mqa_sink(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tenso
                     records: Records = None) -> Tensor:
     """:func:`sparse_mqa_sink_ref` through the CUDA kernel of :mod:`.sparse_mqa` where :func:`.dispatch.use_cuda`
     says so and it takes the operands (bf16), else as one Triton launch where :func:`.dispatch.use_triton` says so
-    (one or two sources whose caches have q's dtype or hold records, d a power of two ≥ 16)."""
-    d = q.shape[-1]
+    (one or two sources whose caches have q's dtype or hold records, d a power of two ≥ 16). bf16 chunks of at
+    least :data:`WIDE_MIN_TOKENS` query tokens over bf16 rows on a GPU take the wide Triton tiling first (records:
+    its Triton decode per tile measured 8–15× slower than the CUDA kernel's, benches/RESULTS.md "2026-12-03")."""
     records = _records_of(sources, records)
+    triton_ok = _triton_takes(q, sources, records) and use_triton(q, family="attention")
+    if (triton_ok and WIDE_MIN_TOKENS and q.shape[0] >= WIDE_MIN_TOKENS and q.is_cuda and q.dtype == torch.bfloat16
+            and all(f is None for f in records)):
+        return _sparse_triton(q, sources, sink, scale, records, wide=True)
     if use_cuda(q, family="attention"):
         out = sparse_mqa(q, sources, sink, scale, records)
         if out is not None:
             return out
-    if (q.dtype in TRITON_DTYPES and 1 <= len(sources) <= 2 and d >= 16 and d & (d - 1) == 0
-            and all(c.dtype == (q.dtype if f is None else torch.uint8) for (c, _), f in zip(sources, records))
-            and use_triton(q, family="attention")):
+    if triton_ok:
         return _sparse_triton(q, sources, sink, scale, records)
     return sparse_mqa_sink_ref(q, sources, sink, scale, records)
+
+
+def _triton_takes(q: Tensor, sources: list[tuple[Tensor, Tensor]], records: list[RecordFormat | None]) -> bool:
+    """One or two sources whose caches have q's dtype or hold records, d a power of two ≥ 16."""
+    d = q.shape[-1]
+    return (q.dtype in TRITON_DTYPES and 1 <= len(sources) <= 2 and d >= 16 and d & (d - 1) == 0
+            and all(c.dtype == (q.dtype if f is None else torch.uint8) for (c, _), f in zip(sources, records)))
 
 
 if triton is not None:
@@ -142,7 +164,9 @@ if triton is not None:
 
 
 def _sparse_triton(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor, scale: float,
-                   records: list[RecordFormat | None]) -> Tensor:
+                   records: list[RecordFormat | None], wide: bool = False) -> Tensor:
+    """One launch of the Triton kernel (module docstring) in the :data:`NARROW` or (``wide``) :data:`WIDE`
+    tiling; the operands as :func:`sparse_mqa_sink_ref` takes them."""
     t, h, d = q.shape
     out = torch.empty_like(q)
     if t == 0:
@@ -150,12 +174,13 @@ def _sparse_triton(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tensor
     (c0, s0) = sources[0]
     c1, s1 = sources[1] if len(sources) == 2 else sources[0]
     s0, s1 = s0.contiguous(), s1.contiguous()
-    bh = 16
-    bk = 32 if d >= 256 else 64
+    bh, bk, warps, stages = WIDE if wide else NARROW
+    bk = bk or (32 if d >= 256 else 64)
+    opts = {"num_warps": warps, **({"num_stages": stages} if stages else {})}
     _sparse_kernel[(t, triton.cdiv(h, bh))](
         q, out, sink, c0, s0, c1, s1, h, s0.shape[1], s1.shape[1] if len(sources) == 2 else 0, float(scale),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), c0.stride(0), s0.stride(0), c1.stride(0),
         s1.stride(0), TWO=len(sources) == 2, D=d, BH=bh, BK=bk, DOT=dot_dtype(q.dtype),
         IEEE=q.dtype == torch.float32, FMT0=format_id(records[0]), FMT1=format_id(records[-1]),
-        ROPE0=rope_dims(records[0]), ROPE1=rope_dims(records[-1]))
+        ROPE0=rope_dims(records[0]), ROPE1=rope_dims(records[-1]), **opts)
     return out
