@@ -36,3 +36,44 @@ def test_pending_rows_take_their_requests_sampled_ids(src_of, counts):
     ends = np.cumsum(counts) - 1
     assert [int(device_ids[e]) for e, s in zip(ends, src_of) if s is not None] == [
         int(sampled[s]) for s in src_of if s is not None]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pending_engram_rows_equal_the_step_hasher_of_the_sampled_ids(seed):
+    """The host's partial XORs of each pending row's lookback (histories of 0 .. 5 ids: shorter than, equal to and
+    longer than the lookback), finished on the device with the sampled ids, give the rows the native step hasher
+    computes once the ids are known; a request that did not sample keeps its own rows; a lookback id outside the
+    token map is a ValueError."""
+    from pathlib import Path
+
+    from v41.config import load_config
+    from v41.engine.engram_rows import StepRowHasher
+    from v41.models.engram_loader import engram_hasher
+
+    embedded = Path(__file__).resolve().parents[1] / "python" / "v41" / "embedded"
+    hasher = engram_hasher(load_config(embedded), embedded / "tokenizer.json")
+    step = StepRowHasher(hasher)
+    vocab = hasher.token_map.size
+    rng = np.random.default_rng(seed)
+    counts = np.array([1, 1, 2, 1, 1, 1], dtype=np.int64)  # request 2 prefills two known ids
+    histories = [tuple(rng.integers(0, vocab, size=n).tolist()) for n in (0, 1, 3, 2, 5, 3)]
+    src_of = [3, 0, None, 5, 1, 2]
+    sampled = torch.from_numpy(rng.integers(0, vocab, size=6))
+    known = rng.integers(0, vocab, size=2).tolist()
+    host = np.array([PENDING_TOKEN, PENDING_TOKEN, *known, PENDING_TOKEN, PENDING_TOKEN, PENDING_TOKEN],
+                    dtype=np.int64)
+    planned, actual = host.copy(), host.copy()
+    actual[[0, 1, 4, 5, 6]] = [int(sampled[s]) for s in src_of if s is not None]
+    want = step.rows(actual, counts, histories)
+    p = pending_rows(host, src_of, counts, histories, hasher, sampled)  # sets the pending host ids to 0
+    engram = step.rows(host, counts, histories)  # the host's rows, the pending ones overwritten by the resolver
+    engram = {lid: torch.from_numpy(v.copy()) for lid, v in engram.items()}
+    device_ids = torch.from_numpy(host.copy())
+    PendingResolver("cpu", hasher, vocab).resolve(p, device_ids, engram)
+    assert device_ids.tolist() == actual.tolist()
+    for lid in hasher.layer_ids:
+        np.testing.assert_array_equal(engram[lid].numpy(), want[lid])
+    bad = list(histories)
+    bad[4] = (1, vocab, 2)
+    with pytest.raises(ValueError, match="outside the Engram token map"):
+        pending_rows(planned, src_of, counts, bad, hasher, sampled)

@@ -64,14 +64,15 @@ def pending_rows(token_ids: np.ndarray, src_of: Sequence[int | None], counts: np
     partial: dict[int, np.ndarray] = {}
     if hasher is not None:
         keep = hasher.max_ngram_size - 1
-        vals = np.full((rows.size, keep), hasher.pad, dtype=np.int64)  # column k − 1 = the token k back
+        ids = np.zeros((rows.size, keep), dtype=np.int64)  # column k − 1 = the token k back
+        known = np.zeros((rows.size, keep), dtype=bool)
         for i, r in enumerate(req.tolist()):
-            h = list(histories[r])[-keep:][::-1]
-            if h:
-                ids = np.asarray(h, dtype=np.int64)
-                if int(ids.min()) < 0 or int(ids.max()) >= hasher.token_map.size:
-                    raise ValueError(f"token id outside the Engram token map of {hasher.token_map.size} ids")
-                vals[i, :len(h)] = hasher.token_map[ids]
+            h = histories[r][-keep:][::-1]
+            ids[i, :len(h)] = h
+            known[i, :len(h)] = True
+        if np.any(known & ((ids < 0) | (ids >= hasher.token_map.size))):
+            raise ValueError(f"token id outside the Engram token map of {hasher.token_map.size} ids")
+        vals = np.where(known, hasher.token_map[np.where(known, ids, 0)], hasher.pad).astype(np.int64, copy=False)
         for lid in hasher.layer_ids:
             partial[lid] = np.bitwise_xor.accumulate(vals * hasher.multipliers[lid][1:][None, :], axis=1)
     return PendingRows(rows.astype(np.int64), np.asarray(src, dtype=np.int64), partial, sampled)
