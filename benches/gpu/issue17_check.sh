@@ -1,23 +1,15 @@
 #!/usr/bin/env bash
 # Device calls for issue 17's open checks (device tool; writes under $OUT). Every mode first builds v41._cuda from
 # source (the device's nvcc, ~60 s). The mode is MODE=:
-#   tests    (~5 min) programmatic dependent launch (tests/test_gpu_pdl.py, tests/test_gpu_side_stream.py) and the
+#   tests    (~8 min) programmatic dependent launch (tests/test_gpu_pdl.py, tests/test_gpu_side_stream.py) and the
 #            cuda/ kernel tests (weight-streaming GEMM with its split-K sum and slice-bytes floor, sparse MQA,
-#            index scores, top-k);
+#            index scores, top-k, the MoE router, the mHC seam);
 #   engine   (~4 min) the Triton kernel checks in bf16 and float32, the engine's greedy tokens = the CPU engine's on
 #            tiny V4.1, no host synchronisation in a decode forward or in the sampler (K1, T1: another -k and time
 #            limit); PROFILE=1 then profiles a B = 1 step with PDL off (with it on, kernel times overlap);
-#   kernels  (~3 min) kernel_bench.py: the weight-streaming GEMMs (V4.1 / V4 linears and experts) at B = 1, 8, 64,
-#            with wstream.MIN_SLICE_BYTES 0, 32 KB, 64 KB (PDL on: launches may overlap, unlike earlier cells);
 #   slices   (~4 min) flash-slice-v41 (C = 2,048, fp8 records, B = 1 and 64) and flash-slice-v4 (B = 1, 8, 64);
-#   glue     (~5 min) the mHC and Triton linear kernel checks and the slice-floor test, glue_bench.py (mHC mixes,
-#            bf16 linears with float32 outputs, the sampler's kernels, at their switches), kernel_bench.py linears at
-#            B = 1, 8 with wstream.MIN_SLICE_BYTES 0, 32 KB, 64 KB.
-#   verify   (~5 min) the checks of the sampler's kernels, mHC, linear, norms and the window pool (column views),
-#            the engine's greedy tokens (tiny V4.1 / V4, bf16 / fp8 records: the stacked sibling projections),
-#            speculation's graphs vs eager, host synchronisation, PDL and the side stream;
 #   final    (~6 min) the RoPE / RMSNorm checks, flash-slice-v41 B = 1, 64 and its prefill rates at 2,048 /
-#            8,192 tokens; flash-slice-v4 B = 1;
+#            8,192 tokens; flash-slice-v4 B = 1; the device host's Python path of a V4 graph step (host_step.py);
 #   profiles (~7 min) B = 1 decode profiles of flash-slice-v41 (fp8) and -v4 and the 8,192-token prefill profile
 #            (PDL off);
 #   table    (~7 min) the per-kernel table of issue 17: kernel_bench.py (linears, experts, sparse MQA, indexer
@@ -31,24 +23,6 @@
 #   moe      (~2 min) the MoE GEMM at 2,048- and 8,192-token prefill chunks over V4.1's experts (moe_bench.py);
 #            the mHC mixes at prefill sizes (glue_bench.py --ops mhc: columns "64-token tiles" / "16-token tiles"
 #            set mhc.MIX_WIDE_T to 1 / 0);
-#   seam     (~6 min) the CUDA mHC seam's tests (tests/test_gpu_cuda_mhc.py) and the engine's CUDA-vs-Triton and
-#            FP8-vs-bf16 tests; glue_bench.py --ops mhc at 1, 8, 16 tokens (CUDA seam against Triton);
-#            flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1; the B = 1 profile of flash-slice-v41 (PDL off);
-#   seam_ab  (~6 min) the CUDA seam's tests; flash-slice-v4 B = 1 with the seam, with its own-pre collapse in a
-#            launch of its own (FRESH_MAX_TOKENS=0) and without it (CUDA_SEAM=0); flash-slice-v41 B = 1 with and
-#            without it; the B = 1 profile of flash-slice-v4 (PDL off);
-#   router   (~6 min) the CUDA router's and seam's tests (tests/test_gpu_cuda_router.py, test_gpu_cuda_mhc.py);
-#            glue_bench.py --ops router at 1, 8, 16 tokens; flash-slice-v41 and -v4 B = 1 with router.CUDA_ROUTER on
-#            and off; the expert GEMMs at 1 and 8 rows at 3, 5 and 8 CTAs per SM (split-K at one row);
-#   dbuf     (~7 min) the CUDA router's tests and the weight-streaming kernel's (tests/test_gpu_cuda.py, every
-#            register variant); glue_bench.py --ops router; kernel_bench.py experts and linears at 1 and 8 rows
-#            with wstream.DOUBLE_BUFFER 2 (and with CTAS_PER_SM 5; batches of 4 were removed after this mode ran);
-#   router2  (~7 min) the CUDA router's tests and the expert GEMM's; the engine's CUDA-vs-Triton, FP8-vs-bf16 and
-#            greedy-token tests; glue_bench.py --ops router at 1-16 tokens; flash-slice-v41 B = 1 with the router
-#            on / off and the experts' double buffer on / off; flash-slice-v4 B = 1 with the router on / off;
-#   final2   (~7 min) the router's dispatch and model tests and the expert GEMM's tests (every register variant; not
-#            the 384-expert cases); flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1 at the defaults; the B = 1
-#            profile of flash-slice-v41 (PDL off);
 #   prefill2 (~8 min) moe_bench.py over V4.1's experts at 8,192 tokens with the K step of 64 and a 128-register
 #            cap (two 8-warp CTAs per SM, or 16 warps over 128 × 256 tiles: benches/gpu/triton_regs.py), each tiling
 #            checked against its reference there; the 8,192-token prefill of flash-slice-v41 with the moe.PREFILL_*
@@ -58,12 +32,6 @@
 #   flashmla (~5 min) FlashMLA's SM90 sparse FP8 decode kernel for V4 rows built from the staged sources
 #            (benches/gpu/flashmla/stage.sh here first; carry ".flashmla" too), then flashmla_compare.py: it against
 #            v41's CUDA sparse MQA on the same rows at B = 1, 8, 64 (the public-kernel comparison of issue 17);
-#   launches (~8 min) the checks of the kernels that took over PyTorch launches in the session of 2026-12-04 (CPU):
-#            candidate blocks and filter, fused norm + RoPE record writes, pooled values, index scores with the
-#            weights' scale, window slots, closed-row writes, segments, embedding copies, the head's collapse rows,
-#            select_all, the grouped kernel's K step of 64 (bf16 and float32); the engine's greedy tokens = CPU,
-#            graph replay = eager, no host synchronisation, CUDA kernels = Triton paths, FP8 vs bf16 records; then
-#            flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1 and the B = 1 profile (launches per step: 355 before);
 #   topk     (~3 min) the CUDA top-k's tests (tests/test_gpu_cuda_topk.py: both finishes of the one-CTA rows) and
 #            its cells (kernel_bench.py --ops topk: the "cuda, ordered finish" column sets topk.ORDERED_MAX_N to
 #            8,192), then flash-slice-v41 B = 1 with ORDERED_MAX_N 0 and 8,192 (four top-k launches per step), and
@@ -72,6 +40,8 @@
 #            dispatch, bf16) and the sparse-MQA cells (kernel_bench.py --ops attention: the "triton wide" column), then
 #            the 8,192-token prefill of flash-slice-v41 over bf16 rows (the wide tiling does not take records) with
 #            sparse_attention.WIDE_MIN_TOKENS 0 and 256.
+# The one-off A/B modes of finished experiments (kernels, glue, verify, seam, seam_ab, router, dbuf, router2, final2,
+# launches) are gone; benches/RESULTS.md names each call's mode and date, and git history holds the script it ran.
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"] (MODE=flashmla: also ".flashmla").
 #   run: MODE=tests bash benches/gpu/issue17_check.sh
@@ -83,25 +53,15 @@ rm -f python/v41/_cuda.so
 timeout 100 python3 cuda/build.py > "$OUT/build.txt" 2>&1; tail -1 "$OUT/build.txt"
 PT="python3 -m pytest -q -p no:cacheprovider --durations=8"
 rc=0
-# flash-slice-v41 B = 1 and 64, flash-slice-v4 B = 1, and the B = 1 profile of flash-slice-v41 (PDL off)
-step_figures() {
-  timeout 170 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
-    --kv-cache-dtype fp8 --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
-  tail -4 "$OUT/fs_v41.txt"
-  timeout 60 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
-    --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
-  tail -3 "$OUT/fs_v4.txt"
-  timeout 100 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 2048 --prefill 0 \
-    --kv-cache-dtype fp8 --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
-  grep -A24 "== decode" "$OUT/profile_b1.txt" | head -26
-}
 case "${MODE:-tests}" in
   tests)
     timeout 150 $PT tests/test_gpu_pdl.py tests/test_gpu_side_stream.py > "$OUT/tests0.txt" 2>&1 || rc=1
     tail -8 "$OUT/tests0.txt"
     timeout 300 $PT tests/test_gpu_cuda.py tests/test_gpu_cuda_attention.py tests/test_gpu_cuda_topk.py \
       tests/test_gpu_cuda_indexer.py > "$OUT/tests1.txt" 2>&1 || rc=1
-    tail -12 "$OUT/tests1.txt" ;;
+    tail -12 "$OUT/tests1.txt"
+    timeout 240 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda_mhc.py > "$OUT/tests1b.txt" 2>&1 || rc=1
+    tail -4 "$OUT/tests1b.txt" ;;
   engine)
     timeout "${T1:-280}" $PT tests/test_gpu_fast.py \
       -k "${K1:-triton_kernel_equals or (greedy and deepseek_v41) or host_synchronisation}" > "$OUT/tests2.txt" 2>&1 || rc=1
@@ -111,10 +71,6 @@ case "${MODE:-tests}" in
         --kv-cache-dtype fp8 --top 60 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
       grep -A30 "== decode" "$OUT/profile_b1.txt" | head -34
     fi ;;
-  kernels)
-    timeout 400 python3 benches/gpu/kernel_bench.py --ops linears,experts --batches 1,8,64 --reps 16 \
-      --min-slice 32768,65536 > "$OUT/kernels.txt" 2>&1
-    tail -32 "$OUT/kernels.txt" ;;
   slices)
     timeout 200 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,64x2048 --prefill , \
       --kv-cache-dtype fp8 --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
@@ -122,21 +78,6 @@ case "${MODE:-tests}" in
     timeout 200 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048,8x2048,64x2048 --prefill , \
       --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
     tail -5 "$OUT/fs_v4.txt" ;;
-  glue)
-    timeout 200 $PT tests/test_gpu_fast.py tests/test_gpu_cuda.py \
-      -k "(triton_kernel_equals and (mhc or linear)) or slice_bytes_floor" > "$OUT/tests3.txt" 2>&1 || rc=1
-    tail -6 "$OUT/tests3.txt"
-    timeout 150 python3 benches/gpu/glue_bench.py > "$OUT/glue.txt" 2>&1
-    tail -14 "$OUT/glue.txt"
-    timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --min-slice 32768,65536 \
-      > "$OUT/kernels.txt" 2>&1
-    tail -20 "$OUT/kernels.txt" ;;
-  verify)
-    timeout 400 $PT tests/test_gpu_fast.py tests/test_gpu_pdl.py tests/test_gpu_side_stream.py -k "(triton_kernel_equals \
-      and (race or uniforms or softmax or angle_tables or mhc or linear or norm_rope or window_pool)) or greedy \
-      or host_synchronisation \
-      or speculation_replays or pdl or side_stream or pinned_memory" > "$OUT/tests4.txt" 2>&1 || rc=1
-    tail -12 "$OUT/tests4.txt" ;;
   final)
     timeout 100 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and norm_rope" > "$OUT/tests8.txt" 2>&1 || rc=1
     tail -2 "$OUT/tests8.txt"
@@ -145,7 +86,9 @@ case "${MODE:-tests}" in
     tail -6 "$OUT/fs_v41.txt"
     timeout 90 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
       --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
-    tail -3 "$OUT/fs_v4.txt" ;;
+    tail -3 "$OUT/fs_v4.txt"
+    # this host's Python path of a graph decode step (CPU only: the v4 B = 1 cell is bound by it on slow hosts)
+    timeout 60 python3 benches/host_step.py --arch deepseek_v4 --batch 1 --graph --greedy --steps 500 2>&1 | tail -1 ;;
   profiles)
     timeout 150 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 2048 --prefill 0 \
       --kv-cache-dtype fp8 --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
@@ -183,83 +126,6 @@ case "${MODE:-tests}" in
     tail -7 "$OUT/moe.txt"
     timeout 150 python3 benches/gpu/glue_bench.py --tokens 2048,8192 --ops mhc > "$OUT/glue_prefill.txt" 2>&1
     tail -3 "$OUT/glue_prefill.txt" ;;
-  seam)
-    timeout 240 $PT tests/test_gpu_cuda_mhc.py tests/test_gpu_cuda_attention.py -k "seam or dispatch or binding \
-      or repeats or triton_paths or deployed_bound" > "$OUT/tests10.txt" 2>&1 || rc=1
-    grep -h "rel L2\|relative L2" "$OUT/tests10.txt" | head -8; tail -6 "$OUT/tests10.txt"
-    timeout 120 python3 benches/gpu/glue_bench.py --tokens 1,8,16 --ops mhc > "$OUT/glue.txt" 2>&1
-    tail -8 "$OUT/glue.txt"
-    step_figures ;;
-  seam_ab)
-    timeout 150 $PT tests/test_gpu_cuda_mhc.py > "$OUT/tests11.txt" 2>&1 || rc=1
-    tail -2 "$OUT/tests11.txt"
-    for s in "" "--set v41.kernels.mhc_cuda.FRESH_MAX_TOKENS=0" "--set v41.kernels.mhc.CUDA_SEAM=0"; do
-      timeout 90 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , $s \
-        --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
-      echo "v4 $s: $(grep "decode B=1" "$OUT/fs_v4.txt")"
-    done
-    for s in "" "--set v41.kernels.mhc.CUDA_SEAM=0"; do
-      timeout 120 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
-        $s --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
-      echo "v41 $s: $(grep "decode B=1" "$OUT/fs_v41.txt")"
-    done
-    timeout 120 python3 benches/gpu/profile_step.py --slice v4 --batch 1 --context 2048 --prefill 0 \
-      --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_v4_b1.txt" 2>&1
-    grep -A22 "== decode" "$OUT/profile_v4_b1.txt" | head -24 ;;
-  router)
-    timeout 200 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda_mhc.py > "$OUT/tests12.txt" 2>&1 || rc=1
-    tail -4 "$OUT/tests12.txt"
-    timeout 100 python3 benches/gpu/glue_bench.py --tokens 1,8,16 --ops router > "$OUT/glue.txt" 2>&1
-    tail -5 "$OUT/glue.txt"
-    for s in 1 0; do
-      timeout 120 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
-        --set v41.kernels.router.CUDA_ROUTER=$s --out "$OUT/fs_v41" > "$OUT/fs_v41.txt" 2>&1
-      echo "v41 CUDA_ROUTER=$s: $(grep "decode B=1" "$OUT/fs_v41.txt" | tail -1)"
-      timeout 90 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
-        --set v41.kernels.router.CUDA_ROUTER=$s --out "$OUT/fs_v4" > "$OUT/fs_v4.txt" 2>&1
-      echo "v4 CUDA_ROUTER=$s: $(grep "decode B=1" "$OUT/fs_v4.txt" | tail -1)"
-    done
-    timeout 150 python3 benches/gpu/kernel_bench.py --ops experts --batches 1,8 --reps 16 --sweep 3,5,8 \
-      > "$OUT/experts.txt" 2>&1
-    tail -10 "$OUT/experts.txt" ;;
-  dbuf)
-    timeout 200 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda.py > "$OUT/tests13.txt" 2>&1 || rc=1
-    grep -h "FAILED\|Error" "$OUT/tests13.txt" | head -8; tail -3 "$OUT/tests13.txt"
-    timeout 60 python3 benches/gpu/glue_bench.py --tokens 1,8,16 --ops router > "$OUT/glue.txt" 2>&1
-    tail -4 "$OUT/glue.txt"
-    timeout 120 python3 benches/gpu/kernel_bench.py --ops experts --batches 1,8 --reps 16 --double-buffer 2,2:5 \
-      > "$OUT/experts.txt" 2>&1
-    tail -7 "$OUT/experts.txt"
-    timeout 180 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --double-buffer 2,4 \
-      > "$OUT/linears.txt" 2>&1
-    tail -21 "$OUT/linears.txt" ;;
-  router2)
-    timeout 150 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda.py -k "router or grouped" \
-      > "$OUT/tests14.txt" 2>&1 || rc=1
-    grep -h "FAILED\|Error" "$OUT/tests14.txt" | head -8; tail -2 "$OUT/tests14.txt"
-    timeout 150 $PT tests/test_gpu_cuda_attention.py tests/test_gpu_fast.py -k "triton_paths or deployed_bound \
-      or (greedy and deepseek_v41)" > "$OUT/tests15.txt" 2>&1 || rc=1
-    grep -h "FAILED\|Error" "$OUT/tests15.txt" | head -8; tail -2 "$OUT/tests15.txt"
-    timeout 60 python3 benches/gpu/glue_bench.py --tokens 1,2,4,8,16 --ops router > "$OUT/glue.txt" 2>&1
-    tail -6 "$OUT/glue.txt"
-    for s in "1 2" "0 2" "0 0"; do
-      set -- $s
-      timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
-        --set v41.kernels.router.CUDA_ROUTER=$1 --set v41.kernels.wstream.DOUBLE_BUFFER=$2 --out "$OUT/fs_v41" \
-        > "$OUT/fs_v41_$1$2.txt" 2>&1
-      echo "v41 CUDA_ROUTER=$1 DOUBLE_BUFFER=$2: $(grep "decode B=1" "$OUT/fs_v41_$1$2.txt" | tail -1)"
-    done
-    for s in 1 0; do
-      timeout 80 python3 benches/gpu/flash_slice.py --slice v4 --cells 1x2048 --prefill , \
-        --set v41.kernels.router.CUDA_ROUTER=$s --out "$OUT/fs_v4" > "$OUT/fs_v4_$s.txt" 2>&1
-      echo "v4 CUDA_ROUTER=$s: $(grep "decode B=1" "$OUT/fs_v4_$s.txt" | tail -1)"
-    done ;;
-  final2)
-    timeout 170 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda.py \
-      -k "dispatch or bf16_model or (grouped and not 384)" \
-      > "$OUT/tests16.txt" 2>&1 || rc=1
-    grep -h "FAILED\|Error" "$OUT/tests16.txt" | head -8; tail -2 "$OUT/tests16.txt"
-    step_figures ;;
   prefill2)
     timeout 220 python3 benches/gpu/moe_bench.py --shape v41 --batches 8192 --reps 5 --tile-warps 8,16 \
       --tiles 128:128,128:128:64:3:128,128:256:64:3:128 > "$OUT/moe_tiles.txt" 2>&1
@@ -280,17 +146,6 @@ case "${MODE:-tests}" in
     tail -2 "$OUT/flashmla_build.txt"
     timeout 190 python3 benches/gpu/flashmla_compare.py --batches 1,8,64 > "$OUT/flashmla.txt" 2>&1 || rc=1
     tail -14 "$OUT/flashmla.txt" ;;
-  launches)
-    timeout 200 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and (candidates or record_store or window_pool \
-      or index_scores or table_slots or scatter_rows or segments or mhc or select_all or grouped)" \
-      > "$OUT/tests9.txt" 2>&1 || rc=1
-    tail -6 "$OUT/tests9.txt"
-    timeout 200 $PT tests/test_gpu_fast.py tests/test_gpu_cuda_attention.py -k "greedy or graph_replay \
-      or host_synchronisation or fp8_records_stay or cuda_kernels_give" > "$OUT/tests10.txt" 2>&1 || rc=1
-    tail -6 "$OUT/tests10.txt"
-    # this host's Python path of a graph decode step (CPU only: the v4 B = 1 cell is bound by it on slow hosts)
-    timeout 60 python3 benches/host_step.py --arch deepseek_v4 --batch 1 --graph --greedy --steps 500 2>&1 | tail -1
-    step_figures ;;
   topk)
     timeout 120 $PT tests/test_gpu_cuda_topk.py > "$OUT/tests12.txt" 2>&1 || rc=1
     tail -3 "$OUT/tests12.txt"
@@ -316,7 +171,7 @@ case "${MODE:-tests}" in
         --set v41.kernels.sparse_attention.WIDE_MIN_TOKENS=$w --out "$OUT/fs_w$w" > "$OUT/fs_w$w.txt" 2>&1
       echo "WIDE_MIN_TOKENS=$w: $(grep "prefill" "$OUT/fs_w$w.txt" | tail -1)"
     done ;;
-  *) echo "MODE must be tests, engine, kernels, slices, glue, verify, final, profiles, table, paths, long, moe," \
-       "seam, seam_ab, router, dbuf, router2, final2, prefill2, splits, flashmla, launches, topk or wide"; exit 2 ;;
+  *) echo "MODE must be tests, engine, slices, final, profiles, table, paths, long, moe, prefill2, splits," \
+       "flashmla, topk or wide"; exit 2 ;;
 esac
 exit $rc
