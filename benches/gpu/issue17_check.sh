@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Device calls for issue 17's open checks (device tool; writes under $OUT). Every mode first builds v41._cuda from
-# source (the device's nvcc, ~60 s). The mode is MODE=:
+# Device calls for issue 17's open checks (device tool; writes under $OUT). A call first builds v41._cuda from
+# source (the device's nvcc, ~60 s). MODE= one mode or several, comma-separated (one build, then each in turn):
 #   tests    (~8 min) programmatic dependent launch (tests/test_gpu_pdl.py, tests/test_gpu_side_stream.py) and the
 #            cuda/ kernel tests (weight-streaming GEMM with its split-K sum and slice-bytes floor, sparse MQA,
 #            index scores, top-k, the MoE router, the mHC seam);
@@ -44,16 +44,19 @@
 # launches) are gone; benches/RESULTS.md names each call's mode and date, and git history holds the script it ran.
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"] (MODE=flashmla: also ".flashmla").
-#   run: MODE=tests bash benches/gpu/issue17_check.sh
+#   run: MODE=tests bash benches/gpu/issue17_check.sh      (or MODE=topk,wide: both after one build)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+MODE=${MODE:-tests}
 rm -f python/v41/_cuda.so
 timeout 100 python3 cuda/build.py > "$OUT/build.txt" 2>&1; tail -1 "$OUT/build.txt"
 PT="python3 -m pytest -q -p no:cacheprovider --durations=8"
 rc=0
-case "${MODE:-tests}" in
+for mode in ${MODE//,/ }; do
+echo "== MODE=$mode"
+case "$mode" in
   tests)
     timeout 150 $PT tests/test_gpu_pdl.py tests/test_gpu_side_stream.py > "$OUT/tests0.txt" 2>&1 || rc=1
     tail -8 "$OUT/tests0.txt"
@@ -174,4 +177,5 @@ case "${MODE:-tests}" in
   *) echo "MODE must be tests, engine, slices, final, profiles, table, paths, long, moe, prefill2, splits," \
        "flashmla, topk or wide"; exit 2 ;;
 esac
+done
 exit $rc
