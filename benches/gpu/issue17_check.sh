@@ -35,7 +35,8 @@
 #   topk     (~3 min) the CUDA top-k's tests (tests/test_gpu_cuda_topk.py: both finishes of the one-CTA rows) and
 #            its cells (kernel_bench.py --ops topk: the "cuda, ordered finish" column sets topk.ORDERED_MAX_N to
 #            8,192), then flash-slice-v41 B = 1 with ORDERED_MAX_N 0 and 8,192 (four top-k launches per step), and
-#            with side_stream.ENABLED (the shared expert and cache writes on a second stream) against the first.
+#            with side_stream.ENABLED for each site and both (the shared expert; the cache writes and the indexer's
+#            selection) against the first (~5 min in all).
 #   wide     (~4 min) the Triton sparse-MQA checks on the GPU (the wide tiling of 64 heads a program and its
 #            dispatch, bf16) and the sparse-MQA cells (kernel_bench.py --ops attention: the "triton wide" column), then
 #            the 8,192-token prefill of flash-slice-v41 over bf16 rows (the wide tiling does not take records) with
@@ -159,10 +160,14 @@ case "$mode" in
         --set v41.kernels.topk.ORDERED_MAX_N=$o --out "$OUT/fs_o$o" > "$OUT/fs_v41_o$o.txt" 2>&1
       echo "ORDERED_MAX_N=$o: $(grep "'v41'" "$OUT/fs_v41_o$o.txt" | tail -1 | cut -c1-90)"
     done
-    # the side stream again, now that PDL chains the kernels and the step is latency-bound (off since 2026-12-03)
-    timeout 120 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
-      --set v41.kernels.side_stream.ENABLED=1 --out "$OUT/fs_side" > "$OUT/fs_v41_side.txt" 2>&1
-    echo "side stream on: $(grep "'v41'" "$OUT/fs_v41_side.txt" | tail -1 | cut -c1-90)" ;;
+    # the side stream again, now that PDL chains the kernels and the step is latency-bound (off since 2026-12-03),
+    # each site alone and both
+    for sites in shared_expert cache_and_index shared_expert,cache_and_index; do
+      timeout 120 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
+        --set v41.kernels.side_stream.ENABLED=1 --set v41.kernels.side_stream.SITES=$sites --out "$OUT/fs_side" \
+        > "$OUT/fs_v41_side_$sites.txt" 2>&1
+      echo "side stream $sites: $(grep "'v41'" "$OUT/fs_v41_side_$sites.txt" | tail -1 | cut -c1-90)"
+    done ;;
   wide)
     timeout 150 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and attention and bf16" > "$OUT/tests17.txt" 2>&1 \
       || rc=1

@@ -27,8 +27,9 @@ from torch import Tensor
 # +5.8 % in another, B = 64 +4 %; the run-to-run spread is about 5 %; benches/RESULTS.md "2026-12-03 (night)").
 ENABLED = False  # run side work on the side stream (False: inline on the current stream; same results)
 # The call sites that use it (benches set a subset to measure each): the shared expert beside the routed experts
-# (models/fast/moe.py), the attention's cache writes beside its query projections (models/fast/attention.py).
-SITES = "shared_expert,cache_writes"
+# (models/fast/moe.py), an attention layer's cache writes and then its indexer's selection of compressed entries
+# beside its query path (models/fast/attention.py).
+SITES = "shared_expert,cache_and_index"
 T = TypeVar("T")
 _streams: dict[torch.device, torch.cuda.Stream] = {}
 _lane = [0]

@@ -126,17 +126,18 @@ class FastAttention(nn.Module):
         """x [T, D] normalized sub-layer input → [T, D] (full on every rank)."""
         cos, sin = ctx.rope[self.rope_key]
         proj = self.project(x)
-        written = beside(lambda: self.write_caches(x, proj, ctx), x, "cache_writes")  # beside the query path
         qr = self.q_norm(proj["wq_a"])
+        # the cache writes, then the compressed entries' selection (which reads what they wrote), beside the query
+        # path (kernels/side_stream.py; inline unless enabled)
+        side = beside(lambda: self._write_and_select(x, qr, proj, ctx), x, "cache_and_index")
         q = self.wq_b(qr).view(x.shape[0], self.n_heads, self.head_dim)
         if self.q_head_norm:
             q = rms_norm(q, self.cfg.rms_norm_eps)
         q = rope_(q, cos, sin)  # q is this step's own tensor: rotated in place
-        written.wait()
+        extra = side.wait()
         lid = self.plan.layer_id
         sources = [(ctx.cache.tensors["swa"][lid], ctx.window_slots)]
         records = [ctx.cache.records["swa"]]
-        extra = self.compressed_source(x, qr, proj, ctx)
         if extra is not None:
             sources.append(extra)
             records.append(ctx.cache.records[f"ckv{self.plan.ratio}"])
@@ -160,11 +161,18 @@ class FastAttention(nn.Module):
             proj.update(zip(self._wide, self.siblings["float32"](x, torch.promote_types(x.dtype, torch.float32))))
         return proj
 
+    def _write_and_select(self, x: Tensor, qr: Tensor, proj: dict[str, Tensor],
+                          ctx: StepContext) -> tuple[Tensor, Tensor] | None:
+        """:meth:`write_caches`, then :meth:`compressed_source`: the work of a layer that does not need its
+        queries, queued on the side stream where :mod:`v41.kernels.side_stream` is enabled (site
+        ``cache_and_index``), beside the query path (``wq_b``, the head norm, RoPE)."""
+        self.write_caches(x, proj, ctx)
+        return self.compressed_source(x, qr, proj, ctx)
+
     def write_caches(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         """This step's cache entries from x and its projections: the window KV row of each token (``swa``) and, in
-        subclasses, the compressed entries and index keys the step closes (:meth:`write_entries`). Queued on the
-        side stream, where :mod:`v41.kernels.side_stream` is enabled, beside the query path (the projections
-        themselves are computed before, by :meth:`project`)."""
+        subclasses, the compressed entries and index keys the step closes (:meth:`write_entries`). The
+        projections themselves are computed before, by :meth:`project`."""
         ctx.cache.store("swa", self.plan.layer_id, ctx.batch.slot_mapping["swa"], proj["wkv"],
                         norm=self.kv_norm.params(), rope=ctx.rope[self.rope_key])
         self.write_entries(x, proj, ctx)
