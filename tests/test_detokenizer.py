@@ -299,3 +299,58 @@ def test_a_non_monotonic_decoder_restarts_the_stream_instead_of_raising():
         # "a" was emitted before "b" turned "ab" into "XYZ": the restarted stream decodes b without the a it cannot
         # take back, and the following ids in their new context.
         assert "".join(deltas) + tail == d.text == "abcaca"
+
+
+# --------------------------------------------------------------------------- text before a split character
+
+
+def _lead_byte_token(prefix: str) -> int:
+    """A token whose bytes are ``prefix`` then the first byte of a multi-byte character (a ByteLevel merge)."""
+    for i in range(TOK.get_vocab_size()):
+        tok = TOK.id_to_token(i)
+        raw = bytes(_SYMBOL_BYTE[c] for c in tok) if tok and all(c in _SYMBOL_BYTE for c in tok) else b""
+        if raw[:-1] == prefix.encode() and raw and raw[-1] >= 0xC2:
+            return i
+    raise LookupError(prefix)
+
+
+_SYMBOL_BYTE = {s: b for b, s in _BYTE_SYMBOL.items()}
+
+
+@pytest.mark.parametrize("stop, include, want_text, want_stop", [
+    (None, False, "hi ", None),        # the space before the split character is text, flushed or not
+    ([" "], False, "hi", " "),          # a stop in the text before a split character is found on that token
+    (["i "], True, "hi ", "i "),
+])
+def test_text_before_a_split_character_is_released_and_stops_are_found_there(stop, include, want_text, want_stop):
+    ids = bpe_ids("hi") + [_lead_byte_token(" ")]
+    d = IncrementalDetokenizer(TOK, bpe_ids("Hello"), stop=stop, include_stop_str_in_output=include)
+    delta, hit = d.push(ids)
+    assert hit == want_stop
+    assert delta + d.flush() == want_text == d.text
+
+
+@pytest.mark.parametrize("prompt, gen, want", [
+    (lambda: bpe_ids("The replacement char is \ufffd"), lambda: bpe_ids(" ok, done"), " ok, done"),
+    (lambda: byte_ids("Hello 中")[:-1], lambda: byte_ids("Hello 中")[-1:] + bpe_ids(" ok"), " ok"),
+    (lambda: byte_ids("ab中")[:-2], lambda: byte_ids("ab中")[-2:] + bpe_ids("x"), "x"),
+])
+def test_a_prompt_ending_in_a_replacement_or_split_character_never_leaks_into_the_output(prompt, gen, want):
+    """The character a prompt's last ids leave split belongs to the prompt; a genuine U+FFFD at its end too."""
+    for groups in some_groupings(gen(), seed=5):
+        deltas, tail, stop, d = stream(groups, prompt())
+        assert "".join(deltas) + tail == want == d.text
+
+
+def test_a_restart_decodes_the_held_back_ids_again():
+    """q decodes to U+FFFD, so the stream holds it back; b after "aq" rewrites "aqb" and the stream raises; the new
+    stream decodes the held-back q with b ("\ufffdb": a U+FFFD the decoder makes, not a split character)."""
+    from tokenizers import Tokenizer, decoders, models
+    tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "c": 2, "q": 3, "[UNK]": 4}, unk_token="[UNK]"))
+    tok.decoder = decoders.Sequence([decoders.Fuse(), decoders.Replace("q", "\ufffd"), decoders.Replace("\ufffdb", "!"),
+                                     decoders.Replace("a!", "ZZZZ")])
+    assert tok.decode([2, 0, 3, 1]) == "cZZZZ"
+    for groups in some_groupings([0, 3, 1, 2], seed=4):
+        d = IncrementalDetokenizer(tok, [2])
+        deltas = [d.push(g)[0] for g in groups]
+        assert "".join(deltas) + d.flush() == d.text == "a!c"

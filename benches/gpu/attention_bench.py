@@ -1,5 +1,6 @@
 """Sparse-MQA cells of ``kernel_bench.py``: the CUDA kernel (``cuda/attention/sparse_mqa.cu``) against the Triton
-kernel (its default and its wide tiling, ``sparse_attention.WIDE``) and the bytes floor at V4.1-Flash / V4-Flash shapes (64 heads × 512, a 128-token window plus 512
+kernel (its default tiling, and over bf16 rows its wide one, ``sparse_attention.WIDE``, checked against CUDA) and
+the bytes floor at V4.1-Flash / V4-Flash shapes (64 heads × 512, a 128-token window plus 512
 selected compressed entries per query), decode (T = batch) and a prefill chunk, over bf16 rows and the deployed
 records. Key rows are gathered at random from caches far larger than L2; floor = the key bytes a query lists
 (each listed row once per token) plus q and o, over the copy bandwidth of the same call."""
@@ -47,10 +48,14 @@ def attention_cells(batches, reps, bw, prefill: int = 2048, min_tiles=()):
                 sel = torch.randint(0, CACHE_ROWS, (t, SELECTED), device="cuda")
                 inputs.append((q, [(caches[0], win), (caches[1], sel)]))
             paths = {"cuda": lambda q, src: sparse_mqa.sparse_mqa(q, src, sink, DIM ** -0.5, [r0, r1]),
-                     "triton": lambda q, src: sparse_attention._sparse_triton(q, src, sink, DIM ** -0.5, [r0, r1]),
-                     "triton wide": lambda q, src: sparse_attention._sparse_triton(q, src, sink, DIM ** -0.5, [r0, r1],
-                                                                                   wide=True)}
+                     "triton": lambda q, src: sparse_attention._sparse_triton(q, src, sink, DIM ** -0.5, [r0, r1])}
+            if r0 is None and r1 is None:  # the wide tiling takes bf16 rows only (sparse_attention.WIDE_MIN_TOKENS)
+                paths["triton wide"] = lambda q, src: sparse_attention._sparse_triton(q, src, sink, DIM ** -0.5,
+                                                                                      [r0, r1], wide=True)
             err = rel(paths["cuda"](*inputs[0]), paths["triton"](*inputs[0]))
+            if "triton wide" in paths:
+                wide_err = rel(paths["cuda"](*inputs[0]), paths["triton wide"](*inputs[0]))
+                assert wide_err < 2e-2, f"triton wide against CUDA: rel. diff {wide_err:.1e} at T = {t}"
             n = reps if t < prefill else 4
             us = {p: graph_us([lambda i=i, f=f: f(*inputs[i % n_inputs]) for i in range(n)]) for p, f in paths.items()}
             for v in min_tiles if t < prefill else ():

@@ -34,9 +34,9 @@
 #            v41's CUDA sparse MQA on the same rows at B = 1, 8, 64 (the public-kernel comparison of issue 17);
 #   topk     (~3 min) the CUDA top-k's tests (tests/test_gpu_cuda_topk.py: both finishes of the one-CTA rows) and
 #            its cells (kernel_bench.py --ops topk: the "cuda, ordered finish" column sets topk.ORDERED_MAX_N to
-#            8,192), then flash-slice-v41 B = 1 with ORDERED_MAX_N 0 and 8,192 (four top-k launches per step), and
-#            with side_stream.ENABLED for each site and both (the shared expert; the cache writes and the indexer's
-#            selection) against the first (~5 min in all).
+#            8,192), then flash-slice-v41 B = 1 with ORDERED_MAX_N 0 and 8,192 (four top-k launches per step);
+#   side     (~4 min) the side stream's GPU tests (logits bit for bit with it), then flash-slice-v41 B = 1 with it off,
+#            on for each site (the shared expert; the cache writes and the indexer's selection) and for both;
 #   wide     (~4 min) the Triton sparse-MQA checks on the GPU (the wide tiling of 64 heads a program and its
 #            dispatch, bf16) and the sparse-MQA cells (kernel_bench.py --ops attention: the "triton wide" column), then
 #            the 8,192-token prefill of flash-slice-v41 over bf16 rows (the wide tiling does not take records) with
@@ -45,7 +45,8 @@
 # launches) are gone; benches/RESULTS.md names each call's mode and date, and git history holds the script it ran.
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"] (MODE=flashmla: also ".flashmla").
-#   run: MODE=tests bash benches/gpu/issue17_check.sh      (or MODE=topk,wide: both after one build)
+#   run: MODE=tests bash benches/gpu/issue17_check.sh      (or MODE=paths,moe: both after one build; the modes'
+#        times must sum to under the device's 10 minutes a call)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
@@ -159,20 +160,22 @@ case "$mode" in
       timeout 120 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
         --set v41.kernels.topk.ORDERED_MAX_N=$o --out "$OUT/fs_o$o" > "$OUT/fs_v41_o$o.txt" 2>&1
       echo "ORDERED_MAX_N=$o: $(grep "'v41'" "$OUT/fs_v41_o$o.txt" | tail -1 | cut -c1-90)"
-    done
-    # the side stream again, now that PDL chains the kernels and the step is latency-bound (off since 2026-12-03),
-    # each site alone and both
-    for sites in shared_expert cache_and_index shared_expert,cache_and_index; do
-      timeout 120 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
-        --set v41.kernels.side_stream.ENABLED=1 --set v41.kernels.side_stream.SITES=$sites --out "$OUT/fs_side" \
-        > "$OUT/fs_v41_side_$sites.txt" 2>&1
+    done ;;
+  side)
+    timeout 50 $PT tests/test_gpu_side_stream.py > "$OUT/tests18.txt" 2>&1 || rc=1
+    tail -2 "$OUT/tests18.txt"
+    for sites in off shared_expert cache_and_index shared_expert,cache_and_index; do
+      on=$([ "$sites" = off ] && echo 0 || echo 1)
+      timeout 110 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
+        --set v41.kernels.side_stream.ENABLED=$on --set v41.kernels.side_stream.SITES=${sites/off/shared_expert} \
+        --out "$OUT/fs_side" > "$OUT/fs_v41_side_$sites.txt" 2>&1
       echo "side stream $sites: $(grep "'v41'" "$OUT/fs_v41_side_$sites.txt" | tail -1 | cut -c1-90)"
     done ;;
   wide)
-    timeout 150 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and attention and bf16" > "$OUT/tests17.txt" 2>&1 \
+    timeout 100 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and attention and bf16" > "$OUT/tests17.txt" 2>&1 \
       || rc=1
     tail -3 "$OUT/tests17.txt"
-    timeout 200 python3 benches/gpu/kernel_bench.py --ops attention --batches 1,8,64 --reps 12 > "$OUT/wide.txt" 2>&1
+    timeout 150 python3 benches/gpu/kernel_bench.py --ops attention --batches 1,8,64 --reps 12 > "$OUT/wide.txt" 2>&1
     grep "sparse MQA\|^| op" "$OUT/wide.txt"
     for w in 0 256; do
       timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 8192 --kv-cache-dtype auto \
@@ -180,7 +183,7 @@ case "$mode" in
       echo "WIDE_MIN_TOKENS=$w: $(grep "prefill" "$OUT/fs_w$w.txt" | tail -1)"
     done ;;
   *) echo "MODE must be tests, engine, slices, final, profiles, table, paths, long, moe, prefill2, splits," \
-       "flashmla, topk or wide"; exit 2 ;;
+       "flashmla, topk, side or wide"; exit 2 ;;
 esac
 done
 exit $rc

@@ -3,9 +3,11 @@
 Decoding is ``tokenizers``' own streaming decoder, :class:`tokenizers.decoders.DecodeStream` (one call into Rust
 per token), primed with the last ``INITIAL_CONTEXT_TOKENS`` prompt tokens as left context. It keeps vLLM's
 prefix-offset window: the text of a new token is ``decode(ids[prefix:]) - decode(ids[prefix:read])``, and the
-window moves forward each time the decoded text ends on a whole character. Text that would end in U+FFFD (a
-multi-byte character whose bytes are split across tokens) is held back, with the text before it, until the
-character is complete, so no replacement character is ever emitted for a split character. Some tokenizers decode
+window moves forward each time the decoded text ends on a whole character. While the text ends in U+FFFD (a
+multi-byte character whose bytes are split across tokens) the stream returns nothing; the complete characters
+before the split one are then decoded here and handed out at once (:meth:`IncrementalDetokenizer._held_text`), and
+the split character when it completes, so no replacement character is ever emitted for a split character, and a
+stop string in the text before it is found on that token. Some tokenizers decode
 a longer id sequence to text that does not start with the shorter one's (vLLM issue 17448); the stream then raises
 "Invalid prefix encountered", and the detokenizer starts a new stream and decodes the held-back ids again
 (:meth:`IncrementalDetokenizer._step`; text already emitted is never taken back).
@@ -25,7 +27,7 @@ Invariant: the concatenation of every delta returned by ``push`` and ``flush`` e
 :attr:`IncrementalDetokenizer.text`, and it is the same whatever the grouping of the ids into pushes.
 Limitation: a genuine U+FFFD at the very end of the output is indistinguishable from a split character
 and is dropped at ``flush``. Cost per token: one ``DecodeStream.step`` (two decodes of a short window, in Rust),
-plus O(sum len(stop)^2); the text already released is kept as a list of parts, so a token never copies the whole
+two more decodes from Python while a character is split, plus O(sum len(stop)^2); the text already released is kept as a list of parts, so a token never copies the whole
 output (:meth:`text_since`). benches/RESULTS.md "2026-12-05 (CPU)" has the figures against the Python window.
 """
 
@@ -38,6 +40,7 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 INITIAL_CONTEXT_TOKENS = 5  # prompt tokens decoded as left context (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET)
+_REPLACEMENT = "\ufffd"
 _INVALID_PREFIX = "Invalid prefix encountered"  # DecodeStream's error when the decoded text is not monotonic
 
 
@@ -66,9 +69,15 @@ class IncrementalDetokenizer:
             raise ValueError("stop cannot contain an empty string")
         self._stop_prefix_chars = frozenset("".join(s[:-1] for s in self._stops))
         self._include_stop = include_stop_str_in_output
-        context = list(prompt_ids[-INITIAL_CONTEXT_TOKENS:]) if INITIAL_CONTEXT_TOKENS else []
-        self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
-        self._held = 0  # ids at the end of token_ids whose text the stream holds back (a split character)
+        self._context = list(prompt_ids[-INITIAL_CONTEXT_TOKENS:]) if INITIAL_CONTEXT_TOKENS else []
+        self._stream = DecodeStream(ids=self._context, skip_special_tokens=skip_special_tokens)
+        self._held = 0  # ids at the end of token_ids whose text the stream has not returned (_step)
+        self._held_released = 0  # chars of their text handed out before the stream returned it (_held_text)
+        # A context whose text ends in U+FFFD (a prompt cut mid-character, or a genuine U+FFFD) leaves the stream's
+        # prefix empty: its first text then repeats the context's, whose length is skipped there (as before, the
+        # character that the first ids complete belongs to the prompt).
+        context_text = self._decode(self._context)
+        self._skip = len(context_text) if context_text.endswith(_REPLACEMENT) else 0
         # The decoded output text is "".join(_parts) + _pending: _parts the deltas handed out (_ends[i]: the text's
         # length after part i), _pending the text past them (held back; may run past a stop until truncated). No
         # stop string starts inside released text (_safe_len holds back every suffix that could start one), so
@@ -127,11 +136,9 @@ class IncrementalDetokenizer:
         for t in token_ids:
             t = int(t)
             self.token_ids.append(t)
-            new = self._step(t)
-            if new is None:  # a character split across tokens, or a skipped special token
-                self._held += 1
+            new = self._next_text(t)
+            if not new:
                 continue
-            self._held = 0
             if not self._stops:
                 released.append(self._release_text(new))
                 continue
@@ -158,6 +165,37 @@ class IncrementalDetokenizer:
 
     # ----------------------------------------------------------------- decoding
 
+    def _next_text(self, token_id: int) -> str:
+        """The text that ``token_id`` (the last of :attr:`token_ids`) adds: what the stream returns, past what was
+        handed out early; while the stream holds text back (a character split across tokens), the complete
+        characters before the split one (:meth:`_held_text`); "" for a skipped special token."""
+        new = self._step(token_id)
+        if new is None:
+            self._held += 1
+            complete = self._held_text().rstrip(_REPLACEMENT)
+            delta = complete[self._held_released:]
+            self._held_released = max(self._held_released, len(complete))
+            return delta
+        if self._skip:
+            new, self._skip = new[self._skip:], 0
+        delta = new[self._held_released:]
+        self._held, self._held_released = 0, 0
+        return delta
+
+    def _held_text(self) -> str:
+        """The text of the held-back ids after their ``INITIAL_CONTEXT_TOKENS`` predecessors (prompt ids included):
+        ``decode(context + held) − decode(context)``, as the stream will return it ("" if the context's text is not
+        a prefix: a decoder that rewrites earlier text). Two decodes, only while a character is split."""
+        n = len(self.token_ids) - self._held  # token_ids[n:]: the held-back ids
+        before = self.token_ids[max(0, n - INITIAL_CONTEXT_TOKENS):n]
+        if len(before) < INITIAL_CONTEXT_TOKENS:
+            before = (self._context + before)[-INITIAL_CONTEXT_TOKENS:] if INITIAL_CONTEXT_TOKENS else []
+        prefix, full = self._decode(before), self._decode(before + self.token_ids[n:])
+        return full[len(prefix):] if full.startswith(prefix) else ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
+
     def _step(self, token_id: int) -> str | None:
         """``DecodeStream.step``; on "Invalid prefix encountered" (module docstring) a new, unprimed stream decodes
         the held-back ids and ``token_id`` (an empty prefix cannot be violated; without left context a decoder
@@ -167,8 +205,8 @@ class IncrementalDetokenizer:
         except Exception as e:  # tokenizers raises a plain Exception
             if not str(e).startswith(_INVALID_PREFIX):
                 raise
-        self._stream = DecodeStream(skip_special_tokens=self._skip_special_tokens)
-        return self._stream.step(self._tokenizer, self.token_ids[len(self.token_ids) - self._held - 1:])
+        self._stream, self._skip = DecodeStream(skip_special_tokens=self._skip_special_tokens), 0
+        return self._stream.step(self._tokenizer, self.token_ids[-self._held - 1:])
 
     # ----------------------------------------------------------------- stop strings
 

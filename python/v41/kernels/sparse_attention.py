@@ -4,14 +4,17 @@ bf16 queries take the CUDA kernel of :mod:`.sparse_mqa`; the Triton kernel below
 
 The Triton kernel (one program per query token and block of 16 heads) gathers each listed key row once per
 head block, keeps an online softmax in float32 and adds the sink to the final normaliser only; slot −1 is
-skipped inside the kernel. Its wide tiling (:data:`WIDE`: all 64 heads in one program of 8 warps, 32-key tiles,
-two stages) reads each key tile once per query token and, on sm_90, compiles its two products to WGMMA with the
-64 heads as the M = 64 operand (FlashMLA's layout; the CUDA kernel's ``mma.sync`` reads a tile from shared memory
-once per 16 heads): 255 registers, 20 spilled bytes and 128 KB of shared memory for d = 512, compiled for sm_90a
-here (benches/RESULTS.md "2026-12-05 (CPU)"). Prefill chunks of at least :data:`WIDE_MIN_TOKENS` tokens take it
-ahead of the CUDA kernel; 0 (the default) until the H200 times it (``attention_bench.py``'s "triton wide"). Up to two sources (the window and the compressed entries) are read in one launch.
+skipped inside the kernel. Up to two sources (the window and the compressed entries) are read in one launch.
 A source may be a cache of records (``--kv-cache-dtype fp8``, :mod:`v41.cache.records`): its rows are decoded
 where they are read (:func:`.records.load_rows`).
+
+Its wide tiling (:data:`WIDE`: all 64 heads in one program of 8 warps, 32-key tiles, two stages) reads each key
+tile once per query token and, on sm_90, compiles its two products to WGMMA with the 64 heads as the M = 64 operand
+(FlashMLA's layout; the CUDA kernel's ``mma.sync`` reads a tile from shared memory once per 16 heads): 255
+registers, 16 spilled bytes and 128 KB of shared memory for d = 512 (benches/RESULTS.md "2026-12-05 (CPU)"). Steps
+of at least :data:`WIDE_MIN_TOKENS` query tokens (prefill chunks) over bf16 rows take it ahead of the CUDA kernel
+on GPUs with Hopper's shared memory; 0 (the default) until the H200 times it (``attention_bench.py``'s "triton
+wide" column).
 """
 
 from __future__ import annotations
@@ -27,12 +30,13 @@ from .sparse_mqa import sparse_mqa
 
 Records = list[RecordFormat | None] | None
 
-# (heads per program, keys per tile, warps, pipeline stages) of the Triton kernel: the default for decode and the
-# wide tiling (module docstring).
+# (heads per program, keys per tile, warps, pipeline stages) of the Triton kernel: its default tiling (keys per tile
+# by d, Triton's default stages) and the wide one (module docstring).
 NARROW, WIDE = (16, None, 4, None), (64, 32, 8, 2)
-# bf16 chunks of at least this many query tokens over bf16 rows take the wide Triton tiling ahead of the CUDA kernel
+# Steps of at least this many bf16 query tokens over bf16 rows take the wide Triton tiling ahead of the CUDA kernel
 # (0: never; :func:`sparse_mqa_sink`).
 WIDE_MIN_TOKENS = 0
+WIDE_SMEM_MAJORS = (9, 10)  # compute capabilities with the ~228 KB of shared memory per SM the wide tiling needs
 
 
 def gather_keys(cache: Tensor, slots: Tensor, record: RecordFormat | None, dtype: torch.dtype) -> Tensor:
@@ -83,21 +87,27 @@ def sparse_mqa_sink(q: Tensor, sources: list[tuple[Tensor, Tensor]], sink: Tenso
                     records: Records = None) -> Tensor:
     """:func:`sparse_mqa_sink_ref` through the CUDA kernel of :mod:`.sparse_mqa` where :func:`.dispatch.use_cuda`
     says so and it takes the operands (bf16), else as one Triton launch where :func:`.dispatch.use_triton` says so
-    (one or two sources whose caches have q's dtype or hold records, d a power of two ≥ 16). bf16 chunks of at
-    least :data:`WIDE_MIN_TOKENS` query tokens over bf16 rows on a GPU take the wide Triton tiling first (records:
-    its Triton decode per tile measured 8–15× slower than the CUDA kernel's, benches/RESULTS.md "2026-12-03")."""
+    (one or two sources whose caches have q's dtype or hold records, d a power of two ≥ 16). Steps of at least
+    :data:`WIDE_MIN_TOKENS` bf16 query tokens over bf16 rows take the wide Triton tiling first where it fits
+    (:func:`_wide_takes`; not records: the Triton decode per tile measured 8–15× slower than the CUDA kernel's,
+    benches/RESULTS.md "2026-12-03")."""
     records = _records_of(sources, records)
-    triton_ok = _triton_takes(q, sources, records) and use_triton(q, family="attention")
-    if (triton_ok and WIDE_MIN_TOKENS and q.shape[0] >= WIDE_MIN_TOKENS and q.is_cuda and q.dtype == torch.bfloat16
-            and all(f is None for f in records)):
+    if WIDE_MIN_TOKENS and q.shape[0] >= WIDE_MIN_TOKENS and _wide_takes(q, sources, records):
         return _sparse_triton(q, sources, sink, scale, records, wide=True)
     if use_cuda(q, family="attention"):
         out = sparse_mqa(q, sources, sink, scale, records)
         if out is not None:
             return out
-    if triton_ok:
+    if _triton_takes(q, sources, records) and use_triton(q, family="attention"):
         return _sparse_triton(q, sources, sink, scale, records)
     return sparse_mqa_sink_ref(q, sources, sink, scale, records)
+
+
+def _wide_takes(q: Tensor, sources: list[tuple[Tensor, Tensor]], records: list[RecordFormat | None]) -> bool:
+    """bf16 queries and rows on a GPU of :data:`WIDE_SMEM_MAJORS`, operands the Triton kernel takes."""
+    return (q.is_cuda and q.dtype == torch.bfloat16 and all(f is None for f in records)
+            and torch.cuda.get_device_capability(q.device)[0] in WIDE_SMEM_MAJORS
+            and _triton_takes(q, sources, records) and use_triton(q, family="attention"))
 
 
 def _triton_takes(q: Tensor, sources: list[tuple[Tensor, Tensor]], records: list[RecordFormat | None]) -> bool:
