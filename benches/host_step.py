@@ -1,8 +1,9 @@
 """Host time of an engine decode step outside the model: a tiny engine on the CPU with B requests decoding, the
-forward replaced by stored logits, so what is timed is the Python / Rust host path (scheduling, the step's host
-plan, sampling on the CPU, committing and detokenizing tokens, building the outputs). Prints the median step and
-the mean of each part (its method wrapped in a timer): ``_launch`` (the plan's host step, the executor call and
-the sampler, itself shown apart), ``_complete`` (committing the sampled ids), ``_read_out`` (text and outputs).
+forward replaced by stored logits (their largest entries spell README.md's tokens), so what is timed is the Python
+/ Rust host path (scheduling, the step's host plan, sampling on the CPU, committing and detokenizing tokens,
+building the outputs). Prints the median step and the mean of each part (its method wrapped in a timer):
+``_launch`` (the plan's host step, the executor call and the sampler, itself shown apart), ``_complete``
+(committing the sampled ids), ``_read_out`` (text and outputs).
 
     python benches/host_step.py [--arch deepseek_v41] [--batch 64] [--steps 200] [--graph] [--greedy]
 
@@ -22,6 +23,7 @@ import random
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -30,19 +32,35 @@ from v41.engine.core import EngineCore
 from v41.engine.params import SamplingParams
 from v41.testing.tiny import make_tiny
 
+README = Path(__file__).resolve().parents[1] / "README.md"
+
 PARTS = ("_launch", "sampler", "fill", "_complete", "_read_out")  # sampler and fill: inside _launch
 
 
+CYCLE = 16  # stored logits per batch size, used in turn
+
+
 def stub_forward(core: EngineCore, graph: bool) -> dict:
-    """Replace the model by stored logits (module docstring); returns {part: object whose method to time}."""
+    """Replace the model by stored logits (module docstring); returns {part: object whose method to time}. Each row's
+    largest logit walks through the tokens of README.md (a different place per row, the next token each step, in a
+    cycle of :data:`CYCLE` stored tensors), so greedy decoding writes text, as a model does, and the detokenizer sees
+    text, not one random id repeated (a byte that never completes a character holds every later id back)."""
     vocab = core.cfg.vocab_size
-    logits: dict[int, torch.Tensor] = {}
+    text = [t for t in core.tokenizer.encode(README.read_text(encoding="utf-8")).ids if t < vocab]
+    logits: dict[int, list[torch.Tensor]] = {}
+    turn = [0]
     gen = torch.Generator().manual_seed(0)
 
     def stored(rows: int) -> torch.Tensor:
         if rows not in logits:
-            logits[rows] = torch.randn(rows, vocab, generator=gen)
-        return logits[rows]
+            base = torch.randn(rows, vocab, generator=gen)
+            logits[rows] = []
+            for c in range(CYCLE):
+                x = base.clone()
+                x[torch.arange(rows), [text[(997 * r + c) % len(text)] for r in range(rows)]] = 100.0
+                logits[rows].append(x)
+        turn[0] += 1
+        return logits[rows][turn[0] % CYCLE]
 
     runner = core.executor.runner
     if not graph:
