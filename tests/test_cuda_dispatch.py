@@ -93,7 +93,14 @@ def test_the_start_up_log_names_each_op_familys_path(monkeypatch):
     assert "MoE experts: CUDA at decode sizes, else Triton" in line, line
     assert "mHC seams: CUDA at decode sizes, else Triton" in line, line
     assert "launches: " in line, line  # programmatic dependent (PDL) on sm_90+, else serial
+    from v41.kernels import sparse_attention
+    monkeypatch.setattr(sparse_attention, "WIDE_MIN_TOKENS", 256)  # the wide Triton tiling for prefill steps
+    assert ("sparse attention: Triton wide for steps of ≥ 256 tokens over bf16 rows, CUDA for bf16, else Triton;"
+            in dispatch.describe_paths("cuda"))
     monkeypatch.setenv("V41_ATTENTION_KERNELS", "triton")
+    assert "sparse attention: Triton wide for steps of ≥ 256 tokens over bf16 rows, Triton;" in dispatch.describe_paths(
+        "cuda")
+    monkeypatch.setattr(sparse_attention, "WIDE_MIN_TOKENS", 0)
     assert "sparse attention: Triton;" in dispatch.describe_paths("cuda")
     monkeypatch.setenv("V41_KERNELS", "torch")
     assert "dense linears: PyTorch;" in dispatch.describe_paths("cuda")

@@ -130,6 +130,11 @@ def describe_paths(device: str) -> str:
         path = "PyTorch" if mode == "torch" or triton is None else "Triton"
         if where is not None and mode in ("auto", "cuda") and cuda_runs_on(dev):
             path = f"CUDA {where}, else {path}"
+        if op == "sparse attention" and path != "PyTorch":
+            from .sparse_attention import WIDE_MIN_TOKENS  # sparse_attention imports this module
+
+            if WIDE_MIN_TOKENS:
+                path = f"Triton wide for steps of ≥ {WIDE_MIN_TOKENS} tokens over bf16 rows, {path}"
         parts.append(f"{op}: {path}")
     from .pdl import enabled as pdl_enabled  # pdl imports this module
 
