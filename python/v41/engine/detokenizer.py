@@ -7,10 +7,7 @@ window moves forward each time the decoded text ends on a whole character. While
 multi-byte character whose bytes are split across tokens) the stream returns nothing; the complete characters
 before the split one are then decoded here and handed out at once (:meth:`IncrementalDetokenizer._held_text`), and
 the split character when it completes, so no replacement character is ever emitted for a split character, and a
-stop string in the text before it is found on that token. Bytes that complete no character (invalid UTF-8) would
-keep every later id held back and re-decoded each token; past ``MAX_HELD_IDS`` held ids the run is settled
-(:meth:`IncrementalDetokenizer._settle`: its text is handed out with U+FFFD for the invalid bytes, as a
-whole-output decode renders them). Some tokenizers decode
+stop string in the text before it is found on that token. Some tokenizers decode
 a longer id sequence to text that does not start with the shorter one's (vLLM issue 17448); the stream then raises
 "Invalid prefix encountered", and the detokenizer starts a new stream and decodes the held-back ids again
 (:meth:`IncrementalDetokenizer._step`; text already emitted is never taken back).
@@ -28,12 +25,10 @@ Stop strings are matched on the complete decoded text, across token boundaries (
 
 Invariant: the concatenation of every delta returned by ``push`` and ``flush`` equals
 :attr:`IncrementalDetokenizer.text`, and it is the same whatever the grouping of the ids into pushes.
-Limitations: a genuine U+FFFD at the very end of the output is indistinguishable from a split character and is
-dropped at ``flush``; in a settled run of invalid bytes, a character whose bytes straddle the settled ids and the
-kept ones is rendered as U+FFFD. Cost per token: one ``DecodeStream.step`` (two decodes of a short window, in Rust),
-two more decodes from Python while a character is split, plus O(sum len(stop)^2); the text already released is
-kept as a list of parts, so a token never copies the whole output (:meth:`text_since`). benches/RESULTS.md
-"2026-12-05 (CPU)" has the figures against the Python window.
+Limitation: a genuine U+FFFD at the very end of the output is indistinguishable from a split character
+and is dropped at ``flush``. Cost per token: one ``DecodeStream.step`` (two decodes of a short window, in Rust),
+two more decodes from Python while a character is split, plus O(sum len(stop)^2); the text already released is kept as a list of parts, so a token never copies the whole
+output (:meth:`text_since`). benches/RESULTS.md "2026-12-05 (CPU)" has the figures against the Python window.
 """
 
 from __future__ import annotations
@@ -45,8 +40,6 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 INITIAL_CONTEXT_TOKENS = 5  # prompt tokens decoded as left context (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET)
-MAX_HELD_IDS = 8  # ids the stream may hold back before the run is settled (IncrementalDetokenizer._settle)
-KEEP_HELD_IDS = 3  # ids a settled run keeps held: a character has at most 4 bytes, the last one is the step's own
 _REPLACEMENT = "\ufffd"
 _INVALID_PREFIX = "Invalid prefix encountered"  # DecodeStream's error when the decoded text is not monotonic
 
@@ -175,14 +168,11 @@ class IncrementalDetokenizer:
     def _next_text(self, token_id: int) -> str:
         """The text that ``token_id`` (the last of :attr:`token_ids`) adds: what the stream returns, past what was
         handed out early; while the stream holds text back (a character split across tokens), the complete
-        characters before the split one (:meth:`_held_text`); "" for a skipped special token. More than
-        :data:`MAX_HELD_IDS` held-back ids are settled (:meth:`_settle`)."""
+        characters before the split one (:meth:`_held_text`); "" for a skipped special token."""
         new = self._step(token_id)
         if new is None:
             self._held += 1
-            if self._held > MAX_HELD_IDS:
-                return self._settle()
-            complete = self._held_text(self._held).rstrip(_REPLACEMENT)
+            complete = self._held_text().rstrip(_REPLACEMENT)
             delta = complete[self._held_released:]
             self._held_released = max(self._held_released, len(complete))
             return delta
@@ -192,35 +182,15 @@ class IncrementalDetokenizer:
         self._held, self._held_released = 0, 0
         return delta
 
-    def _settle(self) -> str:
-        """Bytes that no id completes (invalid UTF-8, e.g. a continuation byte that logit_bias forces, or a long run
-        of skipped special tokens) would keep the stream, and every later id, held back: each step would decode the
-        whole run again (quadratic in the output). A character has at most 4 bytes, so the one still split lies in
-        the last :data:`KEEP_HELD_IDS` ids: the text of the ids before them is handed out (invalid bytes as U+FFFD,
-        as a whole-output decode renders them), and a new stream decodes the kept ids."""
-        settle = self._held - KEEP_HELD_IDS
-        text = self._held_text(self._held, settle)
-        delta = text[self._held_released:]
-        kept_released = max(0, self._held_released - len(text))  # of the kept ids' complete text, already out
-        self._stream, self._skip = DecodeStream(skip_special_tokens=self._skip_special_tokens), 0
-        new = self._stream.step(self._tokenizer, self.token_ids[-KEEP_HELD_IDS:])
-        if new is None:
-            self._held, self._held_released = KEEP_HELD_IDS, kept_released
-            return delta
-        self._held, self._held_released = 0, 0
-        return delta + new[kept_released:]
-
-    def _held_text(self, held: int, upto: int | None = None) -> str:
-        """The text of the last ``held`` ids of :attr:`token_ids` (the first ``upto`` of them, or all) after their
-        ``INITIAL_CONTEXT_TOKENS`` predecessors (prompt ids included): ``decode(context + ids) − decode(context)``,
-        as the stream returns it ("" if the context's text is not a prefix: a decoder that rewrites earlier text).
-        Two decodes, only while the stream holds ids back."""
-        n = len(self.token_ids) - held  # token_ids[n:]: the held-back ids
+    def _held_text(self) -> str:
+        """The text of the held-back ids after their ``INITIAL_CONTEXT_TOKENS`` predecessors (prompt ids included):
+        ``decode(context + held) − decode(context)``, as the stream will return it ("" if the context's text is not
+        a prefix: a decoder that rewrites earlier text). Two decodes, only while a character is split."""
+        n = len(self.token_ids) - self._held  # token_ids[n:]: the held-back ids
         before = self.token_ids[max(0, n - INITIAL_CONTEXT_TOKENS):n]
         if len(before) < INITIAL_CONTEXT_TOKENS:
             before = (self._context + before)[-INITIAL_CONTEXT_TOKENS:] if INITIAL_CONTEXT_TOKENS else []
-        ids = self.token_ids[n:] if upto is None else self.token_ids[n:n + upto]
-        prefix, full = self._decode(before), self._decode(before + ids)
+        prefix, full = self._decode(before), self._decode(before + self.token_ids[n:])
         return full[len(prefix):] if full.startswith(prefix) else ""
 
     def _decode(self, ids: list[int]) -> str:
