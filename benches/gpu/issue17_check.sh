@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Device calls for issue 17's open checks (device tool; writes under $OUT). A call first builds v41._cuda from
 # source (the device's nvcc, ~60 s). MODE= one mode or several, comma-separated (one build, then each in turn):
-#   tests    (~8 min) programmatic dependent launch (tests/test_gpu_pdl.py, tests/test_gpu_side_stream.py) and the
+#   tests    (~5 min) programmatic dependent launch (tests/test_gpu_pdl.py, tests/test_gpu_side_stream.py) and the
 #            cuda/ kernel tests (weight-streaming GEMM with its split-K sum and slice-bytes floor, sparse MQA,
-#            index scores, top-k, the MoE router, the mHC seam);
+#            index scores, top-k);
+#   tests2   (~4 min) the MoE router's and the mHC seam's CUDA tests (their 384-expert CPU references are slow);
 #   engine   (~4 min) the Triton kernel checks in bf16 and float32, the engine's greedy tokens = the CPU engine's on
 #            tiny V4.1, no host synchronisation in a decode forward or in the sampler (K1, T1: another -k and time
 #            limit); PROFILE=1 then profiles a B = 1 step with PDL off (with it on, kernel times overlap);
@@ -35,8 +36,9 @@
 #   topk     (~3 min) the CUDA top-k's tests (tests/test_gpu_cuda_topk.py: both finishes of the one-CTA rows) and
 #            its cells (kernel_bench.py --ops topk: the "cuda, ordered finish" column sets topk.ORDERED_MAX_N to
 #            8,192), then flash-slice-v41 B = 1 with ORDERED_MAX_N 0 and 8,192 (four top-k launches per step);
-#   side     (~4 min) the side stream's GPU tests (logits bit for bit with it), then flash-slice-v41 B = 1 with it off,
-#            on for each site (the shared expert; the cache writes and the indexer's selection) and for both;
+#   side     (~4 min) the side stream's GPU tests (logits bit for bit with it), then flash-slice-v41 B = 1 with it off
+#            (PDL on, and off: with the side stream on, PDL is off), on for each site (the shared expert; the cache
+#            writes and the indexer's selection) and for both;
 #   wide     (~4 min) the Triton sparse-MQA checks on the GPU (the wide tiling of 64 heads a program and its
 #            dispatch, bf16) and the sparse-MQA cells (kernel_bench.py --ops attention: the "triton wide" column), then
 #            the 8,192-token prefill of flash-slice-v41 over bf16 rows (the wide tiling does not take records) with
@@ -46,14 +48,20 @@
 # The exit status is 1 when a test run failed.
 # carry: ["python/v41/_native.abi3.so"] (MODE=flashmla: also ".flashmla").
 #   run: MODE=tests bash benches/gpu/issue17_check.sh      (or MODE=paths,moe: both after one build; the modes'
-#        times must sum to under the device's 10 minutes a call)
+#        typical times must sum to under the device's 10 minutes a call; the timeouts are safety nets, and a call
+#        cut at 10 minutes still returns what $OUT holds)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODE=${MODE:-tests}
+MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 splits flashmla topk side wide "
+for mode in ${MODE//,/ }; do  # every mode checked before any device time goes
+  [[ "$MODES" == *" $mode "* ]] || { echo "MODE must be among:$MODES(comma-separated)"; exit 2; }
+done
 rm -f python/v41/_cuda.so
 timeout 100 python3 cuda/build.py > "$OUT/build.txt" 2>&1; tail -1 "$OUT/build.txt"
+[ -f python/v41/_cuda.so ] || { echo "v41._cuda did not build: $OUT/build.txt"; exit 1; }
 PT="python3 -m pytest -q -p no:cacheprovider --durations=8"
 rc=0
 for mode in ${MODE//,/ }; do
@@ -64,8 +72,9 @@ case "$mode" in
     tail -8 "$OUT/tests0.txt"
     timeout 300 $PT tests/test_gpu_cuda.py tests/test_gpu_cuda_attention.py tests/test_gpu_cuda_topk.py \
       tests/test_gpu_cuda_indexer.py > "$OUT/tests1.txt" 2>&1 || rc=1
-    tail -12 "$OUT/tests1.txt"
-    timeout 240 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda_mhc.py > "$OUT/tests1b.txt" 2>&1 || rc=1
+    tail -12 "$OUT/tests1.txt" ;;
+  tests2)
+    timeout 300 $PT tests/test_gpu_cuda_router.py tests/test_gpu_cuda_mhc.py > "$OUT/tests1b.txt" 2>&1 || rc=1
     tail -4 "$OUT/tests1b.txt" ;;
   engine)
     timeout "${T1:-280}" $PT tests/test_gpu_fast.py \
@@ -152,7 +161,7 @@ case "$mode" in
     timeout 190 python3 benches/gpu/flashmla_compare.py --batches 1,8,64 > "$OUT/flashmla.txt" 2>&1 || rc=1
     tail -14 "$OUT/flashmla.txt" ;;
   topk)
-    timeout 120 $PT tests/test_gpu_cuda_topk.py > "$OUT/tests12.txt" 2>&1 || rc=1
+    timeout 90 $PT tests/test_gpu_cuda_topk.py > "$OUT/tests12.txt" 2>&1 || rc=1
     tail -3 "$OUT/tests12.txt"
     timeout 150 python3 benches/gpu/kernel_bench.py --ops topk --reps 12 > "$OUT/topk.txt" 2>&1
     grep -A12 "indexer top-k" "$OUT/topk.txt" | head -14
@@ -164,12 +173,17 @@ case "$mode" in
   side)
     timeout 50 $PT tests/test_gpu_side_stream.py > "$OUT/tests18.txt" 2>&1 || rc=1
     tail -2 "$OUT/tests18.txt"
-    for sites in off shared_expert cache_and_index shared_expert,cache_and_index; do
-      on=$([ "$sites" = off ] && echo 0 || echo 1)
-      timeout 110 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
-        --set v41.kernels.side_stream.ENABLED=$on --set v41.kernels.side_stream.SITES=${sites/off/shared_expert} \
-        --out "$OUT/fs_side" > "$OUT/fs_v41_side_$sites.txt" 2>&1
-      echo "side stream $sites: $(grep "'v41'" "$OUT/fs_v41_side_$sites.txt" | tail -1 | cut -c1-90)"
+    # with the side stream on, PDL is off (pdl.enabled): "off-nopdl" is the baseline without either
+    for cell in off off-nopdl shared_expert cache_and_index shared_expert,cache_and_index; do
+      case $cell in
+        off) sets="--set v41.kernels.side_stream.ENABLED=0" ;;
+        off-nopdl) sets="--set v41.kernels.side_stream.ENABLED=0 --set v41.kernels.pdl.ENABLED=0" ;;
+        *) sets="--set v41.kernels.side_stream.ENABLED=1 --set v41.kernels.side_stream.SITES=$cell" ;;
+      esac
+      name=${cell//,/+}
+      timeout 90 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
+        $sets --out "$OUT/fs_side_$name" > "$OUT/fs_v41_side_$name.txt" 2>&1
+      echo "side stream $cell: $(grep "'v41'" "$OUT/fs_v41_side_$name.txt" | tail -1 | cut -c1-90)"
     done ;;
   wide)
     timeout 100 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and attention and bf16" > "$OUT/tests17.txt" 2>&1 \
@@ -182,8 +196,6 @@ case "$mode" in
         --set v41.kernels.sparse_attention.WIDE_MIN_TOKENS=$w --out "$OUT/fs_w$w" > "$OUT/fs_w$w.txt" 2>&1
       echo "WIDE_MIN_TOKENS=$w: $(grep "prefill" "$OUT/fs_w$w.txt" | tail -1)"
     done ;;
-  *) echo "MODE must be tests, engine, slices, final, profiles, table, paths, long, moe, prefill2, splits," \
-       "flashmla, topk, side or wide"; exit 2 ;;
 esac
 done
 exit $rc
