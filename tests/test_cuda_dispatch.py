@@ -232,7 +232,8 @@ def test_side_work_runs_inline_on_cpu_tensors():
 
 def test_programmatic_dependent_launch_switches(monkeypatch):
     """PDL is used on sm_90+ CUDA devices only, never under Triton's interpreter or on the CPU, off with
-    pdl.ENABLED = False, and off while the side stream is on (kernels/pdl.py); Triton launches get its keywords."""
+    pdl.ENABLED = False, and off while the side stream is on unless pdl.WITH_SIDE_STREAM (kernels/pdl.py); Triton
+    launches get its keywords."""
     from v41.kernels import pdl, side_stream
 
     dev = torch.device("cuda", 0)
@@ -243,6 +244,9 @@ def test_programmatic_dependent_launch_switches(monkeypatch):
     assert not pdl.enabled(torch.device("cpu")) and pdl.triton_kw(torch.device("cpu")) == {"PDL": False}
     monkeypatch.setattr(side_stream, "ENABLED", True)
     assert not pdl.enabled(dev)
+    monkeypatch.setattr(pdl, "WITH_SIDE_STREAM", True)  # both, once the side stream's GPU test passes with PDL
+    assert pdl.enabled(dev)
+    monkeypatch.setattr(pdl, "WITH_SIDE_STREAM", False)
     monkeypatch.setattr(side_stream, "ENABLED", False)
     monkeypatch.setattr(pdl, "ENABLED", False)
     assert not pdl.enabled(dev)

@@ -36,9 +36,9 @@
 #   topk     (~3 min) the CUDA top-k's tests (tests/test_gpu_cuda_topk.py: both finishes of the one-CTA rows) and
 #            its cells (kernel_bench.py --ops topk: the "cuda, ordered finish" column sets topk.ORDERED_MAX_N to
 #            8,192), then flash-slice-v41 B = 1 with ORDERED_MAX_N 0 and 8,192 (four top-k launches per step);
-#   side     (~4 min) the side stream's GPU tests (logits bit for bit with it), then flash-slice-v41 B = 1 with it off
-#            (PDL on, and off: with the side stream on, PDL is off), on for each site (the shared expert; the cache
-#            writes and the indexer's selection) and for both;
+#   side     (~5 min) the side stream's GPU tests (logits bit for bit with it; again with pdl.WITH_SIDE_STREAM),
+#            then flash-slice-v41 B = 1 with it off, on for both sites (the shared expert; the cache writes and the
+#            indexer's selection) without and with PDL, and for each site with PDL (cells SITES:WITH_SIDE_STREAM);
 #   wide     (~4 min) the Triton sparse-MQA checks on the GPU (the wide tiling of 64 heads a program and its
 #            dispatch, bf16) and the sparse-MQA cells (kernel_bench.py --ops attention: the "triton wide" column), then
 #            the 8,192-token prefill of flash-slice-v41 over bf16 rows (the wide tiling does not take records) with
@@ -173,17 +173,19 @@ case "$mode" in
   side)
     timeout 50 $PT tests/test_gpu_side_stream.py > "$OUT/tests18.txt" 2>&1 || rc=1
     tail -2 "$OUT/tests18.txt"
-    # with the side stream on, PDL is off (pdl.enabled): "off-nopdl" is the baseline without either
-    for cell in off off-nopdl shared_expert cache_and_index shared_expert,cache_and_index; do
-      case $cell in
-        off) sets="--set v41.kernels.side_stream.ENABLED=0" ;;
-        off-nopdl) sets="--set v41.kernels.side_stream.ENABLED=0 --set v41.kernels.pdl.ENABLED=0" ;;
-        *) sets="--set v41.kernels.side_stream.ENABLED=1 --set v41.kernels.side_stream.SITES=$cell" ;;
-      esac
-      name=${cell//,/+}
-      timeout 90 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
-        $sets --out "$OUT/fs_side_$name" > "$OUT/fs_v41_side_$name.txt" 2>&1
-      echo "side stream $cell: $(grep "'v41'" "$OUT/fs_v41_side_$name.txt" | tail -1 | cut -c1-90)"
+    timeout 50 python3 benches/gpu/switch_pytest.py "v41.kernels.pdl.WITH_SIDE_STREAM=True" -- -q -p no:cacheprovider \
+      tests/test_gpu_side_stream.py > "$OUT/tests19.txt" 2>&1 || rc=1
+    tail -2 "$OUT/tests19.txt"
+    # cells SITES:PDL-with-the-side-stream (the side stream turns PDL off unless pdl.WITH_SIDE_STREAM)
+    for cell in off:0 shared_expert,cache_and_index:0 shared_expert,cache_and_index:1 shared_expert:1 \
+        cache_and_index:1; do
+      sites=${cell%:*} with=${cell#*:} name=${cell//,/+}
+      on=$([ "$sites" = off ] && echo 0 || echo 1)
+      timeout 80 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
+        --set v41.kernels.side_stream.ENABLED=$on --set v41.kernels.side_stream.SITES=${sites/off/shared_expert} \
+        --set v41.kernels.pdl.WITH_SIDE_STREAM=$with --out "$OUT/fs_side_${name/:/_}" \
+        > "$OUT/fs_v41_side_${name/:/_}.txt" 2>&1
+      echo "side stream $cell: $(grep "'v41'" "$OUT/fs_v41_side_${name/:/_}.txt" | tail -1 | cut -c1-90)"
     done ;;
   wide)
     timeout 100 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and attention and bf16" > "$OUT/tests17.txt" 2>&1 \

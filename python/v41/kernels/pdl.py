@@ -14,7 +14,8 @@ Kernels that PyTorch launches, and any kernel launched without the attribute, st
 kernel. :data:`ENABLED` (default on) switches the attribute for every launch: ``--set
 v41.kernels.pdl.ENABLED=0`` in the GPU benchmarks. Work joined from another stream (an event wait) is complete
 before a kernel passes its wait as well, but the side stream (:mod:`.side_stream`, off by default) has not been
-tested with PDL, so PDL is off while it is on. A dense weight-streaming GEMM reads its weight before the wait, so a
+tested with PDL on a GPU, so PDL is off while it is on unless :data:`WITH_SIDE_STREAM` (``MODE=side`` of
+benches/gpu/issue17_check.sh runs the side stream's test and times the step with both). A dense weight-streaming GEMM reads its weight before the wait, so a
 weight must not be written by a kernel of the same step (weights are constants loaded at start-up).
 """
 
@@ -26,13 +27,14 @@ from . import side_stream
 from .dispatch import interpreting, tl, triton
 
 ENABLED = True
+WITH_SIDE_STREAM = False  # PDL also while side_stream.ENABLED (not yet run on a GPU)
 _CAPABLE: dict[int, bool] = {}
 
 
 def enabled(device: torch.device) -> bool:
-    """Whether launches on ``device`` use PDL: :data:`ENABLED`, :data:`.side_stream.ENABLED` off, a CUDA device of
-    compute capability ≥ 9.0, and not Triton's interpreter."""
-    if not ENABLED or side_stream.ENABLED or device.type != "cuda" or interpreting():
+    """Whether launches on ``device`` use PDL: :data:`ENABLED`, :data:`.side_stream.ENABLED` off (or
+    :data:`WITH_SIDE_STREAM`), a CUDA device of compute capability ≥ 9.0, and not Triton's interpreter."""
+    if not ENABLED or (side_stream.ENABLED and not WITH_SIDE_STREAM) or device.type != "cuda" or interpreting():
         return False
     index = torch.cuda.current_device() if device.index is None else device.index
     if index not in _CAPABLE:

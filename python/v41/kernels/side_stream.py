@@ -13,6 +13,11 @@ keeps its inputs alive until :meth:`Pending.wait` (arguments of the enclosing ``
 Scratch that a kernel keeps per device and reuses across launches (the split-K arrival counters of
 :func:`.wstream.split_counters`) must not be shared by two concurrent launches: :func:`lane` says which stream a
 launch is queued on (0 main, 1 side), and such scratch is kept per lane.
+
+Memory: what side work allocates is cached in the side stream's pool, which the main stream does not reuse (the
+indexer's scores of site ``cache_and_index``: up to ``EngineArgs.index_scratch_bytes``), so turning the side stream
+on raises the peak beside the KV cache; and programmatic dependent launch is off while it is on, unless
+``pdl.WITH_SIDE_STREAM`` (:mod:`.pdl`).
 """
 
 from __future__ import annotations
