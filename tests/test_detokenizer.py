@@ -354,35 +354,3 @@ def test_a_restart_decodes_the_held_back_ids_again():
         d = IncrementalDetokenizer(tok, [2])
         deltas = [d.push(g)[0] for g in groups]
         assert "".join(deltas) + d.flush() == d.text == "a!c"
-
-
-@pytest.mark.parametrize("n", range(44, 56))  # every alignment of the settled runs against the character
-def test_a_run_of_bytes_that_complete_no_character_is_settled_not_held_forever(n):
-    """44-55 lone continuation bytes (what logit_bias can force) complete no character: past MAX_HELD_IDS the run is
-    handed out as U+FFFD (as a whole-output decode renders it) instead of being re-decoded from its start every
-    token; a character split across the next four tokens still arrives whole, and the streamed text equals the
-    whole output's decode, in any grouping."""
-    junk = [TOK.token_to_id(_BYTE_SYMBOL[0x80])] * n
-    ids = junk + byte_ids("😀") + bpe_ids(" ok")  # a 4-byte character, one token a byte
-    d = IncrementalDetokenizer(TOK, bpe_ids("Hello"))
-    d.push(junk)
-    assert d.text == FFFD * len(d.text) and len(d.text) >= len(junk) - 8  # MAX_HELD_IDS at most held back
-    want = TOK.decode(ids)
-    assert want == FFFD * n + "😀 ok"
-    for groups in some_groupings(ids, seed=6, count=6):
-        deltas, tail, stop, d = stream(groups, bpe_ids("Hello"))
-        assert "".join(deltas) + tail == want
-
-
-@pytest.mark.parametrize("ids, stop, want_text, want_stop", [
-    # a run settled where the held-back text ends in F0 9F that a later byte completes differently: nothing twice
-    ([67] + [225] * 5 + [175, 256, 163, 163, 342, 257, 225, 616], None, None, None),
-    # a character (E4 BD ... A0) across skipped special tokens is never settled apart: the stop still matches
-    ([67, 163, 124] + [2] * 7 + [257], ["a你"], "", "a你"),
-])
-def test_settling_never_cuts_a_character_nor_emits_text_twice(ids, stop, want_text, want_stop):
-    """A review helper's reproductions of the first settling's faults (benches/RESULTS.md "2026-12-05 (CPU)")."""
-    for groups in some_groupings(ids, seed=8, count=4):
-        deltas, tail, hit, d = stream(groups, bpe_ids("Hello") if stop is None else [], stop=stop)
-        assert hit == want_stop
-        assert "".join(deltas) + tail == (TOK.decode(ids) if want_text is None else want_text)

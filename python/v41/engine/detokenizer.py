@@ -7,10 +7,7 @@ window moves forward each time the decoded text ends on a whole character. While
 multi-byte character whose bytes are split across tokens) the stream returns nothing; the complete characters
 before the split one are then decoded here and handed out at once (:meth:`IncrementalDetokenizer._held_text`), and
 the split character when it completes, so no replacement character is ever emitted for a split character, and a
-stop string in the text before it is found on that token. Bytes that complete no character (invalid UTF-8) would
-keep every later id held back and re-decoded each token; past ``MAX_HELD_IDS`` held ids the run is settled at a
-clean cut (:meth:`IncrementalDetokenizer._settle`: the text before it is handed out with U+FFFD for the invalid
-bytes, as a whole-output decode renders them). Some tokenizers decode
+stop string in the text before it is found on that token. Some tokenizers decode
 a longer id sequence to text that does not start with the shorter one's (vLLM issue 17448); the stream then raises
 "Invalid prefix encountered", and the detokenizer starts a new stream and decodes the held-back ids again
 (:meth:`IncrementalDetokenizer._step`; text already emitted is never taken back).
@@ -28,11 +25,10 @@ Stop strings are matched on the complete decoded text, across token boundaries (
 
 Invariant: the concatenation of every delta returned by ``push`` and ``flush`` equals
 :attr:`IncrementalDetokenizer.text`, and it is the same whatever the grouping of the ids into pushes.
-Limitations: a genuine U+FFFD at the very end of the output is indistinguishable from a split character and is
-dropped at ``flush`` (unless a settled run hands it out). Cost per token: one ``DecodeStream.step`` (two decodes
-of a short window, in Rust), two more decodes from Python while the stream holds ids back, plus O(sum
-len(stop)^2); the text already released is kept as a list of parts, so a token never copies the whole output
-(:meth:`text_since`). benches/RESULTS.md "2026-12-05 (CPU)" has the figures against the Python window.
+Limitation: a genuine U+FFFD at the very end of the output is indistinguishable from a split character
+and is dropped at ``flush``. Cost per token: one ``DecodeStream.step`` (two decodes of a short window, in Rust),
+two more decodes from Python while a character is split, plus O(sum len(stop)^2); the text already released is kept as a list of parts, so a token never copies the whole
+output (:meth:`text_since`). benches/RESULTS.md "2026-12-05 (CPU)" has the figures against the Python window.
 """
 
 from __future__ import annotations
@@ -44,8 +40,6 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 INITIAL_CONTEXT_TOKENS = 5  # prompt tokens decoded as left context (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET)
-MAX_HELD_IDS = 8  # ids the stream may hold back before the run is settled (IncrementalDetokenizer._settle)
-KEEP_HELD_IDS = 3  # a settled run keeps its last ids held: a character has at most 4 bytes, one is the step's own
 _REPLACEMENT = "\ufffd"
 _INVALID_PREFIX = "Invalid prefix encountered"  # DecodeStream's error when the decoded text is not monotonic
 
@@ -77,9 +71,7 @@ class IncrementalDetokenizer:
         self._include_stop = include_stop_str_in_output
         self._context = list(prompt_ids[-INITIAL_CONTEXT_TOKENS:]) if INITIAL_CONTEXT_TOKENS else []
         self._stream = DecodeStream(ids=self._context, skip_special_tokens=skip_special_tokens)
-        self._primed = True  # the current stream has the prompt context (a restarted one has none)
         self._held = 0  # ids at the end of token_ids whose text the stream has not returned (_step)
-        self._frame = 0  # token_ids[_frame:] are the current stream's ids
         self._held_released = 0  # chars of their text handed out before the stream returned it (_held_text)
         # A context whose text ends in U+FFFD (a prompt cut mid-character, or a genuine U+FFFD) leaves the stream's
         # prefix empty: its first text then repeats the context's, whose length is skipped there (as before, the
@@ -176,16 +168,11 @@ class IncrementalDetokenizer:
     def _next_text(self, token_id: int) -> str:
         """The text that ``token_id`` (the last of :attr:`token_ids`) adds: what the stream returns, past what was
         handed out early; while the stream holds text back (a character split across tokens), the complete
-        characters before the split one (:meth:`_held_text`); "" for a skipped special token. More than
-        :data:`MAX_HELD_IDS` held-back ids are settled where they cut cleanly (:meth:`_settle`)."""
+        characters before the split one (:meth:`_held_text`); "" for a skipped special token."""
         new = self._step(token_id)
         if new is None:
             self._held += 1
-            if self._held > MAX_HELD_IDS:
-                settled = self._settle()
-                if settled is not None:
-                    return settled
-            complete = (self._held_text(self._held_ids()) or "").rstrip(_REPLACEMENT)
+            complete = self._held_text().rstrip(_REPLACEMENT)
             delta = complete[self._held_released:]
             self._held_released = max(self._held_released, len(complete))
             return delta
@@ -195,60 +182,16 @@ class IncrementalDetokenizer:
         self._held, self._held_released = 0, 0
         return delta
 
-    def _held_ids(self) -> list[int]:
-        return self.token_ids[len(self.token_ids) - self._held:]
-
-    def _context_ids(self) -> list[int]:
-        """Up to ``INITIAL_CONTEXT_TOKENS`` ids before the held-back ones in the current stream's frame: output ids
-        since the stream started, and for the first stream the prompt ids it was primed with."""
-        n = len(self.token_ids) - self._held
-        before = self.token_ids[max(self._frame, n - INITIAL_CONTEXT_TOKENS):n]
-        if self._primed and len(before) < INITIAL_CONTEXT_TOKENS:
-            before = (self._context + before)[-INITIAL_CONTEXT_TOKENS:]
-        return before
-
-    def _held_text(self, ids: list[int]) -> str | None:
-        """The text of ``ids`` (held back, or their first ones) after :meth:`_context_ids`: ``decode(context + ids)
-        − decode(context)``, as the stream will return it (None if the context's text is not a prefix: a decoder that
-        rewrites earlier text). Two decodes, only while the stream holds ids back."""
-        before = self._context_ids()
-        prefix, full = self._decode(before), self._decode(before + ids)
-        return full[len(prefix):] if full.startswith(prefix) else None
-
-    def _settle(self) -> str | None:
-        """Bytes that complete no character (invalid UTF-8, e.g. a continuation byte that logit_bias forces) keep
-        the stream, and every later id, held back: each step would decode the whole run again (quadratic in the
-        output). Finds the last cut before the final :data:`KEEP_HELD_IDS` ids where the text splits cleanly (no
-        character across it: text(before cut) + decode(after cut) = text(all); and if the text before it ends in
-        U+FFFD, bytes after it, so that an unfinished character there cannot be finished), hands out the text before it
-        (invalid bytes as U+FFFD, as a whole-output decode renders them) and starts a new stream on the ids after
-        it; None (nothing settled, the run stays held) when none of the last few cuts is clean or the context's text
-        is no prefix."""
-        held = self._held_ids()
-        whole = self._held_text(held)
-        if whole is None:
-            return None
-        top = len(held) - KEEP_HELD_IDS
-        for cut in range(top, max(0, top - KEEP_HELD_IDS - 1), -1):  # a few cuts: a character spans ≤ 4 ids
-            head, tail = self._held_text(held[:cut]), self._decode(held[cut:])
-            # clean: no character across the cut, and a split one at the head's end is dead (bytes follow it)
-            if head is not None and head + tail == whole and (tail or not head.endswith(_REPLACEMENT)):
-                break
-        else:
-            return None
-        delta = head[self._held_released:]
-        kept_released = max(0, self._held_released - len(head))  # of the kept ids' complete text, already out
-        self._stream, self._skip = DecodeStream(skip_special_tokens=self._skip_special_tokens), 0
-        self._frame, self._primed = len(self.token_ids) - (len(held) - cut), False
-        new = self._stream.step(self._tokenizer, held[cut:])
-        if new is None:
-            self._held, self._held_released = len(held) - cut, kept_released
-            complete = tail.rstrip(_REPLACEMENT)
-            delta += complete[kept_released:]
-            self._held_released = max(kept_released, len(complete))
-            return delta
-        self._held, self._held_released = 0, 0
-        return delta + new[kept_released:]
+    def _held_text(self) -> str:
+        """The text of the held-back ids after their ``INITIAL_CONTEXT_TOKENS`` predecessors (prompt ids included):
+        ``decode(context + held) − decode(context)``, as the stream will return it ("" if the context's text is not
+        a prefix: a decoder that rewrites earlier text). Two decodes, only while a character is split."""
+        n = len(self.token_ids) - self._held  # token_ids[n:]: the held-back ids
+        before = self.token_ids[max(0, n - INITIAL_CONTEXT_TOKENS):n]
+        if len(before) < INITIAL_CONTEXT_TOKENS:
+            before = (self._context + before)[-INITIAL_CONTEXT_TOKENS:] if INITIAL_CONTEXT_TOKENS else []
+        prefix, full = self._decode(before), self._decode(before + self.token_ids[n:])
+        return full[len(prefix):] if full.startswith(prefix) else ""
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
@@ -263,7 +206,6 @@ class IncrementalDetokenizer:
             if not str(e).startswith(_INVALID_PREFIX):
                 raise
         self._stream, self._skip = DecodeStream(skip_special_tokens=self._skip_special_tokens), 0
-        self._frame, self._primed = len(self.token_ids) - self._held - 1, False
         return self._stream.step(self._tokenizer, self.token_ids[-self._held - 1:])
 
     # ----------------------------------------------------------------- stop strings
