@@ -184,14 +184,15 @@ class IncrementalDetokenizer:
 
     def _held_text(self) -> str:
         """The text of the held-back ids after their ``INITIAL_CONTEXT_TOKENS`` predecessors (prompt ids included):
-        ``decode(context + held) − decode(context)``, as the stream will return it ("" if the context's text is not
-        a prefix: a decoder that rewrites earlier text). Two decodes, only while a character is split."""
+        ``decode(context + held)`` past the length of ``decode(context)``, as the stream will return it (by length, as
+        the Python window did: a prompt's unfinished character that the output finishes keeps its one character).
+        Two decodes, only while a character is split."""
         n = len(self.token_ids) - self._held  # token_ids[n:]: the held-back ids
         before = self.token_ids[max(0, n - INITIAL_CONTEXT_TOKENS):n]
         if len(before) < INITIAL_CONTEXT_TOKENS:
             before = (self._context + before)[-INITIAL_CONTEXT_TOKENS:] if INITIAL_CONTEXT_TOKENS else []
         prefix, full = self._decode(before), self._decode(before + self.token_ids[n:])
-        return full[len(prefix):] if full.startswith(prefix) else ""
+        return full[len(prefix):]
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
