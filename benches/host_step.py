@@ -35,8 +35,6 @@ from v41.testing.tiny import make_tiny
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 PARTS = ("_launch", "sampler", "fill", "_complete", "_read_out")  # sampler and fill: inside _launch
-
-
 CYCLE = 16  # stored logits per batch size, used in turn
 
 

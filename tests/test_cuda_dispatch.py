@@ -98,8 +98,8 @@ def test_the_start_up_log_names_each_op_familys_path(monkeypatch):
     assert ("sparse attention: Triton wide for steps of ≥ 256 tokens over bf16 rows, CUDA for bf16, else Triton;"
             in dispatch.describe_paths("cuda"))
     monkeypatch.setenv("V41_ATTENTION_KERNELS", "triton")
-    assert "sparse attention: Triton wide for steps of ≥ 256 tokens over bf16 rows, Triton;" in dispatch.describe_paths(
-        "cuda")
+    line = dispatch.describe_paths("cuda")
+    assert "sparse attention: Triton wide for steps of ≥ 256 tokens over bf16 rows, Triton;" in line, line
     monkeypatch.setattr(sparse_attention, "WIDE_MIN_TOKENS", 0)
     assert "sparse attention: Triton;" in dispatch.describe_paths("cuda")
     monkeypatch.setenv("V41_KERNELS", "torch")

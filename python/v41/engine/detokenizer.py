@@ -7,8 +7,8 @@ window moves forward each time the decoded text ends on a whole character. While
 multi-byte character whose bytes are split across tokens) the stream returns nothing; the complete characters
 before the split one are then decoded here and handed out at once (:meth:`IncrementalDetokenizer._held_text`), and
 the split character when it completes, so no replacement character is ever emitted for a split character, and a
-stop string in the text before it is found on that token. Some tokenizers decode
-a longer id sequence to text that does not start with the shorter one's (vLLM issue 17448); the stream then raises
+stop string in the text before it is found on that token. Some tokenizers decode a longer id sequence to text that
+does not start with the shorter one's (vLLM issue 17448); the stream then raises
 "Invalid prefix encountered", and the detokenizer starts a new stream and decodes the held-back ids again
 (:meth:`IncrementalDetokenizer._step`; text already emitted is never taken back).
 
@@ -27,8 +27,11 @@ Invariant: the concatenation of every delta returned by ``push`` and ``flush`` e
 :attr:`IncrementalDetokenizer.text`, and it is the same whatever the grouping of the ids into pushes.
 Limitation: a genuine U+FFFD at the very end of the output is indistinguishable from a split character
 and is dropped at ``flush``. Cost per token: one ``DecodeStream.step`` (two decodes of a short window, in Rust),
-two more decodes from Python while a character is split, plus O(sum len(stop)^2); the text already released is kept as a list of parts, so a token never copies the whole
-output (:meth:`text_since`). benches/RESULTS.md "2026-12-05 (CPU)" has the figures against the Python window.
+two more decodes from Python while a character is split, plus O(sum len(stop)^2); the text already released is
+kept as a list of parts, so a token never copies the whole output (:meth:`text_since`). benches/RESULTS.md
+"2026-12-05 (CPU)" has the figures against the Python window. Not handled: bytes that complete no character keep
+every later id held back, and each token re-decodes the whole run (quadratic in such an output; RESULTS, same
+section).
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ kernel. :data:`ENABLED` (default on) switches the attribute for every launch: ``
 v41.kernels.pdl.ENABLED=0`` in the GPU benchmarks. Work joined from another stream (an event wait) is complete
 before a kernel passes its wait as well, but the side stream (:mod:`.side_stream`, off by default) has not been
 tested with PDL on a GPU, so PDL is off while it is on unless :data:`WITH_SIDE_STREAM` (``MODE=side`` of
-benches/gpu/issue17_check.sh runs the side stream's test and times the step with both). A dense weight-streaming GEMM reads its weight before the wait, so a
-weight must not be written by a kernel of the same step (weights are constants loaded at start-up).
+benches/gpu/issue17_check.sh runs the side stream's test and times the step with both). A dense weight-streaming
+GEMM reads its weight before the wait, so a weight must not be written by a kernel of the same step (weights are
+constants loaded at start-up).
 """
 
 from __future__ import annotations
