@@ -223,3 +223,51 @@ def test_split_k_is_deterministic_and_graph_capturable():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static_y, wstream.linear(fresh, w, torch.bfloat16))
+
+
+def _force_split(monkeypatch, split):
+    def forced(slots, n, k, fmt, device):
+        chunks = k // wstream.CHUNK[fmt]
+        return wstream.slices(chunks, min(split, chunks))
+    monkeypatch.setattr(wstream, "_launch_shape", forced)
+
+
+@pytest.mark.parametrize("split", [2, 3, 5, 8])
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("shape", [(208, 5120, 1), (1024, 4096, 8)])  # (N, K, groups): a partial tile; groups
+def test_cluster_split_k_equals_the_global_sum(shape, m, split, monkeypatch):
+    """wstream.CLUSTER_SPLIT: a tile's K slices as one thread-block cluster, summed through distributed shared
+    memory, give the bits of the global-memory split-K (the same slice order), eagerly and in CUDA-graph replays with
+    new inputs; outputs poisoned first. Without counters: the cluster path asks for none."""
+    n, k, groups = shape
+    g = _gen()
+    w = _weight("fp8", n, k // groups, g, block=(128, 128), one_factor=True)
+    x = torch.randn(m, k, generator=g).to(DEV, torch.bfloat16)
+    _force_split(monkeypatch, split)
+    monkeypatch.setattr(wstream, "CLUSTER_SPLIT", False)
+    want = wstream.linear(x, w, torch.bfloat16, groups)
+    assert rel(want, linear.linear_ref(x, w, torch.bfloat16, groups)) < 4e-3
+    monkeypatch.setattr(wstream, "CLUSTER_SPLIT", True)
+    counters = wstream.split_counters
+    monkeypatch.setattr(wstream, "split_counters", lambda device: pytest.fail("the cluster path asked for counters"))
+    poison(DEV)
+    assert torch.equal(wstream.linear(x, w, torch.bfloat16, groups), want)
+    monkeypatch.setattr(wstream, "split_counters", counters)
+    static_x = x.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        wstream.linear(static_x, w, torch.bfloat16, groups)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = wstream.linear(static_x, w, torch.bfloat16, groups)
+    for _ in range(2):
+        fresh = torch.randn(m, k, generator=g).to(DEV, torch.bfloat16)
+        static_x.copy_(fresh)
+        static_y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        monkeypatch.setattr(wstream, "CLUSTER_SPLIT", False)
+        assert torch.equal(static_y, wstream.linear(fresh, w, torch.bfloat16, groups))
+        monkeypatch.setattr(wstream, "CLUSTER_SPLIT", True)

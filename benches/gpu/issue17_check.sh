@@ -42,7 +42,10 @@
 #   wide     (~4 min) the Triton sparse-MQA checks on the GPU (the wide tiling of 64 heads a program and its
 #            dispatch, bf16) and the sparse-MQA cells (kernel_bench.py --ops attention: the "triton wide" column), then
 #            the 8,192-token prefill of flash-slice-v41 over bf16 rows (the wide tiling does not take records) with
-#            sparse_attention.WIDE_MIN_TOKENS 0 and 256.
+#            sparse_attention.WIDE_MIN_TOKENS 0 and 256;
+#   cluster  (~4 min) the split-K in thread-block clusters (wstream.CLUSTER_SPLIT): its bit-for-bit GPU tests against
+#            the global-memory split-K, the dense linears' cells with it flipped (kernel_bench.py --cluster, B = 1
+#            and 8), then flash-slice-v41 B = 1 with it off and on.
 # The one-off A/B modes of finished experiments (kernels, glue, verify, seam, seam_ab, router, dbuf, router2, final2,
 # launches) are gone; benches/RESULTS.md names each call's mode and date, and git history holds the script it ran.
 # The exit status is 1 when a test run failed.
@@ -55,7 +58,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODE=${MODE:-tests}
-MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 splits flashmla topk side wide "
+MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 splits flashmla topk side wide cluster "
 for mode in ${MODE//,/ }; do  # every mode checked before any device time goes
   [[ "$MODES" == *" $mode "* ]] || { echo "MODE must be among:$MODES(comma-separated)"; exit 2; }
 done
@@ -197,6 +200,17 @@ case "$mode" in
       timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 8192 --kv-cache-dtype auto \
         --set v41.kernels.sparse_attention.WIDE_MIN_TOKENS=$w --out "$OUT/fs_w$w" > "$OUT/fs_w$w.txt" 2>&1
       echo "WIDE_MIN_TOKENS=$w: $(grep "prefill" "$OUT/fs_w$w.txt" | tail -1)"
+    done ;;
+  cluster)
+    timeout 150 $PT tests/test_gpu_cuda.py -k "cluster or split_k" > "$OUT/tests20.txt" 2>&1 || rc=1
+    tail -3 "$OUT/tests20.txt"
+    timeout 150 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 24 --cluster \
+      > "$OUT/cluster.txt" 2>&1
+    grep "^| " "$OUT/cluster.txt" | head -24
+    for c in 0 1; do
+      timeout 120 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
+        --set v41.kernels.wstream.CLUSTER_SPLIT=$c --out "$OUT/fs_c$c" > "$OUT/fs_v41_c$c.txt" 2>&1
+      echo "CLUSTER_SPLIT=$c: $(grep "'v41'" "$OUT/fs_v41_c$c.txt" | tail -1 | cut -c1-90)"
     done ;;
 esac
 done
