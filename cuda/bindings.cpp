@@ -68,7 +68,7 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   if (cluster) {
     TORCH_CHECK(split > 1 && split <= v41::kWStreamMaxCluster && x_prefetch && p <= v41::kWStreamMaxRows &&
                     !rows.has_value() && !offsets.has_value() && !active.has_value() && slots == 1,
-                "cluster split-K: a dense linear with x_prefetch, at most 8 rows, 2 to 8 slices");
+                "cluster split-K: a dense linear with x_prefetch, at most 8 rows, 2 to 16 slices");
   } else if (split > 1) {
     TORCH_CHECK(partial.has_value() && partial->scalar_type() == at::kFloat && partial->is_contiguous() &&
                     partial->numel() >= split * p * n,

@@ -44,8 +44,9 @@
 #            the 8,192-token prefill of flash-slice-v41 over bf16 rows (the wide tiling does not take records) with
 #            sparse_attention.WIDE_MIN_TOKENS 0 and 256;
 #   cluster  (~4 min) the split-K in thread-block clusters (wstream.CLUSTER_SPLIT): its bit-for-bit GPU tests against
-#            the global-memory split-K, the dense linears' cells with it flipped (kernel_bench.py --cluster, B = 1
-#            and 8), then flash-slice-v41 B = 1 with it off and on.
+#            the global-memory split-K, the dense linears' cells with it flipped (kernel_bench.py --cluster 8,16:
+#            clusters of up to 8 / 16 slices; B = 1 and 8), then flash-slice-v41 B = 1 with it off and on (8) and
+#            on (16).
 # The one-off A/B modes of finished experiments (kernels, glue, verify, seam, seam_ab, router, dbuf, router2, final2,
 # launches) are gone; benches/RESULTS.md names each call's mode and date, and git history holds the script it ran.
 # The exit status is 1 when a test run failed.
@@ -204,13 +205,14 @@ case "$mode" in
   cluster)
     timeout 150 $PT tests/test_gpu_cuda.py -k "cluster or split_k" > "$OUT/tests20.txt" 2>&1 || rc=1
     tail -3 "$OUT/tests20.txt"
-    timeout 150 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 24 --cluster \
+    timeout 150 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 24 --cluster 8,16 \
       > "$OUT/cluster.txt" 2>&1
     grep "^| " "$OUT/cluster.txt" | head -24
-    for c in 0 1; do
+    for c in 0:8 1:8 1:16; do  # CLUSTER_SPLIT:MAX_CLUSTER
       timeout 120 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
-        --set v41.kernels.wstream.CLUSTER_SPLIT=$c --out "$OUT/fs_c$c" > "$OUT/fs_v41_c$c.txt" 2>&1
-      echo "CLUSTER_SPLIT=$c: $(grep "'v41'" "$OUT/fs_v41_c$c.txt" | tail -1 | cut -c1-90)"
+        --set v41.kernels.wstream.CLUSTER_SPLIT=${c%:*} --set v41.kernels.wstream.MAX_CLUSTER=${c#*:} \
+        --out "$OUT/fs_c${c/:/_}" > "$OUT/fs_v41_c${c/:/_}.txt" 2>&1
+      echo "CLUSTER_SPLIT:MAX_CLUSTER=$c: $(grep "'v41'" "$OUT/fs_v41_c${c/:/_}.txt" | tail -1 | cut -c1-90)"
     done ;;
 esac
 done

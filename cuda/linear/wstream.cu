@@ -13,10 +13,10 @@
 //
 // Split-K: grid.z slices K; each slice writes float32 partials and the last CTA of a tile to arrive (a counter per
 // tile, reset by it) sums them in slice order, so results do not depend on timing. Dense linears of at most 8 rows
-// and 8 slices can instead run a tile's slices as one thread-block cluster (p.cluster): the partials stay in each
-// CTA's shared memory and, after a cluster barrier, every CTA sums a share of the tile's outputs over the slices,
-// in slice order, through distributed shared memory — the same sums, without the global round trip, the fences
-// and the arrival atomic.
+// and 16 slices (8 where the GPU allows no more) can instead run a tile's slices as one thread-block cluster
+// (p.cluster): the partials stay in each CTA's shared memory and, after a cluster barrier, every CTA sums a share
+// of the tile's outputs over the slices, in slice order, through distributed shared memory — the same sums,
+// without the global round trip, the fences and the arrival atomic.
 #include <cooperative_groups.h>
 
 #include "../common/dequant.cuh"
@@ -352,6 +352,11 @@ cudaError_t launch_fmt(const WStreamParams& p, bool five_ctas, int double_buffer
               : five_ctas          ? wstream_kernel<F, false, 5, 0>
                                    : wstream_kernel<F, false, 1, 0>;
   const unsigned cluster_z = p.cluster ? grid.z : 1u;
+  if (cluster_z > 8) {  // past the portable size: allowed once (only the x_prefetch variant takes clusters)
+    static const cudaError_t allowed =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (allowed != cudaSuccess) return allowed;
+  }
   return launch_kernel_clustered(kernel, grid, dim3(32 * kWStreamWarps), 0, stream, pdl, cluster_z, p);
 }
 

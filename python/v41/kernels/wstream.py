@@ -59,7 +59,9 @@ DOUBLE_BUFFER_CTAS_PER_SM = 4
 # fences, no arrival atomic, and no counters (so also inside a capture before they exist). The same sums, bit for
 # bit. Off until the H200 times it (`MODE=cluster` of benches/gpu/issue17_check.sh).
 CLUSTER_SPLIT = False
-MAX_CLUSTER = 8  # cuda/linear/wstream.h kWStreamMaxCluster: the portable cluster size
+# Slices per cluster at most: 8 is the portable size; the kernel takes up to 16 (cuda/linear/wstream.h
+# kWStreamMaxCluster) where the GPU allows it (H100 / H200), which would take V4.1's stacked wq_a + wkv (14 slices).
+MAX_CLUSTER = 8
 CLUSTER_MAX_ROWS = 8  # kWStreamMaxRows: the shared partials hold one pass of activation rows
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
