@@ -285,3 +285,20 @@ def test_the_double_buffer_goes_to_expert_launches_that_fit_the_gpu_at_once(monk
     assert wstream.double_buffer_chunks(432, False, sms) == 0  # would run in two waves
     monkeypatch.setattr(wstream, "DOUBLE_BUFFER", 0)
     assert wstream.double_buffer_chunks(1, False, sms) == 0
+
+
+def test_cluster_split_k_takes_only_dense_launches_it_can_hold(monkeypatch):
+    """wstream.clustered: with CLUSTER_SPLIT a launch sums its K slices in a cluster only when it is a dense linear
+    (x_prefetch), split into 2..MAX_CLUSTER slices, over at most 8 activation rows (the kernel's shared partials);
+    off, never."""
+    monkeypatch.setattr(wstream, "CLUSTER_SPLIT", True)
+    monkeypatch.setattr(wstream, "MAX_CLUSTER", 8)
+    assert wstream.clustered(2, 1, True) and wstream.clustered(8, 8, True)
+    assert not wstream.clustered(1, 1, True)  # no split
+    assert not wstream.clustered(9, 1, True)  # past MAX_CLUSTER
+    assert not wstream.clustered(4, 9, True)  # more rows than the shared partials hold
+    assert not wstream.clustered(4, 1, False)  # an expert GEMM
+    monkeypatch.setattr(wstream, "MAX_CLUSTER", 16)
+    assert wstream.clustered(14, 1, True) and not wstream.clustered(17, 1, True)
+    monkeypatch.setattr(wstream, "CLUSTER_SPLIT", False)
+    assert not wstream.clustered(4, 1, True)

@@ -129,12 +129,19 @@ def double_buffer_chunks(ctas: int, x_prefetch: bool, sms: int) -> int:
     return DOUBLE_BUFFER if ctas <= DOUBLE_BUFFER_CTAS_PER_SM * sms else 0
 
 
+def clustered(split: int, rows: int, x_prefetch: bool) -> bool:
+    """Whether a launch of ``split`` K slices over ``rows`` activation rows sums its slices in thread-block clusters
+    (:data:`CLUSTER_SPLIT`): dense linears only (``x_prefetch``; expert GEMMs keep the global sum), 2 to
+    :data:`MAX_CLUSTER` slices, at most :data:`CLUSTER_MAX_ROWS` rows."""
+    return CLUSTER_SPLIT and x_prefetch and 1 < split <= MAX_CLUSTER and rows <= CLUSTER_MAX_ROWS
+
+
 def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None, active: Tensor | None,
          p: int, slots: int, n_group: int, x_prefetch: bool) -> Tensor:
     n, k = w.out_features, w.in_features
     y = torch.empty((p, n), dtype=torch.bfloat16, device=x.device)
     split, per = _launch_shape(slots, n, k, w.fmt, x.device)
-    cluster = CLUSTER_SPLIT and x_prefetch and rows is None and 1 < split <= MAX_CLUSTER and p <= CLUSTER_MAX_ROWS
+    cluster = clustered(split, p, x_prefetch)
     counters = split_counters(x.device) if split > 1 and not cluster else None
     if counters is None and not cluster:
         split, per = 1, k // CHUNK[w.fmt]
