@@ -46,7 +46,10 @@
 #   cluster  (~4 min) the split-K in thread-block clusters (wstream.CLUSTER_SPLIT): its bit-for-bit GPU tests against
 #            the global-memory split-K, the dense linears' cells with it flipped (kernel_bench.py --cluster 8,16:
 #            clusters of up to 8 / 16 slices; B = 1 and 8), then flash-slice-v41 B = 1 with it off and on (8) and
-#            on (16).
+#            on (16);
+#   b1       (~8 min) one call for this session's three switches: the cluster split-K's tests, the side stream's
+#            bit-for-bit test with PDL (pdl.WITH_SIDE_STREAM), flash-slice-v41 B = 1 with the defaults, the cluster
+#            split-K (8, 16), the side stream with and without PDL, then the top-k tests and the ordered finish.
 # The one-off A/B modes of finished experiments (kernels, glue, verify, seam, seam_ab, router, dbuf, router2, final2,
 # launches) are gone; benches/RESULTS.md names each call's mode and date, and git history holds the script it ran.
 # The exit status is 1 when a test run failed.
@@ -59,7 +62,8 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODE=${MODE:-tests}
-MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 splits flashmla topk side wide cluster "
+MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 splits flashmla topk side wide"
+MODES+=" cluster b1 "
 for mode in ${MODE//,/ }; do  # every mode checked before any device time goes
   [[ "$MODES" == *" $mode "* ]] || { echo "MODE must be among:$MODES(comma-separated)"; exit 2; }
 done
@@ -213,6 +217,25 @@ case "$mode" in
         --set v41.kernels.wstream.CLUSTER_SPLIT=${c%:*} --set v41.kernels.wstream.MAX_CLUSTER=${c#*:} \
         --out "$OUT/fs_c${c/:/_}" > "$OUT/fs_v41_c${c/:/_}.txt" 2>&1
       echo "CLUSTER_SPLIT:MAX_CLUSTER=$c: $(grep "'v41'" "$OUT/fs_v41_c${c/:/_}.txt" | tail -1 | cut -c1-90)"
+    done ;;
+  b1)
+    timeout 100 $PT tests/test_gpu_cuda.py -k "cluster or split_k" > "$OUT/tests20.txt" 2>&1 || rc=1
+    tail -2 "$OUT/tests20.txt"
+    timeout 60 python3 benches/gpu/switch_pytest.py "v41.kernels.pdl.WITH_SIDE_STREAM=True" -- -q -p no:cacheprovider \
+      tests/test_gpu_side_stream.py > "$OUT/tests19.txt" 2>&1 || rc=1
+    tail -2 "$OUT/tests19.txt"
+    for cell in base "cluster8 wstream.CLUSTER_SPLIT=1" "cluster16 wstream.CLUSTER_SPLIT=1 wstream.MAX_CLUSTER=16" \
+        "side side_stream.ENABLED=1 pdl.WITH_SIDE_STREAM=1" "side_nopdl side_stream.ENABLED=1" \
+        "ordered topk.ORDERED_MAX_N=8192"; do
+      set -- $cell; name=$1; shift
+      sets=(); for v in "$@"; do sets+=(--set "v41.kernels.$v"); done
+      if [ "$name" = ordered ]; then
+        timeout 90 $PT tests/test_gpu_cuda_topk.py > "$OUT/tests12.txt" 2>&1 || rc=1
+        tail -2 "$OUT/tests12.txt"
+      fi
+      timeout 80 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
+        ${sets[@]+"${sets[@]}"} --out "$OUT/fs_b1_$name" > "$OUT/fs_b1_$name.txt" 2>&1
+      echo "B = 1 $name: $(grep "'v41'" "$OUT/fs_b1_$name.txt" | tail -1 | cut -c1-90)"
     done ;;
 esac
 done
