@@ -47,9 +47,10 @@
 #            the global-memory split-K, the dense linears' cells with it flipped (kernel_bench.py --cluster 8,16:
 #            clusters of up to 8 / 16 slices; B = 1 and 8), then flash-slice-v41 B = 1 with it off and on (8) and
 #            on (16);
-#   b1       (~8 min) one call for this session's three switches: the cluster split-K's tests, the side stream's
-#            bit-for-bit test with PDL (pdl.WITH_SIDE_STREAM), flash-slice-v41 B = 1 with the defaults, the cluster
-#            split-K (8, 16), the side stream with and without PDL, then the top-k tests and the ordered finish.
+#   b1       (~8 min) one call for this session's three switches, most wanted first (a call cut short keeps what
+#            ran): the cluster split-K's tests, flash-slice-v41 B = 1 with the defaults and the cluster split-K (8,
+#            16); the side stream's bit-for-bit test with PDL (pdl.WITH_SIDE_STREAM), the side stream with and
+#            without PDL; the top-k tests and the ordered finish.
 # The one-off A/B modes of finished experiments (kernels, glue, verify, seam, seam_ab, router, dbuf, router2, final2,
 # launches) are gone; benches/RESULTS.md names each call's mode and date, and git history holds the script it ran.
 # The exit status is 1 when a test run failed.
@@ -221,15 +222,16 @@ case "$mode" in
   b1)
     timeout 100 $PT tests/test_gpu_cuda.py -k "cluster or split_k" > "$OUT/tests20.txt" 2>&1 || rc=1
     tail -2 "$OUT/tests20.txt"
-    timeout 60 python3 benches/gpu/switch_pytest.py "v41.kernels.pdl.WITH_SIDE_STREAM=True" -- -q -p no:cacheprovider \
-      tests/test_gpu_side_stream.py > "$OUT/tests19.txt" 2>&1 || rc=1
-    tail -2 "$OUT/tests19.txt"
     for cell in base "cluster8 wstream.CLUSTER_SPLIT=1" "cluster16 wstream.CLUSTER_SPLIT=1 wstream.MAX_CLUSTER=16" \
         "side side_stream.ENABLED=1 pdl.WITH_SIDE_STREAM=1" "side_nopdl side_stream.ENABLED=1" \
         "ordered topk.ORDERED_MAX_N=8192"; do
       set -- $cell; name=$1; shift
       sets=(); for v in "$@"; do sets+=(--set "v41.kernels.$v"); done
-      if [ "$name" = ordered ]; then
+      if [ "$name" = side ]; then
+        timeout 60 python3 benches/gpu/switch_pytest.py "v41.kernels.pdl.WITH_SIDE_STREAM=True" -- -q \
+          -p no:cacheprovider tests/test_gpu_side_stream.py > "$OUT/tests19.txt" 2>&1 || rc=1
+        tail -2 "$OUT/tests19.txt"
+      elif [ "$name" = ordered ]; then
         timeout 90 $PT tests/test_gpu_cuda_topk.py > "$OUT/tests12.txt" 2>&1 || rc=1
         tail -2 "$OUT/tests12.txt"
       fi
