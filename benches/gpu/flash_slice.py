@@ -337,6 +337,8 @@ def main() -> None:
                          "the GPU runs the next step)")
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                     help="the engine's async_scheduling (default on: each step launched while the previous runs)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="the engine's gpu_memory_utilization "
+                    "(flash-slice-v41's weights take ~72 GB: an 80 GB H100 needs about 0.97)")
     ap.add_argument("--budget", type=int, default=0, help="max_num_batched_tokens (default: the longest prefill, "
                     "at least 256)")
     ap.add_argument("--recent-index-prefill", action="store_true", help="decode cells prefill with recency "
@@ -362,7 +364,7 @@ def main() -> None:
     t = time.perf_counter()
     core = v41_engine(path, max((b for b, _ in cells), default=1), budget, max_len, a.quantization,
                       kv_cache_dtype=a.kv_cache_dtype, async_output_proc=a.async_output_proc,
-                      async_scheduling=a.async_scheduling)
+                      async_scheduling=a.async_scheduling, gpu_memory_utilization=a.gpu_memory_utilization)
     print(f"v41 engine ready in {time.perf_counter() - t:.0f} s; KV cache {a.kv_cache_dtype}: "
           f"{core.layout.describe(2)}", flush=True)
     env["kv_cache_dtype"] = a.kv_cache_dtype

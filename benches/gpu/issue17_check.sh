@@ -236,7 +236,7 @@ case "$mode" in
         tail -2 "$OUT/tests12.txt"
       fi
       timeout 80 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
-        ${sets[@]+"${sets[@]}"} --out "$OUT/fs_b1_$name" > "$OUT/fs_b1_$name.txt" 2>&1
+        --gpu-memory-utilization "${GPU_UTIL:-0.9}" ${sets[@]+"${sets[@]}"} --out "$OUT/fs_b1_$name" > "$OUT/fs_b1_$name.txt" 2>&1
       echo "B = 1 $name: $(grep "'v41'" "$OUT/fs_b1_$name.txt" | tail -1 | cut -c1-90)"
     done ;;
 esac
