@@ -28,8 +28,7 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
              const c10::optional<at::Tensor>& offsets, const c10::optional<at::Tensor>& active, at::Tensor& y,
              const c10::optional<at::Tensor>& partial, const c10::optional<at::Tensor>& counters, int64_t fmt,
              int64_t n_groups, int64_t b0, int64_t sk, int64_t slots, int64_t split,
-             int64_t chunks_per_split, bool x_prefetch, bool five_ctas, int64_t double_buffer, bool cluster,
-             bool pdl) {
+             int64_t chunks_per_split, bool x_prefetch, bool five_ctas, int64_t double_buffer, bool pdl) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.stride(1) == 1,
               "x must be a 2-D bfloat16 CUDA tensor with unit inner stride");
   TORCH_CHECK(double_buffer == 0 || (double_buffer == 2 && !x_prefetch),
@@ -65,11 +64,7 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
               "split x chunks_per_split must cover K, every slice with at least one chunk");
   TORCH_CHECK(offsets.has_value() || slots == 1, "one expert without offsets");
   const int64_t tiles_n = (n + v41::kWStreamRowsPerCta - 1) / v41::kWStreamRowsPerCta;
-  if (cluster) {
-    TORCH_CHECK(split > 1 && split <= v41::kWStreamMaxCluster && x_prefetch && p <= v41::kWStreamMaxRows &&
-                    !rows.has_value() && !offsets.has_value() && !active.has_value() && slots == 1,
-                "cluster split-K: a dense linear with x_prefetch, at most 8 rows, 2 to 16 slices");
-  } else if (split > 1) {
+  if (split > 1) {
     TORCH_CHECK(partial.has_value() && partial->scalar_type() == at::kFloat && partial->is_contiguous() &&
                     partial->numel() >= split * p * n,
                 "split > 1 needs a contiguous float32 partial buffer of split x P x N");
@@ -94,9 +89,8 @@ void wstream(const at::Tensor& x, const c10::optional<at::Tensor>& rows, const a
   prm.active = opt_ptr<int64_t>(active);
   prm.y = reinterpret_cast<__nv_bfloat16*>(y.data_ptr());
   prm.y_stride = y.stride(0);
-  prm.partial = split > 1 && !cluster ? partial->data_ptr<float>() : nullptr;
-  prm.counters = split > 1 && !cluster ? counters->data_ptr<int>() : nullptr;
-  prm.cluster = cluster;
+  prm.partial = split > 1 ? partial->data_ptr<float>() : nullptr;
+  prm.counters = split > 1 ? counters->data_ptr<int>() : nullptr;
   prm.P = int(p);
   prm.N = int(n);
   prm.K = int(k);
@@ -340,8 +334,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("rows"), py::arg("w"), py::arg("s"), py::arg("offsets"), py::arg("active"),
         py::arg("y"), py::arg("partial"), py::arg("counters"), py::arg("fmt"), py::arg("n_groups"), py::arg("b0"),
         py::arg("sk"), py::arg("slots"), py::arg("split"), py::arg("chunks_per_split"),
-        py::arg("x_prefetch"), py::arg("five_ctas"), py::arg("double_buffer") = 0, py::arg("cluster") = false,
-        py::arg("pdl") = false);
+        py::arg("x_prefetch"), py::arg("five_ctas"), py::arg("double_buffer") = 0, py::arg("pdl") = false);
   m.def("sparse_mqa", &sparse_mqa, "sparse MQA with sink over bf16 rows or records (python/v41/kernels/sparse_mqa.py)",
         py::arg("q"), py::arg("out"), py::arg("sink"), py::arg("cache0"), py::arg("slots0"), py::arg("fmt0"),
         py::arg("rope0"), py::arg("cache1"), py::arg("slots1"), py::arg("fmt1"), py::arg("rope1"), py::arg("scale"),

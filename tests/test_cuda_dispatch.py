@@ -230,9 +230,35 @@ def test_side_work_runs_inline_on_cpu_tensors():
     assert lane == 0 and torch.equal(y, torch.full((3,), 2.0))
 
 
+def test_side_stream_takes_one_token_cuda_steps_of_its_sites(monkeypatch):
+    """side_stream.takes: work goes on the side stream only when it is enabled, for a listed site, for a CUDA
+    step of at most MAX_TOKENS rows, and not from inside side work; else it runs inline."""
+    from types import SimpleNamespace
+
+    from v41.kernels import side_stream
+
+    def step(rows, device="cuda"):
+        return SimpleNamespace(shape=(rows, 4096), device=torch.device(device))
+
+    monkeypatch.setattr(side_stream, "ENABLED", True)
+    monkeypatch.setattr(side_stream, "MAX_TOKENS", 1)
+    monkeypatch.setattr(side_stream, "SITES", "shared_expert,cache_and_index")
+    assert side_stream.takes(step(1), "shared_expert") and side_stream.takes(step(1), "cache_and_index")
+    assert not side_stream.takes(step(2), "shared_expert")  # a longer step: inline
+    assert not side_stream.takes(step(1, "cpu"), "shared_expert")
+    assert not side_stream.takes(step(1), "other_site")
+    monkeypatch.setattr(side_stream, "MAX_TOKENS", 64)
+    assert side_stream.takes(step(64), "shared_expert") and not side_stream.takes(step(65), "shared_expert")
+    monkeypatch.setattr(side_stream, "_lane", [1])  # inside side work
+    assert not side_stream.takes(step(1), "shared_expert")
+    monkeypatch.setattr(side_stream, "_lane", [0])
+    monkeypatch.setattr(side_stream, "ENABLED", False)
+    assert not side_stream.takes(step(1), "shared_expert")
+
+
 def test_programmatic_dependent_launch_switches(monkeypatch):
     """PDL is used on sm_90+ CUDA devices only, never under Triton's interpreter or on the CPU, off with
-    pdl.ENABLED = False, and off while the side stream is on unless pdl.WITH_SIDE_STREAM (kernels/pdl.py); Triton
+    pdl.ENABLED = False, and off while the side stream is on when pdl.WITH_SIDE_STREAM is False (kernels/pdl.py); Triton
     launches get its keywords."""
     from v41.kernels import pdl, side_stream
 
@@ -243,8 +269,9 @@ def test_programmatic_dependent_launch_switches(monkeypatch):
     assert pdl.enabled(dev) and pdl.triton_kw(dev) == {"PDL": True, "launch_pdl": True}
     assert not pdl.enabled(torch.device("cpu")) and pdl.triton_kw(torch.device("cpu")) == {"PDL": False}
     monkeypatch.setattr(side_stream, "ENABLED", True)
+    monkeypatch.setattr(pdl, "WITH_SIDE_STREAM", False)
     assert not pdl.enabled(dev)
-    monkeypatch.setattr(pdl, "WITH_SIDE_STREAM", True)  # both, once the side stream's GPU test passes with PDL
+    monkeypatch.setattr(pdl, "WITH_SIDE_STREAM", True)  # both (the default)
     assert pdl.enabled(dev)
     monkeypatch.setattr(pdl, "WITH_SIDE_STREAM", False)
     monkeypatch.setattr(side_stream, "ENABLED", False)
@@ -285,20 +312,3 @@ def test_the_double_buffer_goes_to_expert_launches_that_fit_the_gpu_at_once(monk
     assert wstream.double_buffer_chunks(432, False, sms) == 0  # would run in two waves
     monkeypatch.setattr(wstream, "DOUBLE_BUFFER", 0)
     assert wstream.double_buffer_chunks(1, False, sms) == 0
-
-
-def test_cluster_split_k_takes_only_dense_launches_it_can_hold(monkeypatch):
-    """wstream.clustered: with CLUSTER_SPLIT a launch sums its K slices in a cluster only when it is a dense linear
-    (x_prefetch), split into 2..MAX_CLUSTER slices, over at most 8 activation rows (the kernel's shared partials);
-    off, never."""
-    monkeypatch.setattr(wstream, "CLUSTER_SPLIT", True)
-    monkeypatch.setattr(wstream, "MAX_CLUSTER", 8)
-    assert wstream.clustered(2, 1, True) and wstream.clustered(8, 8, True)
-    assert not wstream.clustered(1, 1, True)  # no split
-    assert not wstream.clustered(9, 1, True)  # past MAX_CLUSTER
-    assert not wstream.clustered(4, 9, True)  # more rows than the shared partials hold
-    assert not wstream.clustered(4, 1, False)  # an expert GEMM
-    monkeypatch.setattr(wstream, "MAX_CLUSTER", 16)
-    assert wstream.clustered(14, 1, True) and not wstream.clustered(17, 1, True)
-    monkeypatch.setattr(wstream, "CLUSTER_SPLIT", False)
-    assert not wstream.clustered(4, 1, True)

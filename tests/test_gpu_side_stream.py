@@ -1,6 +1,7 @@
 """The side stream (python/v41/kernels/side_stream.py) on the GPU: work queued beside the main stream gives the
-same logits, bit for bit, as the same work inline, in eager steps and in CUDA-graph replays; split-K counters are
-kept per stream lane. Skipped without CUDA."""
+same logits, bit for bit, as the same work inline, in eager steps and in CUDA-graph replays, with programmatic
+dependent launch on (pdl.WITH_SIDE_STREAM, the default); split-K counters are kept per stream lane. Skipped without
+CUDA."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 def test_beside_joins_and_keeps_split_counters_per_lane(monkeypatch):
     monkeypatch.setattr(side_stream, "ENABLED", True)
-    x = torch.randn(4096, device="cuda")
+    x = torch.randn(1, 4096, device="cuda")  # a one-token step: side_stream.MAX_TOKENS = 1 takes it
     main = wstream.split_counters(x.device)
     seen = {}
 
@@ -37,4 +38,5 @@ def test_side_stream_gives_the_inline_logits_bit_for_bit(tmp_path, arch, monkeyp
 
     from engine_helpers import assert_switch_keeps_logits
 
+    monkeypatch.setattr(side_stream, "MAX_TOKENS", 1 << 20)  # every step on the side stream: prefill, 5-row decode
     assert_switch_keeps_logits(make_tiny(tmp_path / arch, arch), side_stream, "ENABLED", monkeypatch)

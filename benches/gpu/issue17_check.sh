@@ -36,21 +36,13 @@
 #   topk     (~3 min) the CUDA top-k's tests (tests/test_gpu_cuda_topk.py: both finishes of the one-CTA rows) and
 #            its cells (kernel_bench.py --ops topk: the "cuda, ordered finish" column sets topk.ORDERED_MAX_N to
 #            8,192), then flash-slice-v41 B = 1 with ORDERED_MAX_N 0 and 8,192 (four top-k launches per step);
-#   side     (~5 min) the side stream's GPU tests (logits bit for bit with it; again with pdl.WITH_SIDE_STREAM),
-#            then flash-slice-v41 B = 1 with it off, on for both sites (the shared expert; the cache writes and the
-#            indexer's selection) without and with PDL, and for each site with PDL (cells SITES:WITH_SIDE_STREAM);
+#   side     (~7 min) the side stream's GPU tests (logits bit for bit with it, PDL on), then flash-slice-v41 at
+#            B = 1, 8, 64 with it off, on for one-token steps (the default: side_stream.MAX_TOKENS = 1) and on for
+#            steps up to 64 tokens (GPU_UTIL=0.97 on an 80 GB H100: the slice's weights take ~72 GB);
 #   wide     (~4 min) the Triton sparse-MQA checks on the GPU (the wide tiling of 64 heads a program and its
 #            dispatch, bf16) and the sparse-MQA cells (kernel_bench.py --ops attention: the "triton wide" column), then
 #            the 8,192-token prefill of flash-slice-v41 over bf16 rows (the wide tiling does not take records) with
-#            sparse_attention.WIDE_MIN_TOKENS 0 and 256;
-#   cluster  (~4 min) the split-K in thread-block clusters (wstream.CLUSTER_SPLIT): its bit-for-bit GPU tests against
-#            the global-memory split-K, the dense linears' cells with it flipped (kernel_bench.py --cluster 8,16:
-#            clusters of up to 8 / 16 slices; B = 1 and 8), then flash-slice-v41 B = 1 with it off and on (8) and
-#            on (16);
-#   b1       (~8 min) one call for this session's three switches, most wanted first (a call cut short keeps what
-#            ran): the cluster split-K's tests, flash-slice-v41 B = 1 with the defaults and the cluster split-K (8,
-#            16); the side stream's bit-for-bit test with PDL (pdl.WITH_SIDE_STREAM), the side stream with and
-#            without PDL; the top-k tests and the ordered finish.
+#            sparse_attention.WIDE_MIN_TOKENS 0 and 256.
 # The one-off A/B modes of finished experiments (kernels, glue, verify, seam, seam_ab, router, dbuf, router2, final2,
 # launches) are gone; benches/RESULTS.md names each call's mode and date, and git history holds the script it ran.
 # The exit status is 1 when a test run failed.
@@ -63,8 +55,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODE=${MODE:-tests}
-MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 splits flashmla topk side wide"
-MODES+=" cluster b1 "
+MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 splits flashmla topk side wide "
 for mode in ${MODE//,/ }; do  # every mode checked before any device time goes
   [[ "$MODES" == *" $mode "* ]] || { echo "MODE must be among:$MODES(comma-separated)"; exit 2; }
 done
@@ -180,21 +171,16 @@ case "$mode" in
       echo "ORDERED_MAX_N=$o: $(grep "'v41'" "$OUT/fs_v41_o$o.txt" | tail -1 | cut -c1-90)"
     done ;;
   side)
-    timeout 50 $PT tests/test_gpu_side_stream.py > "$OUT/tests18.txt" 2>&1 || rc=1
+    timeout 60 $PT tests/test_gpu_side_stream.py > "$OUT/tests18.txt" 2>&1 || rc=1
     tail -2 "$OUT/tests18.txt"
-    timeout 50 python3 benches/gpu/switch_pytest.py "v41.kernels.pdl.WITH_SIDE_STREAM=True" -- -q -p no:cacheprovider \
-      tests/test_gpu_side_stream.py > "$OUT/tests19.txt" 2>&1 || rc=1
-    tail -2 "$OUT/tests19.txt"
-    # cells SITES:PDL-with-the-side-stream (the side stream turns PDL off unless pdl.WITH_SIDE_STREAM)
-    for cell in off:0 shared_expert,cache_and_index:0 shared_expert,cache_and_index:1 shared_expert:1 \
-        cache_and_index:1; do
-      sites=${cell%:*} with=${cell#*:} name=${cell//,/+}
-      on=$([ "$sites" = off ] && echo 0 || echo 1)
-      timeout 80 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
-        --set v41.kernels.side_stream.ENABLED=$on --set v41.kernels.side_stream.SITES=${sites/off/shared_expert} \
-        --set v41.kernels.pdl.WITH_SIDE_STREAM=$with --out "$OUT/fs_side_${name/:/_}" \
-        > "$OUT/fs_v41_side_${name/:/_}.txt" 2>&1
-      echo "side stream $cell: $(grep "'v41'" "$OUT/fs_v41_side_${name/:/_}.txt" | tail -1 | cut -c1-90)"
+    # the side stream off, at one-token steps (the default), at steps up to 64 tokens; each at B = 1, 8, 64
+    for cell in off:1 on:1 on:64; do
+      on=$([ "${cell%:*}" = on ] && echo 1 || echo 0) most=${cell#*:}
+      timeout 170 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,8x2048,64x2048 --prefill , \
+        --kv-cache-dtype fp8 --gpu-memory-utilization "${GPU_UTIL:-0.9}" --set v41.kernels.side_stream.ENABLED=$on \
+        --set v41.kernels.side_stream.MAX_TOKENS=$most --out "$OUT/fs_side_${cell/:/_}" \
+        > "$OUT/fs_v41_side_${cell/:/_}.txt" 2>&1
+      echo "side stream $cell:"; grep "'v41'" "$OUT/fs_v41_side_${cell/:/_}.txt" | cut -c1-90
     done ;;
   wide)
     timeout 100 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and attention and bf16" > "$OUT/tests17.txt" 2>&1 \
@@ -206,38 +192,6 @@ case "$mode" in
       timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 8192 --kv-cache-dtype auto \
         --set v41.kernels.sparse_attention.WIDE_MIN_TOKENS=$w --out "$OUT/fs_w$w" > "$OUT/fs_w$w.txt" 2>&1
       echo "WIDE_MIN_TOKENS=$w: $(grep "prefill" "$OUT/fs_w$w.txt" | tail -1)"
-    done ;;
-  cluster)
-    timeout 150 $PT tests/test_gpu_cuda.py -k "cluster or split_k" > "$OUT/tests20.txt" 2>&1 || rc=1
-    tail -3 "$OUT/tests20.txt"
-    timeout 150 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 24 --cluster 8,16 \
-      > "$OUT/cluster.txt" 2>&1
-    grep "^| " "$OUT/cluster.txt" | head -24
-    for c in 0:8 1:8 1:16; do  # CLUSTER_SPLIT:MAX_CLUSTER
-      timeout 120 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
-        --set v41.kernels.wstream.CLUSTER_SPLIT=${c%:*} --set v41.kernels.wstream.MAX_CLUSTER=${c#*:} \
-        --out "$OUT/fs_c${c/:/_}" > "$OUT/fs_v41_c${c/:/_}.txt" 2>&1
-      echo "CLUSTER_SPLIT:MAX_CLUSTER=$c: $(grep "'v41'" "$OUT/fs_v41_c${c/:/_}.txt" | tail -1 | cut -c1-90)"
-    done ;;
-  b1)
-    timeout 100 $PT tests/test_gpu_cuda.py -k "cluster or split_k" > "$OUT/tests20.txt" 2>&1 || rc=1
-    tail -2 "$OUT/tests20.txt"
-    for cell in base "cluster8 wstream.CLUSTER_SPLIT=1" "cluster16 wstream.CLUSTER_SPLIT=1 wstream.MAX_CLUSTER=16" \
-        "side side_stream.ENABLED=1 pdl.WITH_SIDE_STREAM=1" "side_nopdl side_stream.ENABLED=1" \
-        "ordered topk.ORDERED_MAX_N=8192"; do
-      set -- $cell; name=$1; shift
-      sets=(); for v in "$@"; do sets+=(--set "v41.kernels.$v"); done
-      if [ "$name" = side ]; then
-        timeout 60 python3 benches/gpu/switch_pytest.py "v41.kernels.pdl.WITH_SIDE_STREAM=True" -- -q \
-          -p no:cacheprovider tests/test_gpu_side_stream.py > "$OUT/tests19.txt" 2>&1 || rc=1
-        tail -2 "$OUT/tests19.txt"
-      elif [ "$name" = ordered ]; then
-        timeout 90 $PT tests/test_gpu_cuda_topk.py > "$OUT/tests12.txt" 2>&1 || rc=1
-        tail -2 "$OUT/tests12.txt"
-      fi
-      timeout 80 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048 --prefill , --kv-cache-dtype fp8 \
-        --gpu-memory-utilization "${GPU_UTIL:-0.9}" ${sets[@]+"${sets[@]}"} --out "$OUT/fs_b1_$name" > "$OUT/fs_b1_$name.txt" 2>&1
-      echo "B = 1 $name: $(grep "'v41'" "$OUT/fs_b1_$name.txt" | tail -1 | cut -c1-90)"
     done ;;
 esac
 done

@@ -3,7 +3,7 @@ shapes (docs/benchmarking.md "How a figure is taken"; issue 17's per-kernel tabl
 
     python3 benches/gpu/kernel_bench.py [--batches 1,8,64] [--reps 24] [--ops linears,experts,attention,topk]
         [--sweep 2,3,8] [--splits 1,2,4] [--double-buffer 2,2:5] [--min-slice 32768,65536] [--five-ctas]
-        [--cluster 8,16] [--linear-tiles 64:128:4:4]
+        [--linear-tiles 64:128:4:4]
 
 Each cell captures ``reps`` launches in one CUDA graph and times its replay with events (median of 5); the launches
 rotate over enough copies of the weight that none is still in L2 (≥ 256 MB in all), and each MoE launch routes
@@ -56,7 +56,6 @@ SWEEP: list[str] = []
 SPLITS: list[int] = []  # --splits: also time the CUDA kernel with its K split forced to these (columns split<n>)
 DOUBLE_BUFFER: list[str] = []  # --double-buffer: wstream.DOUBLE_BUFFER[:CTAS_PER_SM] settings (columns db<setting>)
 MIN_SLICE: list[int] = []  # --min-slice: also time the CUDA kernel at these wstream.MIN_SLICE_BYTES (slice<n>K)
-CLUSTER: list[int] = []  # --cluster 8,16: the dense linears with wstream.CLUSTER_SPLIT flipped, at these MAX_CLUSTER
 FIVE_CTAS = [False]  # --five-ctas: also time the expert GEMMs with wstream.FIVE_CTAS flipped (its own column)
 LINEAR_TILES: list[tuple[int, int, int, int]] = []
 
@@ -113,14 +112,6 @@ def linear_cells(batches, reps, bw):
                   for p, f in paths.items()}
             us.update(sweep(lambda: graph_us([lambda i=i: paths["cuda"](xs[i % 4], copies[i % len(copies)])
                                                for i in range(reps)])))
-            for size in CLUSTER:  # the split-K in clusters of at most `size` slices, or off where it is on
-                on, most = wstream.CLUSTER_SPLIT, wstream.MAX_CLUSTER
-                wstream.CLUSTER_SPLIT, wstream.MAX_CLUSTER = not on, size
-                try:
-                    us[f"cluster{size}" if not on else "no cluster"] = graph_us(
-                        [lambda i=i: paths["cuda"](xs[i % 4], copies[i % len(copies)]) for i in range(reps)])
-                finally:
-                    wstream.CLUSTER_SPLIT, wstream.MAX_CLUSTER = on, most
             for t in LINEAR_TILES:  # the Triton kernel at other (BM, BN, warps, stages)
                 if (n // groups) % t[1] == 0:
                     try:
@@ -184,8 +175,6 @@ def main() -> None:
                     "expert GEMMs at (2, or 0 for none), each optionally with its CTAS_PER_SM, e.g. 2,2:5")
     ap.add_argument("--min-slice", default="", help="wstream.MIN_SLICE_BYTES values to also time the CUDA kernel "
                     "at, e.g. 32768,65536")
-    ap.add_argument("--cluster", default="", help="also time the dense linears with wstream.CLUSTER_SPLIT flipped "
-                    "(split-K summed in thread-block clusters) at these wstream.MAX_CLUSTER values, e.g. 8,16")
     ap.add_argument("--five-ctas", action="store_true", help="also time the expert GEMMs with wstream.FIVE_CTAS "
                     "flipped")
     ap.add_argument("--linear-tiles", default="", help="BM:BN:warps:stages tilings to also time the Triton linear "
@@ -196,7 +185,6 @@ def main() -> None:
     DOUBLE_BUFFER.extend(c for c in args.double_buffer.split(",") if c)
     MIN_SLICE.extend(int(b) for b in args.min_slice.split(",") if b)
     FIVE_CTAS[0] = args.five_ctas
-    CLUSTER.extend(int(c) for c in args.cluster.split(",") if c)
     LINEAR_TILES.extend(tuple(int(v) for v in c.split(":")) for c in args.linear_tiles.split(",") if c)
     batches = [int(b) for b in args.batches.split(",")]
     wstream.MAX_ROWS = max(batches)  # time the kernel past the dispatch's row limit too (where Triton wins)

@@ -29,41 +29,23 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 
 // `kernel<<<grid, block, smem, stream>>>(args...)`, with the programmatic-stream-serialization attribute when
-// `pdl`, and in thread-block clusters of `cluster_z` CTAs along grid.z when it is above 1 (grid.z a multiple of
-// it; CUDA programming guide "Thread Block Clusters"); returns the launch error.
+// `pdl`; returns the launch error.
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                    cudaStream_t stream, bool pdl, unsigned cluster_z, Args&&... args) {
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          bool pdl, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster_z > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = 1;
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = cluster_z;
-  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = n;
+  cfg.numAttrs = pdl ? 1 : 0;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (err != cudaSuccess) (void)cudaGetLastError();  // clear it, as cudaGetLastError() after <<<>>> did
   return err;
-}
-
-// `kernel<<<grid, block, smem, stream>>>(args...)`, with the programmatic-stream-serialization attribute when
-// `pdl`; returns the launch error.
-template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                          bool pdl, Args&&... args) {
-  return launch_kernel_clustered(kernel, grid, block, smem, stream, pdl, 1u, std::forward<Args>(args)...);
 }
 
 }  // namespace v41

@@ -12,13 +12,7 @@
 // per expert make more passes over its weights, which L2 mostly serves.
 //
 // Split-K: grid.z slices K; each slice writes float32 partials and the last CTA of a tile to arrive (a counter per
-// tile, reset by it) sums them in slice order, so results do not depend on timing. Dense linears of at most 8 rows
-// and 16 slices (8 where the GPU allows no more) can instead run a tile's slices as one thread-block cluster
-// (p.cluster): the partials stay in each CTA's shared memory and, after a cluster barrier, every CTA sums a share
-// of the tile's outputs over the slices, in slice order, through distributed shared memory — the same sums,
-// without the global round trip, the fences and the arrival atomic.
-#include <cooperative_groups.h>
-
+// tile, reset by it) sums them in slice order, so results do not depend on timing.
 #include "../common/dequant.cuh"
 #include "../common/mma.cuh"
 #include "../common/pdl.cuh"
@@ -205,18 +199,13 @@ struct Tile {
     const int64_t pp = m0 + g;
     return p.x + (pp < end ? (p.rows ? p.rows[pp] : pp) * p.x_stride : 0) + x_col;
   }
-  // part: the cluster split-K's shared partials [kWStreamMaxRows][kWStreamRowsPerCta] (p.cluster), null in the
-  // variants that never take it.
-  __device__ __forceinline__ void store(const WStreamParams& p, const float (&acc)[4], int64_t m0, int t,
-                                        float* part) const {
+  __device__ __forceinline__ void store(const WStreamParams& p, const float (&acc)[4], int64_t m0, int t) const {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t q = m0 + 2 * t + (i & 1);
       const int r = i < 2 ? r0 : r1;
       if (q >= end || r >= p.N) continue;
-      if (part != nullptr && p.cluster)
-        part[int(q - start) * kWStreamRowsPerCta + (r - n0)] = acc[i];
-      else if (p.partial)
+      if (p.partial)
         p.partial[(int64_t(blockIdx.z) * p.P + q) * p.N + r] = acc[i];
       else
         p.y[q * p.y_stride + r] = __float2bfloat16_rn(acc[i]);
@@ -253,30 +242,6 @@ struct Tile {
     }
     if (threadIdx.x == 0) p.counters[tile] = 0;
   }
-  // Split-K in a cluster (p.cluster; grid.z = the cluster's CTAs, so a slice's cluster rank is its blockIdx.z): after
-  // the barrier CTA z sums outputs z·blockDim + thread, z·blockDim + thread + split·blockDim, ... of the tile over
-  // the slices' shared partials in slice order (sum_partials' order: the same bits); the second barrier keeps each
-  // CTA's shared memory alive until the others have read it. Every thread of every CTA reaches both barriers.
-  __device__ __forceinline__ void cluster_sum(const WStreamParams& p, float* part) const {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    const int split = int(gridDim.z);
-    const int width = min(kWStreamRowsPerCta, p.N - n0);
-    const int count = int(end - start) * width;
-    for (int i = int(blockIdx.z * blockDim.x + threadIdx.x); i < count; i += split * int(blockDim.x)) {
-      const int at = (i / width) * kWStreamRowsPerCta + i % width;
-      float v[kWStreamMaxCluster];
-#pragma unroll
-      for (int z = 0; z < kWStreamMaxCluster; ++z) v[z] = z < split ? cluster.map_shared_rank(part, z)[at] : 0.f;
-      float sum = 0.f;
-#pragma unroll
-      for (int z = 0; z < kWStreamMaxCluster; ++z)
-        if (z < split) sum += v[z];
-      p.y[(start + i / width) * p.y_stride + n0 + i % width] = __float2bfloat16_rn(sum);
-    }
-    cluster.sync();
-  }
 };
 
 // Register batches: each lane loads its own 16-byte pieces of kUnroll chunks, then converts them. (Staging the
@@ -297,7 +262,6 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
   // writes, so its first batch of weights is loaded before the wait and overlaps that kernel; an expert GEMM's
   // tile comes from the routing (active, offsets, rows), so it waits first.
   const bool routed = p.active != nullptr || p.offsets != nullptr || p.rows != nullptr;
-  __shared__ float part[XPRE ? kWStreamMaxRows * kWStreamRowsPerCta : 1];  // cluster split-K (dense linears only)
   if (routed) pdl_wait();
   Tile<F> tl;
   if (!tl.init(p, warp, g, t)) return;
@@ -336,12 +300,9 @@ __global__ void __launch_bounds__(32 * kWStreamWarps, MIN_CTAS) wstream_kernel(c
         if (c1 < tl.c_hi) convert_and_mma<F>(nx, c1, tl.c_hi, xr, acc);
       }
     }
-    tl.store(p, acc, m0, t, XPRE ? part : nullptr);
+    tl.store(p, acc, m0, t);
   }
-  if (XPRE && p.cluster)
-    tl.cluster_sum(p, part);
-  else if (p.partial)
-    tl.sum_partials(p);
+  if (p.partial) tl.sum_partials(p);
 }
 
 template <WFmt F>
@@ -351,13 +312,7 @@ cudaError_t launch_fmt(const WStreamParams& p, bool five_ctas, int double_buffer
               : double_buffer == 2 ? wstream_kernel<F, false, 4, 2>
               : five_ctas          ? wstream_kernel<F, false, 5, 0>
                                    : wstream_kernel<F, false, 1, 0>;
-  const unsigned cluster_z = p.cluster ? grid.z : 1u;
-  if (cluster_z > 8) {  // past the portable size: allowed once (only the x_prefetch variant takes clusters)
-    static const cudaError_t allowed =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (allowed != cudaSuccess) return allowed;
-  }
-  return launch_kernel_clustered(kernel, grid, dim3(32 * kWStreamWarps), 0, stream, pdl, cluster_z, p);
+  return launch_kernel(kernel, grid, dim3(32 * kWStreamWarps), 0, stream, pdl, p);
 }
 
 }  // namespace

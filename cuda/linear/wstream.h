@@ -27,21 +27,15 @@ struct WStreamParams {
   int B0, sk_log2;         // scale block: rows, log2 of its inputs (mxfp4: 1, 5)
   int chunks_per_split;    // K chunks (128 inputs mxfp4, 64 fp8) per grid.z slice
   int x_prefetch;          // load the activation pieces with the weights' (more registers)
-  int cluster;             // split > 1 in one thread-block cluster along grid.z: partials in shared memory (dense
-                           // linears with x_prefetch, P ≤ kWStreamMaxRows, split ≤ kWStreamMaxCluster; no partial,
-                           // no counters)
 };
 
 constexpr int kWStreamWarps = 4;
 constexpr int kWStreamRowsPerCta = 16 * kWStreamWarps;
-constexpr int kWStreamMaxRows = 8;     // activation rows of one pass (the cluster split-K keeps one pass's partials)
-constexpr int kWStreamMaxCluster = 16;  // 8 is the portable cluster size; 16 where the GPU allows it (H100, H200)
 
 // Launches the kernel on `stream`; grid (experts or active slots, ceil(N / 64), split). five_ctas (without
 // x_prefetch): registers capped at 96 per thread so 5 CTAs fit per SM instead of 4. double_buffer (0 or 2; without
 // x_prefetch): two batches of 2 chunks, the next loading while the current one is converted (registers capped for
-// 4 CTAs per SM; five_ctas is then ignored). p.cluster: the split-K slices of a tile run as one cluster (grid.z
-// CTAs) and sum their partials through distributed shared memory. pdl: launched as a programmatic dependent of the previous kernel on the
+// 4 CTAs per SM; five_ctas is then ignored). pdl: launched as a programmatic dependent of the previous kernel on the
 // stream (common/pdl.cuh). Returns the launch error.
 cudaError_t wstream_launch(const WStreamParams& p, WFmt fmt, bool five_ctas, int double_buffer, dim3 grid,
                            cudaStream_t stream, bool pdl);

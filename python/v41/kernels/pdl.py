@@ -13,9 +13,10 @@ Every kernel launched this way runs :func:`prologue` (Triton) or ``pdl_wait(); p
 Kernels that PyTorch launches, and any kernel launched without the attribute, still wait for the whole previous
 kernel. :data:`ENABLED` (default on) switches the attribute for every launch: ``--set
 v41.kernels.pdl.ENABLED=0`` in the GPU benchmarks. Work joined from another stream (an event wait) is complete
-before a kernel passes its wait as well, but the side stream (:mod:`.side_stream`, off by default) has not been
-tested with PDL on a GPU, so PDL is off while it is on unless :data:`WITH_SIDE_STREAM` (``MODE=side`` of
-benches/gpu/issue17_check.sh runs the side stream's test and times the step with both). A dense weight-streaming
+before a kernel passes its wait as well: with :data:`WITH_SIDE_STREAM` (the default) PDL stays on while the side
+stream (:mod:`.side_stream`) is, whose GPU test gives the inline logits bit for bit with both on (an H100,
+benches/RESULTS.md "2026-12-05 (afternoon)"; the pair was 6 % faster at B = 1, the side stream without PDL 3 %
+slower); False turns PDL off whenever the side stream is on. A dense weight-streaming
 GEMM reads its weight before the wait, so a weight must not be written by a kernel of the same step (weights are
 constants loaded at start-up).
 """
@@ -28,7 +29,7 @@ from . import side_stream
 from .dispatch import interpreting, tl, triton
 
 ENABLED = True
-WITH_SIDE_STREAM = False  # PDL also while side_stream.ENABLED (not yet run on a GPU)
+WITH_SIDE_STREAM = True  # PDL also while side_stream.ENABLED
 _CAPABLE: dict[int, bool] = {}
 
 

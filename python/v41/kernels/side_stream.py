@@ -16,8 +16,8 @@ launch is queued on (0 main, 1 side), and such scratch is kept per lane.
 
 Memory: what side work allocates is cached in the side stream's pool, which the main stream does not reuse (the
 indexer's scores of site ``cache_and_index``: up to ``EngineArgs.index_scratch_bytes``), so turning the side stream
-on raises the peak beside the KV cache; and programmatic dependent launch is off while it is on, unless
-``pdl.WITH_SIDE_STREAM`` (:mod:`.pdl`).
+on raises the peak beside the KV cache — little at the one-token steps it takes by default (:data:`MAX_TOKENS`);
+programmatic dependent launch stays on with it (``pdl.WITH_SIDE_STREAM``, :mod:`.pdl`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,13 @@ from typing import Generic, TypeVar
 import torch
 from torch import Tensor
 
-# Off by default: on the H200 it was not measurably faster (flash-slice-v41, C = 2,048: B = 1 −4.6 % in one call,
-# +5.8 % in another, B = 64 +4 %; the run-to-run spread is about 5 %; benches/RESULTS.md "2026-12-03 (night)").
-ENABLED = False  # run side work on the side stream (False: inline on the current stream; same results)
+# On for one-token steps (B = 1 decode): with programmatic dependent launch also on (:data:`.pdl.WITH_SIDE_STREAM`)
+# flash-slice-v41 B = 1 took 2.55 against 2.71 ms and flash-slice-v4 1.21 against 1.27 ms on an H100, in
+# interleaved pairs (benches/RESULTS.md "2026-12-05 (afternoon)"); without PDL it was 3 % slower, and on 2026-12-03,
+# before PDL, B = 64 was 4 % slower (within that day's 5 % spread). Longer steps (larger batches, verification,
+# prefill) run inline until `MODE=side` of benches/gpu/issue17_check.sh times them.
+ENABLED = True  # run side work on the side stream (False: inline on the current stream; same results)
+MAX_TOKENS = 1  # ... for steps of at most this many tokens (the rows of ``like``); longer steps run inline
 # The call sites that use it (benches set a subset to measure each): the shared expert beside the routed experts
 # (models/fast/moe.py), an attention layer's cache writes and then its indexer's selection of compressed entries
 # beside its query path (models/fast/attention.py).
@@ -69,11 +73,18 @@ def stream_for(device: torch.device) -> torch.cuda.Stream:
     return _streams[device]
 
 
+def takes(like: Tensor, site: str) -> bool:
+    """Whether :func:`beside` queues work for ``site`` on the side stream: :data:`ENABLED`, ``site`` in
+    :data:`SITES`, ``like`` a CUDA tensor of at most :data:`MAX_TOKENS` rows, and not already inside :func:`beside`."""
+    return (ENABLED and site in SITES.split(",") and like.device.type == "cuda" and like.shape[0] <= MAX_TOKENS
+            and not _lane[0])
+
+
 def beside(fn: Callable[[], T], like: Tensor, site: str) -> Pending[T]:
-    """Queues ``fn()`` on the side stream of ``like``'s device after everything queued so far on the current
-    stream. Runs it inline (same results, no overlap) on a CPU device, when :data:`ENABLED` is False or ``site`` is
-    not in :data:`SITES`, or when already inside :func:`beside`."""
-    if not ENABLED or site not in SITES.split(",") or like.device.type != "cuda" or _lane[0]:
+    """Queues ``fn()`` on the side stream of ``like``'s device (``like``: the step's rows, [T, ...]) after
+    everything queued so far on the current stream where :func:`takes` says so; otherwise runs it inline (same
+    results, no overlap)."""
+    if not takes(like, site):
         return Pending(fn(), None)
     side = stream_for(like.device)
     side.wait_stream(torch.cuda.current_stream(like.device))

@@ -13,8 +13,7 @@ the reference; :func:`.dispatch.use_cuda` decides whether to try at all):
 
 Both compute what :func:`.linear.linear_ref` / :func:`.moe.grouped_linear_ref` compute (bf16 products are exact;
 only the float32 summation order differs). Launch shape: CTAs of 64 output rows per weight; K is split across
-CTAs (float32 partials summed in a fixed order by the last CTA of each tile, or with :data:`CLUSTER_SPLIT` by
-the tile's cluster through distributed shared memory) until about three CTAs per SM exist.
+CTAs (float32 partials summed in a fixed order by the last CTA of each tile) until about three CTAs per SM exist.
 Dense linears load a chunk's activations together with its weights (``x_prefetch``: 8–15 % faster on the big
 V4.1 projections); expert GEMMs do not (13–28 % slower there: the registers cost CTAs per SM; benches/RESULTS.md).
 """
@@ -54,15 +53,6 @@ FIVE_CTAS = True
 # (prefill paths)").
 DOUBLE_BUFFER = 2
 DOUBLE_BUFFER_CTAS_PER_SM = 4
-# Dense linears split into 2..MAX_CLUSTER slices run each tile's slices as one thread-block cluster that sums the
-# partials through distributed shared memory (cuda/linear/wstream.cu): no float32 partials in global memory, no
-# fences, no arrival atomic, and no counters (so also inside a capture before they exist). The same sums, bit for
-# bit. Off until the H200 times it (`MODE=cluster` of benches/gpu/issue17_check.sh).
-CLUSTER_SPLIT = False
-# Slices per cluster at most: 8 is the portable size; the kernel takes up to 16 (cuda/linear/wstream.h
-# kWStreamMaxCluster) where the GPU allows it (H100 / H200), which would take V4.1's stacked wq_a + wkv (14 slices).
-MAX_CLUSTER = 8
-CLUSTER_MAX_ROWS = 8  # kWStreamMaxRows: the shared partials hold one pass of activation rows
 COUNTER_SLOTS = 1 << 16
 FMT_CODES = {"mxfp4": 0, "fp8": 1}
 CHUNK = {"mxfp4": 128, "fp8": 64}  # inputs per 64-byte chunk of a weight row
@@ -129,28 +119,20 @@ def double_buffer_chunks(ctas: int, x_prefetch: bool, sms: int) -> int:
     return DOUBLE_BUFFER if ctas <= DOUBLE_BUFFER_CTAS_PER_SM * sms else 0
 
 
-def clustered(split: int, rows: int, x_prefetch: bool) -> bool:
-    """Whether a launch of ``split`` K slices over ``rows`` activation rows sums its slices in thread-block clusters
-    (:data:`CLUSTER_SPLIT`): dense linears only (``x_prefetch``; expert GEMMs keep the global sum), 2 to
-    :data:`MAX_CLUSTER` slices, at most :data:`CLUSTER_MAX_ROWS` rows."""
-    return CLUSTER_SPLIT and x_prefetch and 1 < split <= MAX_CLUSTER and rows <= CLUSTER_MAX_ROWS
-
-
 def _run(x: Tensor, rows: Tensor | None, w: PackedWeight, offsets: Tensor | None, active: Tensor | None,
          p: int, slots: int, n_group: int, x_prefetch: bool) -> Tensor:
     n, k = w.out_features, w.in_features
     y = torch.empty((p, n), dtype=torch.bfloat16, device=x.device)
     split, per = _launch_shape(slots, n, k, w.fmt, x.device)
-    cluster = clustered(split, p, x_prefetch)
-    counters = split_counters(x.device) if split > 1 and not cluster else None
-    if counters is None and not cluster:
+    counters = split_counters(x.device) if split > 1 else None
+    if counters is None:
         split, per = 1, k // CHUNK[w.fmt]
-    partial = torch.empty((split, p, n), dtype=torch.float32, device=x.device) if split > 1 and not cluster else None
+    partial = torch.empty((split, p, n), dtype=torch.float32, device=x.device) if split > 1 else None
     double_buffer = double_buffer_chunks(slots * -(-n // ROWS_PER_CTA) * split, x_prefetch, sm_count(x.device))
     cuda_ext().wstream(x, rows, w.data.view(torch.uint8), w.scale, offsets, active, y, partial,
                        counters, FMT_CODES[w.fmt], n_group, w.block[0],
                        32 if w.fmt == "mxfp4" else w.block[1], slots, split, per,
-                       x_prefetch, FIVE_CTAS, double_buffer, cluster, pdl_enabled(x.device))
+                       x_prefetch, FIVE_CTAS, double_buffer, pdl_enabled(x.device))
     return y
 
 
