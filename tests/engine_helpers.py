@@ -108,10 +108,11 @@ class StepDriver:
         return self.model.forward(self.buffers.load(self.step(runs, all_rows)), return_aux)
 
 
-def assert_switch_keeps_logits(path, module, attr: str, monkeypatch, replays: int = 3) -> None:
+def assert_switch_keeps_logits(path, module, attr: str, monkeypatch, replays: int = 3, n_prompts: int = 5) -> None:
     """CUDA GPU tests of a switch that must not change results (``module.attr``, e.g. the side stream or PDL): two
     model runners of the checkpoint at ``path``, their graphs captured with the switch off and on, give bit-equal
-    logits for an eager prefill of five prompts and for ``replays`` decode steps replayed from the graphs."""
+    logits for an eager prefill of ``n_prompts`` prompts and for ``replays`` decode steps of them replayed from the
+    graphs (one prompt: the batch-1 graph)."""
     from v41.engine.args import EngineArgs
     from v41.engine.model_runner import ModelRunner
     from v41.models.engram_loader import engram_hasher
@@ -136,7 +137,7 @@ def assert_switch_keeps_logits(path, module, attr: str, monkeypatch, replays: in
     layout = runners[True].cache_layout(16)
     hasher = engram_hasher(runners[True].cfg, path / "tokenizer.json")
     gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 1000, (int(n),), generator=gen).tolist() for n in torch.randint(4, 30, (5,))]
+    prompts = [torch.randint(3, 1000, (int(n),), generator=gen).tolist() for n in torch.randint(4, 30, (n_prompts,))]
     outs = execute(host_step(layout, [(s, p, 0, []) for s, p in enumerate(prompts)], 8, False, hasher))
     assert torch.equal(outs[0], outs[1])
     for _ in range(replays):

@@ -220,14 +220,31 @@ def test_the_triton_linears_tiles(m, n, ng):
         assert bn == (128 if wide else 64)
 
 
-def test_side_work_runs_inline_on_cpu_tensors():
-    """kernels/side_stream.py: without a CUDA device the side function runs at once, on the main lane."""
+def test_side_work_runs_inline_on_cpu_tensors(monkeypatch):
+    """kernels/side_stream.py: without a CUDA device the side function runs at once, on the main lane, even for a
+    one-token step of an enabled site; beside asks side_stream.takes."""
     from v41.kernels import side_stream
 
-    x = torch.ones(3)
+    monkeypatch.setattr(side_stream, "ENABLED", True)
+    monkeypatch.setattr(side_stream, "MAX_TOKENS", 1)
+    x = torch.ones(1, 3)
     pending = side_stream.beside(lambda: (side_stream.lane(), x + 1), x, "shared_expert")
     lane, y = pending.wait()
-    assert lane == 0 and torch.equal(y, torch.full((3,), 2.0))
+    assert lane == 0 and torch.equal(y, torch.full((1, 3), 2.0))
+    asked = []
+    monkeypatch.setattr(side_stream, "takes", lambda like, site: asked.append(site) or False)
+    side_stream.beside(lambda: None, x, "cache_and_index")
+    assert asked == ["cache_and_index"]
+
+
+def test_side_stream_and_pdl_defaults():
+    """The defaults measured on 2026-12-05 (benches/RESULTS.md): the side stream on for one-token steps of both
+    sites, with programmatic dependent launch."""
+    from v41.kernels import pdl, side_stream
+
+    assert side_stream.ENABLED and side_stream.MAX_TOKENS == 1
+    assert side_stream.SITES.split(",") == ["shared_expert", "cache_and_index"]
+    assert pdl.ENABLED and pdl.WITH_SIDE_STREAM
 
 
 def test_side_stream_takes_one_token_cuda_steps_of_its_sites(monkeypatch):

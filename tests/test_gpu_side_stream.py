@@ -32,11 +32,15 @@ def test_beside_joins_and_keeps_split_counters_per_lane(monkeypatch):
     assert torch.equal(pending.wait(), (x * 2).sum())
 
 
+# (side_stream.MAX_TOKENS, prompts): the default, one-token steps, through one prompt's batch-1 decode graph (its
+# prefill runs inline); and every step on the side stream, prefill and a 5-row decode included
+@pytest.mark.parametrize("max_tokens,n_prompts", [(1, 1), (1 << 20, 5)])
 @pytest.mark.parametrize("arch", ["deepseek_v41", "deepseek_v4"])
-def test_side_stream_gives_the_inline_logits_bit_for_bit(tmp_path, arch, monkeypatch):
+def test_side_stream_gives_the_inline_logits_bit_for_bit(tmp_path, arch, max_tokens, n_prompts, monkeypatch):
     from v41.testing.tiny import make_tiny
 
     from engine_helpers import assert_switch_keeps_logits
 
-    monkeypatch.setattr(side_stream, "MAX_TOKENS", 1 << 20)  # every step on the side stream: prefill, 5-row decode
-    assert_switch_keeps_logits(make_tiny(tmp_path / arch, arch), side_stream, "ENABLED", monkeypatch)
+    monkeypatch.setattr(side_stream, "MAX_TOKENS", max_tokens)
+    assert_switch_keeps_logits(make_tiny(tmp_path / arch, arch), side_stream, "ENABLED", monkeypatch,
+                               n_prompts=n_prompts)

@@ -16,7 +16,9 @@ format used — dense parts plus the experts uniform routing touches in expectat
 device-to-device copy bandwidth measured in the same call; a prefill's floor is its roofline, the tokens per second
 at the bf16 dense-GEMM rate of the same call over the FLOPs of its linears per token (layer_times.py
 ``gemm_flops_per_token``: attention's products left out, so the percentage understates). Prints the environment,
-writes JSON next to --out, prints one table last.
+writes JSON next to --out, prints one table last. The engines of this script and of the scripts that import
+:func:`v41_engine` (profile_step.py, engram_offload.py) use ``gpu_memory_utilization`` ``$GPU_UTIL`` (default 0.9):
+flash-slice-v41's weights take ~72 GB, so an 80 GB H100 needs about 0.97.
 """
 
 from __future__ import annotations
@@ -78,9 +80,14 @@ def write_config(root: Path, which: str) -> Path:
 
 
 # -- v41 -----------------------------------------------------------------------------------------------------------
+GPU_MEMORY_UTILIZATION = float(os.environ.get("GPU_UTIL", "0.9"))  # module docstring
+
+
 def v41_engine(path: Path, max_seqs: int, max_tokens: int, max_len: int, quantization: str, **kw):
     from v41.engine.args import EngineArgs
     from v41.engine.core import EngineCore
+
+    kw.setdefault("gpu_memory_utilization", GPU_MEMORY_UTILIZATION)
 
     args = EngineArgs(model=str(path), load_format="dummy", device="cuda", max_num_seqs=max_seqs,
                       max_num_batched_tokens=max_tokens, max_model_len=max_len, enable_prefix_caching=False,
@@ -337,8 +344,9 @@ def main() -> None:
                          "the GPU runs the next step)")
     ap.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                     help="the engine's async_scheduling (default on: each step launched while the previous runs)")
-    ap.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="the engine's gpu_memory_utilization "
-                    "(flash-slice-v41's weights take ~72 GB: an 80 GB H100 needs about 0.97)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=GPU_MEMORY_UTILIZATION,
+                    help="the engine's gpu_memory_utilization (default $GPU_UTIL or 0.9; flash-slice-v41's weights "
+                    "take ~72 GB: an 80 GB H100 needs about 0.97)")
     ap.add_argument("--budget", type=int, default=0, help="max_num_batched_tokens (default: the longest prefill, "
                     "at least 256)")
     ap.add_argument("--recent-index-prefill", action="store_true", help="decode cells prefill with recency "

@@ -7,12 +7,13 @@
 #   tests2   (~4 min) the MoE router's and the mHC seam's CUDA tests (their 384-expert CPU references are slow);
 #   engine   (~4 min) the Triton kernel checks in bf16 and float32, the engine's greedy tokens = the CPU engine's on
 #            tiny V4.1, no host synchronisation in a decode forward or in the sampler (K1, T1: another -k and time
-#            limit); PROFILE=1 then profiles a B = 1 step with PDL off (with it on, kernel times overlap);
+#            limit); PROFILE=1 then profiles a B = 1 step with PDL and the side stream off (with them on, kernel
+#            times overlap);
 #   slices   (~4 min) flash-slice-v41 (C = 2,048, fp8 records, B = 1 and 64) and flash-slice-v4 (B = 1, 8, 64);
 #   final    (~6 min) the RoPE / RMSNorm checks, flash-slice-v41 B = 1, 64 and its prefill rates at 2,048 /
 #            8,192 tokens; flash-slice-v4 B = 1; the device host's Python path of a V4 graph step (host_step.py);
 #   profiles (~7 min) B = 1 decode profiles of flash-slice-v41 (fp8) and -v4 and the 8,192-token prefill profile
-#            (PDL off);
+#            (PDL and the side stream off);
 #   table    (~7 min) the per-kernel table of issue 17: kernel_bench.py (linears, experts, sparse MQA, indexer
 #            scores and top-k at B = 1, 8, 64), glue_bench.py (mHC mixes, float32-output linears, the sampler's
 #            race at 1, 8, 64 tokens; the mixes at 2,048 / 8,192), moe_bench.py at 2,048 / 8,192 tokens;
@@ -38,7 +39,7 @@
 #            8,192), then flash-slice-v41 B = 1 with ORDERED_MAX_N 0 and 8,192 (four top-k launches per step);
 #   side     (~7 min) the side stream's GPU tests (logits bit for bit with it, PDL on), then flash-slice-v41 at
 #            B = 1, 8, 64 with it off, on for one-token steps (the default: side_stream.MAX_TOKENS = 1) and on for
-#            steps up to 64 tokens (GPU_UTIL=0.97 on an 80 GB H100: the slice's weights take ~72 GB);
+#            steps up to 64 tokens;
 #   wide     (~4 min) the Triton sparse-MQA checks on the GPU (the wide tiling of 64 heads a program and its
 #            dispatch, bf16) and the sparse-MQA cells (kernel_bench.py --ops attention: the "triton wide" column), then
 #            the 8,192-token prefill of flash-slice-v41 over bf16 rows (the wide tiling does not take records) with
@@ -46,7 +47,8 @@
 # The one-off A/B modes of finished experiments (kernels, glue, verify, seam, seam_ab, router, dbuf, router2, final2,
 # launches) are gone; benches/RESULTS.md names each call's mode and date, and git history holds the script it ran.
 # The exit status is 1 when a test run failed.
-# carry: ["python/v41/_native.abi3.so"] (MODE=flashmla: also ".flashmla").
+# carry: ["python/v41/_native.abi3.so"] (MODE=flashmla: also ".flashmla"). On an 80 GB H100 set GPU_UTIL=0.97: the
+# engines' gpu_memory_utilization (flash_slice.py; flash-slice-v41's weights take ~72 GB, 0.9 leaves no KV cache).
 #   run: MODE=tests bash benches/gpu/issue17_check.sh      (or MODE=paths,moe: both after one build; the modes'
 #        typical times must sum to under the device's 10 minutes a call; the timeouts are safety nets, and a call
 #        cut at 10 minutes still returns what $OUT holds)
@@ -82,7 +84,8 @@ case "$mode" in
     tail -12 "$OUT/tests2.txt"
     if [ "${PROFILE:-0}" = 1 ]; then
       timeout 150 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 2048 --prefill 0 \
-        --kv-cache-dtype fp8 --top 60 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
+        --kv-cache-dtype fp8 --top 60 --set v41.kernels.pdl.ENABLED=0 \
+        --set v41.kernels.side_stream.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
       grep -A30 "== decode" "$OUT/profile_b1.txt" | head -34
     fi ;;
   slices)
@@ -105,13 +108,16 @@ case "$mode" in
     timeout 60 python3 benches/host_step.py --arch deepseek_v4 --batch 1 --graph --greedy --steps 500 2>&1 | tail -1 ;;
   profiles)
     timeout 150 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 2048 --prefill 0 \
-      --kv-cache-dtype fp8 --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
+      --kv-cache-dtype fp8 --top 80 --set v41.kernels.pdl.ENABLED=0 \
+      --set v41.kernels.side_stream.ENABLED=0 > "$OUT/profile_b1.txt" 2>&1
     grep -A24 "== decode" "$OUT/profile_b1.txt" | head -26
     timeout 120 python3 benches/gpu/profile_step.py --slice v4 --batch 1 --context 2048 --prefill 0 \
-      --top 80 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_v4_b1.txt" 2>&1
+      --top 80 --set v41.kernels.pdl.ENABLED=0 \
+      --set v41.kernels.side_stream.ENABLED=0 > "$OUT/profile_v4_b1.txt" 2>&1
     grep -A16 "== decode" "$OUT/profile_v4_b1.txt" | head -18
     timeout 200 python3 benches/gpu/profile_step.py --slice v41 --batch 1 --context 256 --prefill 8192 \
-      --kv-cache-dtype fp8 --top 40 --set v41.kernels.pdl.ENABLED=0 > "$OUT/profile_prefill.txt" 2>&1
+      --kv-cache-dtype fp8 --top 40 --set v41.kernels.pdl.ENABLED=0 \
+      --set v41.kernels.side_stream.ENABLED=0 > "$OUT/profile_prefill.txt" 2>&1
     grep -A20 "== prefill" "$OUT/profile_prefill.txt" | head -22 ;;
   table)
     timeout 150 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and (norm_rope or mhc)" > "$OUT/tests7.txt" 2>&1 || rc=1
@@ -176,8 +182,8 @@ case "$mode" in
     # the side stream off, at one-token steps (the default), at steps up to 64 tokens; each at B = 1, 8, 64
     for cell in off:1 on:1 on:64; do
       on=$([ "${cell%:*}" = on ] && echo 1 || echo 0) most=${cell#*:}
-      timeout 170 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,8x2048,64x2048 --prefill , \
-        --kv-cache-dtype fp8 --gpu-memory-utilization "${GPU_UTIL:-0.9}" --set v41.kernels.side_stream.ENABLED=$on \
+      timeout 150 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x2048,8x2048,64x2048 --prefill , \
+        --kv-cache-dtype fp8 --set v41.kernels.side_stream.ENABLED=$on \
         --set v41.kernels.side_stream.MAX_TOKENS=$most --out "$OUT/fs_side_${cell/:/_}" \
         > "$OUT/fs_v41_side_${cell/:/_}.txt" 2>&1
       echo "side stream $cell:"; grep "'v41'" "$OUT/fs_v41_side_${cell/:/_}.txt" | cut -c1-90

@@ -1,13 +1,14 @@
 """Where a flash-slice step's time goes (torch.profiler on the GPU machine; nsys cannot make reports there).
 
     python3 benches/gpu/profile_step.py --slice v4 --batch 1 --context 2048 [--prefill 2048] [--top 25]
-        [--kv-cache-dtype fp8] [--set v41.kernels.pdl.ENABLED=0]
+        [--kv-cache-dtype fp8] [--set v41.kernels.pdl.ENABLED=0 --set v41.kernels.side_stream.ENABLED=0]
 
 Builds the engine as ``flash_slice.py`` does, prefills ``batch`` requests to ``context``, then profiles 5 decode
 steps (and one prefill of ``--prefill`` tokens) and prints the kernels by CUDA time, the launches per step and the
 host time per step. With programmatic dependent launch on (``kernels/pdl.py``, the default on sm_90) a kernel's
-time includes its programs' wait for the kernel before it, so the times overlap: ``--set
-v41.kernels.pdl.ENABLED=0`` gives the per-kernel breakdown.
+time includes its programs' wait for the kernel before it, and at one token the side stream (``kernels/side_stream.py``)
+runs kernels at the same time, so the times overlap: ``--set v41.kernels.pdl.ENABLED=0 --set
+v41.kernels.side_stream.ENABLED=0`` gives the per-kernel breakdown.
 """
 
 from __future__ import annotations

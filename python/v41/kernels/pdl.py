@@ -16,9 +16,9 @@ v41.kernels.pdl.ENABLED=0`` in the GPU benchmarks. Work joined from another stre
 before a kernel passes its wait as well: with :data:`WITH_SIDE_STREAM` (the default) PDL stays on while the side
 stream (:mod:`.side_stream`) is, whose GPU test gives the inline logits bit for bit with both on (an H100,
 benches/RESULTS.md "2026-12-05 (afternoon)"; the pair was 6 % faster at B = 1, the side stream without PDL 3 %
-slower); False turns PDL off whenever the side stream is on. A dense weight-streaming
-GEMM reads its weight before the wait, so a weight must not be written by a kernel of the same step (weights are
-constants loaded at start-up).
+slower); False turns PDL off for every launch while the side stream is on, steps it does not take included. A
+dense weight-streaming GEMM reads its weight before the wait, so a weight must not be written by a kernel of the
+same step (weights are constants loaded at start-up).
 """
 
 from __future__ import annotations
