@@ -110,6 +110,13 @@ def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
                     poison(device)
                     y = moe.grouped_linear_triton(xin, w, offsets, rows, cfg, pairs.active)
                     out.append((f"grouped/{tag}/bk64/split{split}", rel(y.cpu(), r), tol(dtype)))
+                if fmt == "mxfp4" and dtype == torch.bfloat16 and device != "cpu":  # the PTX bit moves (GPU only)
+                    for bk, maxnreg in ((64, 128), (128, None)):
+                        cfg = dict(moe.grouped_config(t * top, w, dtype), bm=64, bn=64, bk=bk, split=1,
+                                   decode="bits", maxnreg=maxnreg)
+                        poison(device)
+                        y = moe.grouped_linear_triton(xin, w, offsets, rows, cfg, pairs.active)
+                        out.append((f"grouped/{tag}/bits/bk{bk}", rel(y.cpu(), r), tol(dtype)))
     yp = torch.randn(t * top, k, generator=g).to(device, dtype)
     extra = torch.randn(t, k, generator=g).to(device, dtype)
     inv = pairs.inv

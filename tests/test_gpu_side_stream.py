@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 def test_beside_joins_and_keeps_split_counters_per_lane(monkeypatch):
     monkeypatch.setattr(side_stream, "ENABLED", True)
-    x = torch.randn(1, 4096, device="cuda")  # a one-token step: side_stream.MAX_TOKENS = 1 takes it
+    x = torch.randn(1, 4096, device="cuda")  # a one-token step: side_stream.MAX_TOKENS (8) takes it
     main = wstream.split_counters(x.device)
     seen = {}
 
@@ -32,9 +32,9 @@ def test_beside_joins_and_keeps_split_counters_per_lane(monkeypatch):
     assert torch.equal(pending.wait(), (x * 2).sum())
 
 
-# (side_stream.MAX_TOKENS, prompts): the default, one-token steps, through one prompt's batch-1 decode graph (its
-# prefill runs inline); and every step on the side stream, prefill and a 5-row decode included
-@pytest.mark.parametrize("max_tokens,n_prompts", [(1, 1), (1 << 20, 5)])
+# (side_stream.MAX_TOKENS, prompts): the default (8) through one prompt's batch-1 decode graph and through a 5-row
+# decode (the prompts' prefills run inline); and every step on the side stream, prefill included
+@pytest.mark.parametrize("max_tokens,n_prompts", [(8, 1), (8, 5), (1 << 20, 5)])
 @pytest.mark.parametrize("arch", ["deepseek_v41", "deepseek_v4"])
 def test_side_stream_gives_the_inline_logits_bit_for_bit(tmp_path, arch, max_tokens, n_prompts, monkeypatch):
     from v41.testing.tiny import make_tiny

@@ -25,10 +25,11 @@
 #   moe      (~2 min) the MoE GEMM at 2,048- and 8,192-token prefill chunks over V4.1's experts (moe_bench.py);
 #            the mHC mixes at prefill sizes (glue_bench.py --ops mhc: columns "64-token tiles" / "16-token tiles"
 #            set mhc.MIX_WIDE_T to 1 / 0);
-#   prefill2 (~8 min) moe_bench.py over V4.1's experts at 8,192 tokens with the K step of 64 and a 128-register
-#            cap (two 8-warp CTAs per SM, or 16 warps over 128 × 256 tiles: benches/gpu/triton_regs.py), each tiling
-#            checked against its reference there; the 8,192-token prefill of flash-slice-v41 with the moe.PREFILL_*
-#            settings at their defaults, then with K step 64 + cap through the nibble decode;
+#   prefill2 (~8 min) the MoE kernel's GPU checks in bf16 (the PTX bit-move decode among them), then moe_bench.py
+#            over V4.1's experts at 8,192 tokens: 128 × 128 tiles at the K step of 128, and at 64 with a 128-register
+#            cap (two 8-warp CTAs per SM: benches/gpu/triton_regs.py), each through tl.dot_scaled, the nibble decode and
+#            the bit moves, each checked against its reference there; then the 8,192-token prefill of flash-slice-v41
+#            at the defaults, with the bit moves at K step 64 + cap, and at 128;
 #   splits   (~3 min) kernel_bench.py linears at 1 and 8 rows with the K split forced to 1-12 slices (columns
 #            split<n>): what the split-K sum and the CTAs per SM cost each projection;
 #   flashmla (~5 min) FlashMLA's SM90 sparse FP8 decode kernel for V4 rows built from the staged sources
@@ -38,8 +39,8 @@
 #            its cells (kernel_bench.py --ops topk: the "cuda, ordered finish" column sets topk.ORDERED_MAX_N to
 #            8,192), then flash-slice-v41 B = 1 with ORDERED_MAX_N 0 and 8,192 (four top-k launches per step);
 #   side     (~4 min) the side stream's GPU tests (logits bit for bit with it, PDL on), then flash-slice-v41 at
-#            B = 8 and 64 with it on for one-token steps only (the default: side_stream.MAX_TOKENS = 1) and for steps
-#            up to 64 tokens;
+#            B = 8 and 64 with it on for one-token steps only (side_stream.MAX_TOKENS = 1) and for steps up to 64
+#            tokens (the default since 2026-12-05 (evening): 8);
 #   hf       (~5 min) flash-slice-v4 decode B = 1, 8 and the 2,048-token prefill, v41 and transformers in the same
 #            call (carry ".hfwhl" too: the transformers 5.23 wheel, `pip download --no-deps transformers==5.23.0 -d
 #            .hfwhl`; RESULTS' earlier transformers figures used 5.23, the device has 5.17);
@@ -60,6 +61,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODE=${MODE:-tests}
+PF=${PF:-128:0:scaled,64:128:bits,128:0:bits}
 MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 splits flashmla topk side wide hf "
 for mode in ${MODE//,/ }; do  # every mode checked before any device time goes
   [[ "$MODES" == *" $mode "* ]] || { echo "MODE must be among:$MODES(comma-separated)"; exit 2; }
@@ -150,15 +152,19 @@ case "$mode" in
     timeout 150 python3 benches/gpu/glue_bench.py --tokens 2048,8192 --ops mhc > "$OUT/glue_prefill.txt" 2>&1
     tail -3 "$OUT/glue_prefill.txt" ;;
   prefill2)
-    timeout 220 python3 benches/gpu/moe_bench.py --shape v41 --batches 8192 --reps 5 --tile-warps 8,16 \
-      --tiles 128:128,128:128:64:3:128,128:256:64:3:128 > "$OUT/moe_tiles.txt" 2>&1
-    tail -5 "$OUT/moe_tiles.txt"
-    for v in "128 0 1" "64 128 0"; do
-      set -- $v
+    timeout 100 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and check_grouped and bf16" > "$OUT/tests19.txt" \
+      2>&1 || rc=1
+    tail -2 "$OUT/tests19.txt"
+    timeout 240 python3 benches/gpu/moe_bench.py --shape v41 --batches 8192 --reps 5 --tile-warps 8 \
+      --tiles 128:128,128:128:64:3:128 --decodes scaled,nibble,bits > "$OUT/moe_tiles.txt" 2>&1
+    grep "^| \|^(bf16\|Error" "$OUT/moe_tiles.txt" | tail -6
+    grep "^B=" "$OUT/moe_tiles.txt" | sed -E "s/'(bm|split|warps|stages)': [0-9]+, //g" | cut -c1-140
+    for v in ${PF//,/ }; do  # PF: BK:maxnreg:decode cells, comma-separated
+      set -- ${v//:/ }
       timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 8192 --kv-cache-dtype fp8 \
         --set v41.kernels.moe.PREFILL_BK=$1 --set v41.kernels.moe.PREFILL_MAXNREG=$2 \
-        --set v41.kernels.moe.PREFILL_SCALED=$3 --out "$OUT/fs_pf" > "$OUT/fs_pf_$1_$2_$3.txt" 2>&1
-      echo "BK=$1 maxnreg=$2 scaled=$3: $(grep "prefill" "$OUT/fs_pf_$1_$2_$3.txt" | tail -1)"
+        --set v41.kernels.moe.PREFILL_DECODE=$3 --out "$OUT/fs_pf" > "$OUT/fs_pf_$1_$2_$3.txt" 2>&1
+      echo "BK=$1 maxnreg=$2 decode=$3: $(grep "prefill" "$OUT/fs_pf_$1_$2_$3.txt" | tail -1)"
     done ;;
   splits)
     timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --splits 1,2,3,4,6,8,12 \
@@ -182,7 +188,7 @@ case "$mode" in
   side)
     timeout 60 $PT tests/test_gpu_side_stream.py > "$OUT/tests18.txt" 2>&1 || rc=1
     tail -2 "$OUT/tests18.txt"
-    # steps of 8 and 64 tokens inline (side_stream.MAX_TOKENS = 1, the default) and on the side stream (64); one-token
+    # steps of 8 and 64 tokens inline (side_stream.MAX_TOKENS = 1) and on the side stream (64); one-token
     # steps take it either way (measured on 2026-12-05: 5.8 % faster on the H100)
     for most in 1 64; do
       timeout 150 python3 benches/gpu/flash_slice.py --slice v41 --cells 8x2048,64x2048 --prefill , \

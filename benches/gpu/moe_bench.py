@@ -11,7 +11,8 @@ the previous repetition's L2 contents; the launch is timed as a CUDA graph repla
 Floor = bytes of the experts touched (data + scales) over the copy bandwidth measured in the same call. Prints one
 table last: the default configuration and, with ``--sweep`` (decode: K split, N tile, warps, stages) or ``--tiles
 BM:BN[:BK[:stages[:maxnreg]]],…`` (prefill: each row block × N tile, K step (128), pipeline stages (3) and register
-cap (none) at ``--tile-warps`` (4 and 8), through ``tl.dot_scaled`` and through the nibble decode), the best of the
+cap (none) at ``--tile-warps`` (4 and 8), through each of ``--decodes``: ``tl.dot_scaled``, the nibble decode, the
+PTX bit moves), the best of the
 swept ones per cell; every cell also gives TFLOP/s, against the bf16 dense-GEMM rate measured in the same call.
 """
 
@@ -122,9 +123,11 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--shape", choices=tuple(SHAPES), default="v4")
     ap.add_argument("--tiles", default="",
-                    help="BM:BN[:BK[:stages[:maxnreg]]] tilings to sweep at 4 / 8 warps, scaled dot or not "
+                    help="BM:BN[:BK[:stages[:maxnreg]]] tilings to sweep at --tile-warps, through --decodes "
                     "(defaults BK 128, 3 stages, no register cap)")
     ap.add_argument("--tile-warps", default="4,8", help="the warps each --tiles tiling is timed at")
+    ap.add_argument("--decodes", default="scaled,nibble,bits", help="the MXFP4 decodes each --tiles tiling is timed "
+                    "with (v41.kernels.moe.DECODES)")
     a = ap.parse_args()
     experts, hidden, inter = SHAPES[a.shape]
     torch.manual_seed(0)
@@ -146,14 +149,14 @@ def main() -> None:
             configs = [default]
             if a.sweep:
                 splits = sorted({default["split"], 2 * default["split"], max(1, default["split"] // 2)})
-                for scaled, bn, split, warps, stages in itertools.product(
-                        (False, True), (64, 128), splits, (4, 8), (3, 4)):
-                    configs.append(dict(default, scaled=scaled, bn=bn, split=split, warps=warps, stages=stages))
-            for tile, warps, scaled in itertools.product(a.tiles.split(",") if a.tiles else (),
+                for decode, bn, split, warps, stages in itertools.product(
+                        ("nibble", "scaled"), (64, 128), splits, (4, 8), (3, 4)):
+                    configs.append(dict(default, decode=decode, bn=bn, split=split, warps=warps, stages=stages))
+            for tile, warps, decode in itertools.product(a.tiles.split(",") if a.tiles else (),
                                                          [int(v) for v in a.tile_warps.split(",")],
-                                                         (default["scaled"], not default["scaled"])):
+                                                         a.decodes.split(",")):
                 bm, bn, bk, stages, maxnreg = parse_tiling(tile)
-                configs.append(dict(default, bm=bm, bn=bn, bk=bk, split=1, warps=warps, stages=stages, scaled=scaled,
+                configs.append(dict(default, bm=bm, bn=bn, bk=bk, split=1, warps=warps, stages=stages, decode=decode,
                                     maxnreg=maxnreg or None))
             flop = 2 * batch * TOP_K * w.shape[1] * w.shape[2]
             results = []

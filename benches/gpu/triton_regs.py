@@ -6,10 +6,11 @@ by the ``ptxas`` Triton ships (``-v``), so occupancy can be counted before a dev
     python benches/gpu/triton_regs.py --mqa 16:32:4:3,64:32:8:2     # sparse MQA's Triton tilings instead
 
 A tiling is ``BM:BN[:BK[:stages[:maxnreg]]]`` (moe_bench.py's ``--tiles``; defaults BK 128, 3 stages, no register
-cap); each is compiled through ``tl.dot_scaled`` and through the nibble decode, for MXFP4 weights and bf16
+cap); each is compiled through each decode of ``moe.DECODES`` (``tl.dot_scaled``, the nibble decode, the PTX bit moves), for MXFP4 weights and bf16
 activations, with the rows in order (``w2``) or, with ``--gather``, through the pairs' token ids (``w13``). Integer
 arguments are compiled as multiples of 16, as the launches' shapes specialize them. CTAs per SM = min(65,536
-registers / (threads · registers), 228 KB / shared memory). ``--mqa BH:BK:warps:stages,...``: the tilings of
+registers / (threads · registers), 228 KB / shared memory). "K-loop PTX" counts the PTX instructions of the innermost
+loop holding the MMAs (one K step; per thread): the decode's cost next to the MMAs'. ``--mqa BH:BK:warps:stages,...``: the tilings of
 :func:`v41.kernels.sparse_attention._sparse_triton` (heads per program, keys per tile) at V4.1's d = 512 over two
 bf16 sources, with the count of WGMMA and ``mma.sync`` instructions in the PTX.
 """
@@ -65,15 +66,32 @@ def _compile(fn, consts: dict, pointers: dict, unaligned=(), **options):
     return triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps: int, scaled: bool,
+def mma_loop_instructions(ptx: str) -> int:
+    """PTX instructions in the innermost loop (a backward branch) that holds an MMA (``wgmma.mma_async`` /
+    ``mma.sync``); 0 if none."""
+    lines = ptx.splitlines()
+    labels = {ln.strip().split(":")[0]: i for i, ln in enumerate(lines) if re.match(r"^\$L__\w+:", ln.strip())}
+    sizes = []
+    for i, ln in enumerate(lines):
+        m = re.search(r"bra(?:\.uni)?\s+(\$L__\w+);", ln)
+        if m and labels.get(m.group(1), i) < i:
+            body = [x for x in lines[labels[m.group(1)]:i] if ";" in x and not x.strip().startswith("//")]
+            if any("wgmma.mma_async" in x or "mma.sync" in x for x in body):
+                sizes.append(len(body))
+    return min(sizes, default=0)
+
+
+def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps: int, decode: str,
                     gather: bool = False) -> dict:
-    """One tiling of the grouped kernel for sm_90a → {registers, spill bytes, shared bytes}; ``gather``: rows read
-    through the pairs' token ids (``w13``), else in order (``w2``)."""
+    """One tiling of the grouped kernel for sm_90a → {registers, spill bytes, shared bytes, loop (PTX instructions
+    of one K step)}; ``decode`` one of ``moe.DECODES``; ``gather``: rows read through the pairs' token ids
+    (``w13``), else in order (``w2``)."""
     fn = moe._grouped_kernel
-    consts = dict(GATHER=gather, B0=1, SK=32, FMT=2, BM=bm, BN=bn, BK=bk, DOT=tl.bfloat16, IEEE=False, SCALED=scaled,
-                  LHS_FMT="bf16", PDL=False)
+    consts = dict(GATHER=gather, B0=1, SK=32, FMT=2, BM=bm, BN=bn, BK=bk, DOT=tl.bfloat16, IEEE=False,
+                  DECODE=moe.DECODES[decode], LHS_FMT="bf16", PDL=False)
     options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
-    return _ptxas(_compile(fn, consts, POINTERS, UNALIGNED, **options))
+    kernel = _compile(fn, consts, POINTERS, UNALIGNED, **options)
+    return dict(_ptxas(kernel), loop=mma_loop_instructions(kernel.asm["ptx"]))
 
 
 def compile_sparse_mqa(bh: int, bk: int, warps: int, stages: int) -> dict:
@@ -93,6 +111,7 @@ def main() -> None:
     ap.add_argument("--tiles", default="128:128,128:128:64,128:128:64:3:128,128:128:64:4:128")
     ap.add_argument("--warps", default="8")
     ap.add_argument("--gather", action="store_true", help="the w13 launch (rows through token ids), else w2's")
+    ap.add_argument("--decodes", default=",".join(moe.DECODES), help="MXFP4 decodes to compile (moe.DECODES)")
     ap.add_argument("--mqa", default="", help="sparse-MQA tilings BH:BK:warps:stages to compile instead")
     a = ap.parse_args()
     if a.mqa:
@@ -104,15 +123,16 @@ def main() -> None:
             print(f"| {tile} | {r['registers']} | {r['spills']} | {r['shared'] / 1024:.1f} | {r['wgmma']} | "
                   f"{r['mma']} |", flush=True)
         return
-    print("| tiling BM:BN:BK:stages:maxnreg | warps | dot | registers | spill bytes | shared KB | CTAs per SM |")
-    print("|---|---|---|---|---|---|---|")
-    for tile, warps, scaled in itertools.product(a.tiles.split(","), [int(w) for w in a.warps.split(",")],
-                                                 (True, False)):
+    print("| tiling BM:BN:BK:stages:maxnreg | warps | decode | registers | spill bytes | shared KB | CTAs per SM "
+          "| K-loop PTX | per 128 inputs |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for tile, warps, decode in itertools.product(a.tiles.split(","), [int(w) for w in a.warps.split(",")],
+                                                 a.decodes.split(",")):
         bm, bn, bk, stages, maxnreg = parse_tiling(tile)
-        r = compile_grouped(bm, bn, bk, stages, maxnreg, warps, scaled, a.gather)
+        r = compile_grouped(bm, bn, bk, stages, maxnreg, warps, decode, a.gather)
         ctas = min(65536 // (32 * warps * r["registers"]), 228 * 1024 // max(1, r["shared"]))
-        print(f"| {bm}:{bn}:{bk}:{stages}:{maxnreg or '-'} | {warps} | {'dot_scaled' if scaled else 'nibble'} | "
-              f"{r['registers']} | {r['spills']} | {r['shared'] / 1024:.1f} | {ctas} |", flush=True)
+        print(f"| {bm}:{bn}:{bk}:{stages}:{maxnreg or '-'} | {warps} | {decode} | {r['registers']} | {r['spills']} "
+              f"| {r['shared'] / 1024:.1f} | {ctas} | {r['loop']} | {r['loop'] * 128 // bk} |", flush=True)
 
 
 if __name__ == "__main__":

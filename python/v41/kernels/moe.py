@@ -6,7 +6,9 @@ rows ``[offsets[e], offsets[e+1])``. :func:`grouped_linear` computes, for every 
 W4A16; FP8 and dense too). One launch covers every expert: programs ``(expert, N tile)`` walk their expert's
 rows in ``BM`` blocks, so an expert's weights are read once per row block and unused experts cost nothing but
 an empty program. On a GPU with bf16/fp16 activations MXFP4 tiles go through ``tl.dot_scaled`` (Triton's own FP4
-upcast, 1.3–1.6× faster than the nibble decode: benches/RESULTS.md); float32 and the interpreter decode in code.
+upcast, 1.3–1.6× faster than the nibble decode: benches/RESULTS.md), or, for bf16 prefill tiles (more than 64 rows
+per expert; ``PREFILL_*`` below), through the inline-PTX bit moves of :func:`.wtile.mxfp4_tile_bits`; float32 and
+the interpreter decode in code (:func:`.wtile.tile_dot`).
 """
 
 from __future__ import annotations
@@ -84,13 +86,13 @@ if triton is not None:
     import triton.language as tl
     from .pdl import prologue
 
-    from .wtile import FMT_CODES, TILE_K, scale_k, tile_dot
+    from .wtile import FMT_CODES, TILE_K, mxfp4_tile_bits, scale_k, tile_dot
 
     @triton.jit
     def _grouped_kernel(x_ptr, rows_ptr, w_ptr, s_ptr, offs_ptr, act_ptr, y_ptr, N, K, K_SPLIT, stride_xm, stride_we,
                         stride_wn, stride_se, stride_sn, stride_ys, stride_ym, GATHER: tl.constexpr,
                         B0: tl.constexpr, SK: tl.constexpr, FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr,
+                        BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, DECODE: tl.constexpr,
                         LHS_FMT: tl.constexpr, PDL: tl.constexpr):
         prologue(PDL)
         e = tl.load(act_ptr + tl.program_id(0))
@@ -117,7 +119,7 @@ if triton is not None:
                 rk = k0 + tl.arange(0, BK)
                 a = tl.load(x_ptr + src[:, None] * stride_xm + rk[None, :],
                             mask=mmask[:, None] & (rk < k_hi)[None, :], other=0.0).to(DOT)
-                if SCALED:  # MXFP4 through Triton's scaled dot: its own FP4 → bf16 upcast
+                if DECODE == 1:  # MXFP4 through Triton's scaled dot: its own FP4 → bf16 upcast
                     rb = k0 // 2 + tl.arange(0, BK // 2)
                     wb = tl.load(w_e + rn[:, None] * stride_wn + rb[None, :],
                                  mask=nmask[:, None] & (rb < K // 2)[None, :], other=0)
@@ -125,6 +127,9 @@ if triton is not None:
                     sb = tl.load(s_e + rn[:, None] * stride_sn + rs[None, :],
                                  mask=nmask[:, None] & (rs < K // 32)[None, :], other=127)
                     acc = tl.dot_scaled(a, None, LHS_FMT, tl.trans(wb), sb, "e2m1", acc)
+                elif DECODE == 2:  # MXFP4 → bf16 in inline-PTX bit moves
+                    w = mxfp4_tile_bits(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, BK)
+                    acc = tl.dot(a, tl.trans(w), acc)
                 else:
                     acc += tile_dot(a, w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT, IEEE)
             tl.store(y_ptr + pid_k * stride_ys + rm[:, None] * stride_ym + rn[None, :],
@@ -146,49 +151,57 @@ if triton is not None:
         tl.store(out_ptr + t.to(tl.int64) * D + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# The prefill launch (A/B switches for flash_slice.py --set; 128 × 128 tiles over 8 warps by default). Compiled for
-# sm_90a, the default (K step 128, 3 stages, tl.dot_scaled) takes 255 registers per thread: one CTA per SM, so a
-# tile's FP4 upcast and its MMAs do not overlap another CTA's. With a K step of 64, 3 stages and a cap of 128
-# registers the nibble decode compiles without spills (72 KB of shared memory: two CTAs per SM), tl.dot_scaled with 96
-# bytes of spills (ptxas -v on Triton 3.6's PTX, no GPU needed). Not yet timed: the defaults stay.
+# The prefill launch (A/B switches for flash_slice.py --set; 128 × 128 tiles over 8 warps). Compiled for sm_90a
+# (benches/gpu/triton_regs.py: ptxas -v on Triton 3.6's PTX, no GPU needed), a K step of 128 through tl.dot_scaled
+# takes 255 registers per thread: one CTA per SM. The default, a K step of 64 with a 128-register cap and the PTX bit
+# moves, compiles without spills (72 KB of shared memory: two CTAs per SM) in 299 PTX instructions per K step (598
+# per 128 inputs against 645 for tl.dot_scaled at 128). On an H100 at 8,192 tokens of V4.1's experts (moe_bench.py)
+# w13 took 11.6 against 13.6 ms, w2 6.7 against 7.3; the flash-slice-v41 8,192-token prefill 23,837 / 24,168 against
+# 23,595 / 23,523 tok/s in interleaved pairs (benches/RESULTS.md "2026-12-05 (evening)").
 PREFILL_BN = 128  # weight rows per tile (256 with 16 warps also compiles without spills at the cap)
 PREFILL_WARPS = 8
-PREFILL_BK = 128  # wtile.TILE_K; 64 halves the tiles held in registers
+PREFILL_BK = 64  # 64 halves the tiles held in registers (wtile.TILE_K = 128: one CTA per SM)
 PREFILL_STAGES = 3
-PREFILL_MAXNREG = 0  # 0: the compiler's choice
-PREFILL_SCALED = True  # False: the nibble decode of wtile.tile_dot
+PREFILL_MAXNREG = 128  # 0: the compiler's choice
+PREFILL_DECODE = "bits"  # wtile.mxfp4_tile_bits (bf16 activations; fp16 takes "scaled"); "nibble": wtile.tile_dot
+DECODES = {"nibble": 0, "scaled": 1, "bits": 2}  # the kernel's DECODE
 
 
 def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     """The launch of :func:`grouped_linear_triton` for ``pairs`` sorted rows over ``w`` (host shapes only, never the
     routing): row block ``bm``, N tile ``bn``, K step ``bk`` (128, or 64: half the tiles held in registers), K
-    ``split`` (few rows per expert split K so the weight stream spreads over the GPU), ``scaled`` (MXFP4 through
-    ``tl.dot_scaled``: bf16/fp16 activations on a GPU, not under the interpreter), ``warps``, ``stages``,
+    ``split`` (few rows per expert split K so the weight stream spreads over the GPU), ``decode`` (of
+    :data:`DECODES`: MXFP4 through ``tl.dot_scaled`` or the PTX bit moves with bf16/fp16 (bits: bf16) activations on
+    a GPU, not under the interpreter; else the nibble decode), ``warps``, ``stages``,
     ``maxnreg`` (a register cap per thread for the compiler, None = its choice). Prefill chunks (more than 64 pairs
     per expert, MXFP4 on a GPU) take the ``PREFILL_*`` settings. Chosen with ``benches/gpu/moe_bench.py --sweep``
     (decode) and ``--tiles`` (prefill: at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2
     / 6.8 ms for w13 / w2 against 17.6 / 9.1 ms with the 64 × 64 tiles of 4 warps before; 256-row tiles 11.5 / 6.8
     ms; the weight tile as the dot's left operand 3× slower; 128 rows, not 256: a 256-row tile is mostly masked rows
-    at ~128 per expert and gave w2 nothing; benches/RESULTS.md "2026-12-04 (evening)")."""
+    at ~128 per expert and gave w2 nothing; benches/RESULTS.md "2026-12-04 (evening)"; then the K step of 64 with
+    the bit moves: 11.6 / 6.7 ms against 13.6 / 7.3 on an H100, "2026-12-05 (evening)")."""
     n_exp, n, k = w.shape
     per_expert = pairs / n_exp
     scaled = (w.fmt == "mxfp4" and dtype in (torch.bfloat16, torch.float16) and w.data.is_cuda
               and not interpreting())
     if per_expert > 64 and scaled:  # prefill chunks (float32 tiles this size would not fit in shared memory)
-        return dict(bm=128, bn=PREFILL_BN, bk=PREFILL_BK, split=1, scaled=PREFILL_SCALED, warps=PREFILL_WARPS,
+        decode = PREFILL_DECODE if PREFILL_DECODE != "bits" or dtype == torch.bfloat16 else "scaled"
+        return dict(bm=128, bn=PREFILL_BN, bk=PREFILL_BK, split=1, decode=decode, warps=PREFILL_WARPS,
                     stages=PREFILL_STAGES, maxnreg=PREFILL_MAXNREG or None)
     bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
     bn = 128 if bm == 16 else 64
     slots = min(n_exp, pairs)
     n_kb = triton.cdiv(k, TILE_K)
     split = max(1, min(n_kb, 1024 // (slots * triton.cdiv(n, bn)))) if bm == 16 else 1
-    return dict(bm=bm, bn=bn, bk=TILE_K, split=split, scaled=scaled, warps=4, stages=4, maxnreg=None)
+    return dict(bm=bm, bn=bn, bk=TILE_K, split=split, decode="scaled" if scaled else "nibble", warps=4, stages=4,
+                maxnreg=None)
 
 
 def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None,
                           config: dict | None = None, active: Tensor | None = None) -> Tensor:
     """The Triton launch of :func:`grouped_linear` (``config``: :func:`grouped_config`'s keys, ``bk`` 64 or
-    :data:`.wtile.TILE_K`; default: its choice; ValueError for another ``bk``). Programs (live expert, N tile, K
+    :data:`.wtile.TILE_K`; default: its choice; ValueError for another ``bk``, or for a ``decode`` other than
+    "nibble" outside MXFP4 weights with bf16 ("bits") or bf16/fp16 activations on a GPU). Programs (live expert, N tile, K
     split): only the experts with rows get programs (a compact list made on the device); split partials are summed
     in float32 in a fixed order."""
     n_exp, n, k = w.shape
@@ -198,6 +211,11 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
     c = config or grouped_config(p, w, x.dtype)
     if c["bk"] not in (64, TILE_K):  # a K step of 32 would leave MXFP4 tiles unscaled (wtile.w_tile scales SK < BK)
         raise ValueError(f"bk = {c['bk']}: the K step must be 64 or {TILE_K}")
+    if c["decode"] != "nibble":
+        dtypes = (torch.bfloat16,) if c["decode"] == "bits" else (torch.bfloat16, torch.float16)
+        if w.fmt != "mxfp4" or x.dtype not in dtypes or not x.is_cuda or interpreting():
+            raise ValueError(f"decode {c['decode']!r} takes MXFP4 weights and {dtypes} activations on a GPU, not "
+                             f"{w.fmt} weights and {x.dtype} on {x.device.type}")
     x = x.contiguous()
     scale = w.scale if w.scale is not None else w.data
     slots = min(n_exp, p)
@@ -211,7 +229,7 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
         x.stride(0), w.data.stride(0), w.data.stride(1), scale.stride(0), scale.stride(1), y.stride(0),
         y.stride(1), GATHER=rows is not None, B0=w.block[0], SK=scale_k(w.fmt, w.block), FMT=FMT_CODES[w.fmt],
         BM=c["bm"], BN=c["bn"], BK=c["bk"], DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32,
-        SCALED=c["scaled"], LHS_FMT="fp16" if x.dtype == torch.float16 else "bf16",
+        DECODE=DECODES[c["decode"]], LHS_FMT="fp16" if x.dtype == torch.float16 else "bf16",
         num_warps=c["warps"], num_stages=c["stages"], **triton_kw(x.device),
         **({"maxnreg": c["maxnreg"]} if c.get("maxnreg") and not interpreting() else {}))
     return y[0] if split == 1 else y.sum(0).to(x.dtype)

@@ -16,7 +16,7 @@ launch is queued on (0 main, 1 side), and such scratch is kept per lane.
 
 Memory: what side work allocates is cached in the side stream's pool, which the main stream does not reuse (the
 indexer's scores of site ``cache_and_index``: up to ``EngineArgs.index_scratch_bytes``), so turning the side stream
-on raises the peak beside the KV cache — little at the one-token steps it takes by default (:data:`MAX_TOKENS`);
+on raises the peak beside the KV cache — little at the steps of up to 8 tokens it takes by default (:data:`MAX_TOKENS`);
 programmatic dependent launch stays on with it (``pdl.WITH_SIDE_STREAM``, :mod:`.pdl`).
 """
 
@@ -28,13 +28,13 @@ from typing import Generic, TypeVar
 import torch
 from torch import Tensor
 
-# On for one-token steps (B = 1 decode): with programmatic dependent launch also on (:data:`.pdl.WITH_SIDE_STREAM`)
+# On for steps of up to 8 tokens: with programmatic dependent launch also on (:data:`.pdl.WITH_SIDE_STREAM`)
 # flash-slice-v41 B = 1 took 2.55 against 2.71 ms and flash-slice-v4 1.21 against 1.27 ms on an H100, in
-# interleaved pairs (benches/RESULTS.md "2026-12-05 (afternoon)"); without PDL it was 3 % slower, and on 2026-12-03,
-# before PDL, B = 64 was 4 % slower (within that day's 5 % spread). Longer steps (larger batches, verification,
-# prefill) run inline until `MODE=side` of benches/gpu/issue17_check.sh times them.
+# interleaved pairs (benches/RESULTS.md "2026-12-05 (afternoon)"); without PDL it was 3 % slower. B = 8 took 4.91 /
+# 4.92 against 5.03 / 5.03 ms, B = 64 14.72 against 13.29 ms (10.7 % slower: its GEMMs fill the GPU on their own),
+# so longer steps (larger batches, verification, prefill) run inline (RESULTS "2026-12-05 (evening)").
 ENABLED = True  # run side work on the side stream (False: inline on the current stream; same results)
-MAX_TOKENS = 1  # ... for steps of at most this many tokens (the rows of ``like``); longer steps run inline
+MAX_TOKENS = 8  # ... for steps of at most this many tokens (the rows of ``like``); longer steps run inline
 # The call sites that use it (benches set a subset to measure each): the shared expert beside the routed experts
 # (models/fast/moe.py), an attention layer's cache writes and then its indexer's selection of compressed entries
 # beside its query path (models/fast/attention.py).

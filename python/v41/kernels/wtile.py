@@ -7,6 +7,9 @@ dot by a ``[BN]`` scale vector; where it is finer (MXFP4 and V4.1's FP8: 32 inpu
 registers, one power of two per 32 inputs. Both are exact: ``w = code · 2^(byte − 127)`` with E4M3 / E2M1 codes
 (docs/model.md §2).
 
+MXFP4 tiles have three decodes into the dot's bf16 operand: :func:`w_tile` (float32 per element, any dot type),
+``tl.dot_scaled`` (Triton's upcast; kernels/moe.py) and :func:`mxfp4_tile_bits` (bit moves in inline PTX, bf16 only).
+
 Format codes (``FMT``): 0 dense, 1 fp8 (E4M3 × E8M0 per ``B0 × B1`` tile), 2 mxfp4 (two E2M1 codes per byte, low
 nibble = even input, E8M0 per 32 inputs of a row). Formulas: :mod:`v41.quant` (e8m0_to_float, dequant_mxfp4).
 """
@@ -91,3 +94,67 @@ def tile_dot(a, w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, B0: tl.con
     else:
         part = tl.dot(a, tl.trans(w))
     return part * tile_scale(s_ptr, rn, k0, nmask, stride_sn, B0, SK, BK, FMT)[None, :]
+
+
+# MXFP4 → bf16 in bit moves (:func:`mxfp4_tile_bits`), four packed bytes a call: $4 = bytes b0..b3 (two E2M1 codes
+# each, low nibble = even input), $5 = their four E8M0 scale bytes; out $0, $1 = the low nibbles' values of b0, b1 /
+# b2, b3 as bf16 pairs, $2, $3 = the high nibbles'. A code's sign goes to bit 15 and its three exponent / mantissa
+# bits to bits 8..6, which reads as bf16 code · 2^-126 (e = 0 lands on the subnormal m · 2^-127); one exact multiply
+# by 2^126 (0x7E80) makes the code's value, and one correctly rounded multiply by the scale 2^(s − 127) (bf16 bits
+# s << 7; s = 0 is the subnormal 0x0040) makes the weight: what rounding code · 2^(s − 127) to bf16 gives (subnormal
+# and overflowing results included). tests/test_mxfp4_ptx.py runs this text through an interpreter of its seven
+# instructions for every (byte, scale) pair.
+MXFP4_BF16_PTX = """{
+.reg .b32 r01, r23, f01, f23, t0, t1, c, m;
+mov.b32 c, 0x7E807E80;
+mov.b32 m, 0x00400040;
+prmt.b32 r01, $4, 0, 0x4140;
+prmt.b32 r23, $4, 0, 0x4342;
+prmt.b32 f01, $5, 0, 0x4140;
+prmt.b32 f23, $5, 0, 0x4342;
+shl.b32 f01, f01, 7;
+shl.b32 f23, f23, 7;
+max.u16x2 f01, f01, m;
+max.u16x2 f23, f23, m;
+shl.b32 t0, r01, 6;
+shl.b32 t1, r01, 12;
+and.b32 t1, t1, 0x80008000;
+lop3.b32 t0, t0, 0x01C001C0, t1, 0xEA;
+mul.rn.bf16x2 t0, t0, c;
+mul.rn.bf16x2 $0, t0, f01;
+shl.b32 t0, r23, 6;
+shl.b32 t1, r23, 12;
+and.b32 t1, t1, 0x80008000;
+lop3.b32 t0, t0, 0x01C001C0, t1, 0xEA;
+mul.rn.bf16x2 t0, t0, c;
+mul.rn.bf16x2 $1, t0, f23;
+shl.b32 t0, r01, 2;
+shl.b32 t1, r01, 8;
+and.b32 t1, t1, 0x80008000;
+lop3.b32 t0, t0, 0x01C001C0, t1, 0xEA;
+mul.rn.bf16x2 t0, t0, c;
+mul.rn.bf16x2 $2, t0, f01;
+shl.b32 t0, r23, 2;
+shl.b32 t1, r23, 8;
+and.b32 t1, t1, 0x80008000;
+lop3.b32 t0, t0, 0x01C001C0, t1, 0xEA;
+mul.rn.bf16x2 t0, t0, c;
+mul.rn.bf16x2 $3, t0, f23;
+}"""
+_MXFP4_BF16_PTX = tl.constexpr(MXFP4_BF16_PTX)
+
+
+@triton.jit
+def mxfp4_tile_bits(w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, BK: tl.constexpr):
+    """Rows ``rn`` [BN] × inputs ``k0 .. k0 + BK`` of an MXFP4 weight (``w_ptr`` / ``s_ptr`` at the expert) as bf16
+    [BN, BK], decoded by :data:`MXFP4_BF16_PTX` (inline PTX for sm_90+: not under the interpreter); bit for bit
+    :func:`w_tile`'s bf16 tile. Elements past ``K`` or outside ``nmask`` are 0."""
+    rb = k0 // 2 + tl.arange(0, BK // 2)
+    b = tl.load(w_ptr + rn[:, None] * stride_wn + rb[None, :], mask=nmask[:, None] & (rb < K // 2)[None, :], other=0)
+    rs = k0 // 32 + tl.arange(0, BK // 32)
+    sb = tl.load(s_ptr + rn[:, None] * stride_sn + rs[None, :], mask=nmask[:, None] & (rs < K // 32)[None, :],
+                 other=127)
+    sb = tl.reshape(tl.broadcast_to(sb[:, :, None], (rn.shape[0], BK // 32, 16)), (rn.shape[0], BK // 2))
+    lo, hi = tl.inline_asm_elementwise(_MXFP4_BF16_PTX, "=r,=r,=r,=r,r,r", [b, sb], dtype=(tl.bfloat16, tl.bfloat16),
+                                       is_pure=True, pack=4)
+    return tl.reshape(tl.join(lo, hi), (rn.shape[0], BK))
