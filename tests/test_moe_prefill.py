@@ -81,3 +81,19 @@ def test_pipelined_on_cuda_through_the_dispatch(monkeypatch):
         y = moe.grouped_linear(x, w, offsets, rows)
         assert float((y.double().cpu() - ref).norm() / ref.norm()) < 4e-3
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("fmt,block", [("mxfp4", (1, 32)), ("fp8", (32, 32)), ("fp8", (128, 128))])
+def test_a_large_stack_dequantizes_in_runs_of_experts_to_the_same_bits(fmt, block, monkeypatch):
+    """PackedWeight.dequantize bounds its temporaries by dequantizing a stack in runs of experts
+    (DEQUANT_CHUNK_ELEMENTS); the result is the whole stack's, bit for bit, and each expert's own."""
+    from v41.kernels import packed as packed_mod
+
+    g = torch.Generator().manual_seed(5)
+    w = stack_experts([packed(torch.randn(48, 256, generator=g), fmt, block) for _ in range(7)])
+    whole = w.dequantize(torch.bfloat16)
+    monkeypatch.setattr(packed_mod, "DEQUANT_CHUNK_ELEMENTS", 2 * 48 * 256)  # runs of 2, 2, 2, 1 experts
+    runs = w.dequantize(torch.bfloat16)
+    assert runs.shape == (7, 48, 256) and torch.equal(runs, whole)
+    one = packed_mod.PackedWeight(w.data[6], w.scale[6], w.fmt, w.block).dequantize(torch.bfloat16)
+    assert torch.equal(runs[6], one)

@@ -216,7 +216,8 @@ def request_cache_bytes(layout, context: int) -> dict[str, int]:
 
 # -- transformers (V4) ------------------------------------------------------------------------------------------
 def hf_from_v41(path: Path, core):
-    """transformers' DeepseekV4ForCausalLM (bf16, eager) with v41's weights, dequantized."""
+    """transformers' DeepseekV4ForCausalLM (bf16, eager) with v41's weights, dequantized, built in host memory: the
+    caller moves it to the GPU once v41's engine is gone (on an 80 GB H100 the two do not fit together)."""
     import transformers
     from v41.checkpoint_names import bare_to_hf
 
@@ -230,8 +231,7 @@ def hf_from_v41(path: Path, core):
     cfg = transformers.DeepseekV4Config(**kw)
     cfg._attn_implementation = "eager"
     torch.set_default_dtype(torch.bfloat16)
-    with torch.device("cuda"):
-        hf = transformers.DeepseekV4ForCausalLM(cfg).eval()
+    hf = transformers.DeepseekV4ForCausalLM(cfg).eval()
     torch.set_default_dtype(torch.float32)
     params = dict(hf.named_parameters())
     params.update(dict(hf.named_buffers()))
@@ -406,7 +406,9 @@ def main() -> None:
         hf = hf_from_v41(path, core)
         vocab = core.cfg.vocab_size
         del core
+        gc.collect()
         torch.cuda.empty_cache()
+        hf = hf.to("cuda")
         for row in rows:
             kind, *rest = row["what"].split()
             try:

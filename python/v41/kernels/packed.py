@@ -17,6 +17,7 @@ the scale is a power of two), so ``dequantize`` followed by any GEMM is the refe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,9 @@ from .. import quant
 
 FORMATS = ("fp8", "mxfp4", "dense")
 MX_BLOCK = 32
+
+
+DEQUANT_CHUNK_ELEMENTS = 1 << 28  # PackedWeight.dequantize: elements of a stack dequantized at once (1 GiB float32)
 
 
 @dataclass(frozen=True)
@@ -84,11 +88,23 @@ class PackedWeight:
                             self.fmt, self.block)
 
     def dequantize(self, dtype: torch.dtype) -> Tensor:
-        """The dense ``[*lead, out, in]`` weight in ``dtype`` (exact for bfloat16 / float32 / float64)."""
+        """The dense ``[*lead, out, in]`` weight in ``dtype`` (exact for bfloat16 / float32 / float64). A stack
+        (experts ``[E, out, in]``) of more than :data:`DEQUANT_CHUNK_ELEMENTS` elements is dequantized a run of
+        matrices at a time into the result, so the float32 / int32 temporaries (4–8× a bf16 result) stay bounded:
+        a V4.1 ``w13`` stack would otherwise take 16 GiB of them at once."""
         if self.fmt == "dense":
             return self.data.to(dtype)
-        s = quant.e8m0_to_float(self.scale)
         *lead, out, inn = self.shape
+        if lead and math.prod(lead) * out * inn > DEQUANT_CHUNK_ELEMENTS:
+            result = torch.empty((*lead, out, inn), dtype=dtype, device=self.data.device)
+            flat, data = result.view(-1, out, inn), self.data.reshape(-1, *self.data.shape[-2:])
+            scale = self.scale.reshape(-1, *self.scale.shape[-2:])
+            step = max(1, DEQUANT_CHUNK_ELEMENTS // (out * inn))
+            for i in range(0, flat.shape[0], step):
+                flat[i:i + step] = PackedWeight(data[i:i + step], scale[i:i + step], self.fmt,
+                                                self.block).dequantize(dtype)
+            return result
+        s = quant.e8m0_to_float(self.scale)
         if self.fmt == "mxfp4":
             w = quant.dequant_mxfp4(self.data, self.scale) if not lead else \
                 quant.dequant_mxfp4(self.data.reshape(-1, self.data.shape[-1]),
