@@ -97,3 +97,28 @@ def test_a_large_stack_dequantizes_in_runs_of_experts_to_the_same_bits(fmt, bloc
     assert runs.shape == (7, 48, 256) and torch.equal(runs, whole)
     one = packed_mod.PackedWeight(w.data[6], w.scale[6], w.fmt, w.block).dequantize(torch.bfloat16)
     assert torch.equal(runs[6], one)
+
+
+def test_prefill_tiles_take_the_bit_moves_only_where_they_run(monkeypatch):
+    """grouped_config: prefill-sized steps (more than 64 pairs per expert) of MXFP4 experts on a GPU take the PTX bit
+    moves at PREFILL_BK / PREFILL_MAXNREG where moe.bits_decode_runs (bf16 on sm_90), else tl.dot_scaled at a K
+    step of 128 without a register cap; decode-sized steps never take them; an unknown decode is refused."""
+    from types import SimpleNamespace
+
+    fake = SimpleNamespace(shape=(384, 4608, 5120), fmt="mxfp4",
+                           data=SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0)))
+    runs = {}
+    monkeypatch.setattr(moe, "bits_decode_runs", lambda dtype, device: runs.setdefault("ok", dtype == torch.bfloat16))
+    cfg = moe.grouped_config(8192 * 6, fake, torch.bfloat16)
+    assert (cfg["decode"], cfg["bk"], cfg["maxnreg"]) == ("bits", moe.PREFILL_BK, moe.PREFILL_MAXNREG)
+    runs["ok"] = False  # fp16, or a GPU other than sm_90
+    cfg = moe.grouped_config(8192 * 6, fake, torch.float16)
+    assert (cfg["decode"], cfg["bk"], cfg["maxnreg"]) == ("scaled", 128, None)
+    assert moe.grouped_config(64 * 6, fake, torch.bfloat16)["decode"] == "scaled"  # decode-sized: 1 pair per expert
+    w, pairs, x, top = _case(2)
+    cfg = dict(moe.grouped_config(x.shape[0] * top, w, x.dtype), decode="bit")
+    with pytest.raises(ValueError, match="expected one of"):
+        moe.grouped_linear_triton(x, w, pairs.offsets, pairs.order // top, cfg)
+    cfg["decode"] = "bits"  # CPU tensors
+    with pytest.raises(ValueError, match="does not take"):
+        moe.grouped_linear_triton(x, w, pairs.offsets, pairs.order // top, cfg)

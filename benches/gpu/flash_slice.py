@@ -218,8 +218,11 @@ def request_cache_bytes(layout, context: int) -> dict[str, int]:
 # -- transformers (V4) ------------------------------------------------------------------------------------------
 def hf_from_v41(path: Path, core):
     """transformers' DeepseekV4ForCausalLM (bf16, eager) with v41's weights, dequantized, built in host memory: the
-    caller moves it to the GPU once v41's engine is gone (on an 80 GB H100 the two do not fit together)."""
+    caller moves it to the GPU once v41's engine is gone (on an 80 GB H100 the two do not fit together). Built
+    without transformers' random initialization (every weight is copied in; any parameter v41 does not export is
+    drawn from N(0, 0.02²) and named)."""
     import transformers
+    from transformers.initialization import no_init_weights
     from v41.checkpoint_names import bare_to_hf
 
     raw = json.loads((path / "config.json").read_text())
@@ -232,14 +235,23 @@ def hf_from_v41(path: Path, core):
     cfg = transformers.DeepseekV4Config(**kw)
     cfg._attn_implementation = "eager"
     torch.set_default_dtype(torch.bfloat16)
-    hf = transformers.DeepseekV4ForCausalLM(cfg).eval()
+    with no_init_weights():
+        hf = transformers.DeepseekV4ForCausalLM(cfg).eval()
     torch.set_default_dtype(torch.float32)
     params = dict(hf.named_parameters())
     params.update(dict(hf.named_buffers()))
+    written = set()
     for bare, t in export_dense(core.executor.runner.model):
         name = bare if bare.startswith("model.") else bare_to_hf(bare)
         with torch.no_grad():
             params[name].copy_(t.to(params[name].dtype))
+        written.add(name)
+    rest = [name for name, _ in hf.named_parameters() if name not in written]
+    with torch.no_grad():
+        for name in rest:
+            torch.nn.init.normal_(params[name], std=0.02)
+    if rest:
+        print(f"transformers: {len(rest)} parameters not exported by v41, drawn at random: {rest[:4]}", flush=True)
     return hf
 
 
@@ -409,9 +421,15 @@ def main() -> None:
         del core
         gc.collect()
         torch.cuda.empty_cache()
-        hf = hf.to("cuda")
+        try:
+            hf = hf.to("cuda")
+        except torch.OutOfMemoryError as e:
+            hf, moved = None, f"OOM ({str(e)[:60]})"
         for row in rows:
             kind, *rest = row["what"].split()
+            if hf is None:
+                row["transformers"] = moved
+                continue
             try:
                 if kind == "prefill":
                     row["transformers"] = hf_prefill(hf, vocab, int(rest[0]))

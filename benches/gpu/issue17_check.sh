@@ -25,7 +25,8 @@
 #   moe      (~2 min) the MoE GEMM at 2,048- and 8,192-token prefill chunks over V4.1's experts (moe_bench.py);
 #            the mHC mixes at prefill sizes (glue_bench.py --ops mhc: columns "64-token tiles" / "16-token tiles"
 #            set mhc.MIX_WIDE_T to 1 / 0);
-#   prefill2 (~8 min) the MoE kernel's GPU checks in bf16 (the PTX bit-move decode among them), then moe_bench.py
+#   prefill2 (~8 min) the MoE kernel's GPU checks in bf16 and tests/test_gpu_mxfp4_bits.py (the PTX bit-move
+#            decode of every byte and scale byte; the prefill launch), then moe_bench.py
 #            over V4.1's experts at 8,192 tokens: 128 × 128 tiles at the K step of 128, and at 64 with a 128-register
 #            cap (two 8-warp CTAs per SM: benches/gpu/triton_regs.py), each through tl.dot_scaled, the nibble decode and
 #            the bit moves, each checked against its reference there; then the 8,192-token prefill of flash-slice-v41
@@ -152,8 +153,8 @@ case "$mode" in
     timeout 150 python3 benches/gpu/glue_bench.py --tokens 2048,8192 --ops mhc > "$OUT/glue_prefill.txt" 2>&1
     tail -3 "$OUT/glue_prefill.txt" ;;
   prefill2)
-    timeout 100 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and check_grouped and bf16" > "$OUT/tests19.txt" \
-      2>&1 || rc=1
+    timeout 150 $PT tests/test_gpu_mxfp4_bits.py tests/test_gpu_fast.py -k "bits or (triton_kernel_equals and \
+      check_grouped and bf16) or prefill_launch" > "$OUT/tests19.txt" 2>&1 || rc=1
     tail -2 "$OUT/tests19.txt"
     timeout 240 python3 benches/gpu/moe_bench.py --shape v41 --batches 8192 --reps 5 --tile-warps 8 \
       --tiles 128:128,128:128:64:3:128 --decodes scaled,nibble,bits > "$OUT/moe_tiles.txt" 2>&1

@@ -6,8 +6,8 @@
 Builds the engine as ``flash_slice.py`` does, prefills ``batch`` requests to ``context``, then profiles 5 decode
 steps (and one prefill of ``--prefill`` tokens) and prints the kernels by CUDA time, the launches per step and the
 host time per step. With programmatic dependent launch on (``kernels/pdl.py``, the default on sm_90) a kernel's
-time includes its programs' wait for the kernel before it, and at one token the side stream (``kernels/side_stream.py``)
-runs kernels at the same time, so the times overlap: ``--set v41.kernels.pdl.ENABLED=0 --set
+time includes its programs' wait for the kernel before it, and at up to 8 tokens the side stream
+(``kernels/side_stream.py``) runs kernels at the same time, so the times overlap: ``--set v41.kernels.pdl.ENABLED=0 --set
 v41.kernels.side_stream.ENABLED=0`` gives the per-kernel breakdown.
 """
 

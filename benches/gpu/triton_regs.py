@@ -6,11 +6,12 @@ by the ``ptxas`` Triton ships (``-v``), so occupancy can be counted before a dev
     python benches/gpu/triton_regs.py --mqa 16:32:4:3,64:32:8:2     # sparse MQA's Triton tilings instead
 
 A tiling is ``BM:BN[:BK[:stages[:maxnreg]]]`` (moe_bench.py's ``--tiles``; defaults BK 128, 3 stages, no register
-cap); each is compiled through each decode of ``moe.DECODES`` (``tl.dot_scaled``, the nibble decode, the PTX bit moves), for MXFP4 weights and bf16
-activations, with the rows in order (``w2``) or, with ``--gather``, through the pairs' token ids (``w13``). Integer
-arguments are compiled as multiples of 16, as the launches' shapes specialize them. CTAs per SM = min(65,536
-registers / (threads · registers), 228 KB / shared memory). "K-loop PTX" counts the PTX instructions of the innermost
-loop holding the MMAs (one K step; per thread): the decode's cost next to the MMAs'. ``--mqa BH:BK:warps:stages,...``: the tilings of
+cap); each is compiled through each decode of ``moe.DECODES`` (``tl.dot_scaled``, the nibble decode, the PTX bit
+moves), for MXFP4 weights and bf16 activations, with the rows in order (``w2``) or, with ``--gather``, through the
+pairs' token ids (``w13``). Integer arguments are compiled as multiples of 16, as the launches' shapes specialize
+them. CTAs per SM = min(65,536 registers / (threads · registers), 228 KB / shared memory). "K-loop PTX" counts the
+PTX instructions of the innermost loop holding the MMAs (one K step; per thread): the decode's cost next to the
+MMAs'. ``--mqa BH:BK:warps:stages,...``: the tilings of
 :func:`v41.kernels.sparse_attention._sparse_triton` (heads per program, keys per tile) at V4.1's d = 512 over two
 bf16 sources, with the count of WGMMA and ``mma.sync`` instructions in the PTX.
 """

@@ -158,21 +158,41 @@ if triton is not None:
 # per 128 inputs against 645 for tl.dot_scaled at 128). On an H100 at 8,192 tokens of V4.1's experts (moe_bench.py)
 # w13 took 11.6 against 13.6 ms, w2 6.7 against 7.3; the flash-slice-v41 8,192-token prefill 23,837 / 24,168 against
 # 23,595 / 23,523 tok/s in interleaved pairs (benches/RESULTS.md "2026-12-05 (evening)").
-PREFILL_BN = 128  # weight rows per tile (256 with 16 warps also compiles without spills at the cap)
+# Where the bit moves do not apply (fp16 activations; a GPU other than sm_90, whose PTX lacks bf16x2 multiplies
+# before it and whose tl.dot_scaled may be native after it) prefill tiles keep the K step of 128 through
+# tl.dot_scaled, uncapped: the default before, 13.6 / 7.3 ms there.
+PREFILL_BN = 128  # weight rows per tile
 PREFILL_WARPS = 8
 PREFILL_BK = 64  # 64 halves the tiles held in registers (wtile.TILE_K = 128: one CTA per SM)
 PREFILL_STAGES = 3
 PREFILL_MAXNREG = 128  # 0: the compiler's choice
-PREFILL_DECODE = "bits"  # wtile.mxfp4_tile_bits (bf16 activations; fp16 takes "scaled"); "nibble": wtile.tile_dot
+PREFILL_DECODE = "bits"  # wtile.mxfp4_tile_bits; "scaled": tl.dot_scaled; "nibble": wtile.tile_dot
+BITS_MAJORS = (9,)  # compute capabilities (major) whose prefill tiles take the bit moves: timed on Hopper only
 DECODES = {"nibble": 0, "scaled": 1, "bits": 2}  # the kernel's DECODE
+_MAJOR: dict[int, int] = {}
+
+
+def _major(device: torch.device) -> int:
+    """The compute capability's major number of a CUDA device (cached)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _MAJOR:
+        _MAJOR[index] = torch.cuda.get_device_capability(index)[0]
+    return _MAJOR[index]
+
+
+def bits_decode_runs(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether :func:`.wtile.mxfp4_tile_bits` takes ``dtype`` activations on ``device``: bf16 on a CUDA GPU of
+    :data:`BITS_MAJORS` (its PTX needs sm_90's bf16x2 multiply and u16x2 max), not under the interpreter."""
+    return dtype == torch.bfloat16 and device.type == "cuda" and not interpreting() and _major(device) in BITS_MAJORS
 
 
 def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     """The launch of :func:`grouped_linear_triton` for ``pairs`` sorted rows over ``w`` (host shapes only, never the
     routing): row block ``bm``, N tile ``bn``, K step ``bk`` (128, or 64: half the tiles held in registers), K
     ``split`` (few rows per expert split K so the weight stream spreads over the GPU), ``decode`` (of
-    :data:`DECODES`: MXFP4 through ``tl.dot_scaled`` or the PTX bit moves with bf16/fp16 (bits: bf16) activations on
-    a GPU, not under the interpreter; else the nibble decode), ``warps``, ``stages``,
+    :data:`DECODES`: MXFP4 through ``tl.dot_scaled`` with bf16 / fp16 activations on a GPU, not under the
+    interpreter, or for prefill tiles the PTX bit moves where :func:`bits_decode_runs`; else the nibble decode),
+    ``warps``, ``stages``,
     ``maxnreg`` (a register cap per thread for the compiler, None = its choice). Prefill chunks (more than 64 pairs
     per expert, MXFP4 on a GPU) take the ``PREFILL_*`` settings. Chosen with ``benches/gpu/moe_bench.py --sweep``
     (decode) and ``--tiles`` (prefill: at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2
@@ -185,8 +205,10 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     scaled = (w.fmt == "mxfp4" and dtype in (torch.bfloat16, torch.float16) and w.data.is_cuda
               and not interpreting())
     if per_expert > 64 and scaled:  # prefill chunks (float32 tiles this size would not fit in shared memory)
-        decode = PREFILL_DECODE if PREFILL_DECODE != "bits" or dtype == torch.bfloat16 else "scaled"
-        return dict(bm=128, bn=PREFILL_BN, bk=PREFILL_BK, split=1, decode=decode, warps=PREFILL_WARPS,
+        if PREFILL_DECODE == "bits" and not bits_decode_runs(dtype, w.data.device):
+            return dict(bm=128, bn=PREFILL_BN, bk=TILE_K, split=1, decode="scaled", warps=PREFILL_WARPS,
+                        stages=PREFILL_STAGES, maxnreg=None)
+        return dict(bm=128, bn=PREFILL_BN, bk=PREFILL_BK, split=1, decode=PREFILL_DECODE, warps=PREFILL_WARPS,
                     stages=PREFILL_STAGES, maxnreg=PREFILL_MAXNREG or None)
     bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
     bn = 128 if bm == 16 else 64
@@ -200,8 +222,9 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
 def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Tensor | None,
                           config: dict | None = None, active: Tensor | None = None) -> Tensor:
     """The Triton launch of :func:`grouped_linear` (``config``: :func:`grouped_config`'s keys, ``bk`` 64 or
-    :data:`.wtile.TILE_K`; default: its choice; ValueError for another ``bk``, or for a ``decode`` other than
-    "nibble" outside MXFP4 weights with bf16 ("bits") or bf16/fp16 activations on a GPU). Programs (live expert, N tile, K
+    :data:`.wtile.TILE_K`; default: its choice; ValueError for another ``bk``, for a ``decode`` not in
+    :data:`DECODES`, or for one the operands do not take: "scaled" needs MXFP4 weights with bf16 / fp16 activations on
+    a GPU, "bits" MXFP4 with bf16 where :func:`bits_decode_runs`). Programs (live expert, N tile, K
     split): only the experts with rows get programs (a compact list made on the device); split partials are summed
     in float32 in a fixed order."""
     n_exp, n, k = w.shape
@@ -211,11 +234,14 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
     c = config or grouped_config(p, w, x.dtype)
     if c["bk"] not in (64, TILE_K):  # a K step of 32 would leave MXFP4 tiles unscaled (wtile.w_tile scales SK < BK)
         raise ValueError(f"bk = {c['bk']}: the K step must be 64 or {TILE_K}")
+    if c["decode"] not in DECODES:
+        raise ValueError(f"decode {c['decode']!r}: expected one of {tuple(DECODES)}")
     if c["decode"] != "nibble":
-        dtypes = (torch.bfloat16,) if c["decode"] == "bits" else (torch.bfloat16, torch.float16)
-        if w.fmt != "mxfp4" or x.dtype not in dtypes or not x.is_cuda or interpreting():
-            raise ValueError(f"decode {c['decode']!r} takes MXFP4 weights and {dtypes} activations on a GPU, not "
-                             f"{w.fmt} weights and {x.dtype} on {x.device.type}")
+        runs = (bits_decode_runs(x.dtype, x.device) if c["decode"] == "bits" else
+                x.dtype in (torch.bfloat16, torch.float16) and x.is_cuda and not interpreting())
+        if w.fmt != "mxfp4" or not runs:
+            raise ValueError(f"decode {c['decode']!r} does not take {w.fmt} weights with {x.dtype} activations on "
+                             f"{x.device} (scaled: MXFP4, bf16 / fp16 on a GPU; bits: MXFP4, bf16 on sm_90)")
     x = x.contiguous()
     scale = w.scale if w.scale is not None else w.data
     slots = min(n_exp, p)

@@ -16,7 +16,8 @@ launch is queued on (0 main, 1 side), and such scratch is kept per lane.
 
 Memory: what side work allocates is cached in the side stream's pool, which the main stream does not reuse (the
 indexer's scores of site ``cache_and_index``: up to ``EngineArgs.index_scratch_bytes``), so turning the side stream
-on raises the peak beside the KV cache — little at the steps of up to 8 tokens it takes by default (:data:`MAX_TOKENS`);
+on raises the peak beside the KV cache — little at the steps of up to 8 tokens it takes by default
+(:data:`MAX_TOKENS`);
 programmatic dependent launch stays on with it (``pdl.WITH_SIDE_STREAM``, :mod:`.pdl`).
 """
 
@@ -32,7 +33,8 @@ from torch import Tensor
 # flash-slice-v41 B = 1 took 2.55 against 2.71 ms and flash-slice-v4 1.21 against 1.27 ms on an H100, in
 # interleaved pairs (benches/RESULTS.md "2026-12-05 (afternoon)"); without PDL it was 3 % slower. B = 8 took 4.91 /
 # 4.92 against 5.03 / 5.03 ms, B = 64 14.72 against 13.29 ms (10.7 % slower: its GEMMs fill the GPU on their own),
-# so longer steps (larger batches, verification, prefill) run inline (RESULTS "2026-12-05 (evening)").
+# so longer steps run inline (RESULTS "2026-12-05 (evening)"). Any step of at most 8 tokens takes it: decode
+# batches, and also a verification of B · (1 + K) ≤ 8 tokens or a prefill chunk that short (not timed apart).
 ENABLED = True  # run side work on the side stream (False: inline on the current stream; same results)
 MAX_TOKENS = 8  # ... for steps of at most this many tokens (the rows of ``like``); longer steps run inline
 # The call sites that use it (benches set a subset to measure each): the shared expert beside the routed experts
