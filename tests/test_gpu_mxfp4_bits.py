@@ -8,15 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_checks import poison
-from v41.quant import dequant_mxfp4, quant_mxfp4
+from kernel_checks import packed, poison
+from v41.quant import dequant_mxfp4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 from v41.kernels import moe, moe_align  # noqa: E402
-from v41.kernels.packed import PackedWeight, stack_experts  # noqa: E402
+from v41.kernels.packed import stack_experts  # noqa: E402
 from v41.kernels.wtile import mxfp4_tile_bits  # noqa: E402
 
 
@@ -48,11 +48,7 @@ def test_the_prefill_launch_equals_the_reference():
     rows gathered through token ids (w13) and in order (w2), output poisoned first."""
     g = torch.Generator().manual_seed(3)
     e, n, k, t, top = 4, 192, 512, 200, 2
-    parts = []
-    for _ in range(e):
-        d, s = quant_mxfp4(torch.randn(n, k, generator=g) / k ** 0.5)
-        parts.append(PackedWeight(d, s, "mxfp4", (1, 32)))
-    w = stack_experts(parts).to("cuda")
+    w = stack_experts([packed(torch.randn(n, k, generator=g) / k ** 0.5, "mxfp4") for _ in range(e)]).to("cuda")
     ids = torch.randint(0, e, (t, top), generator=g).cuda()
     pairs = moe_align.route_pairs(ids, e)
     cfg = moe.grouped_config(t * top, w, torch.bfloat16)
