@@ -26,11 +26,11 @@
 #            the mHC mixes at prefill sizes (glue_bench.py --ops mhc: columns "64-token tiles" / "16-token tiles"
 #            set mhc.MIX_WIDE_T to 1 / 0);
 #   prefill2 (~8 min) the MoE kernel's GPU checks in bf16 and tests/test_gpu_mxfp4_bits.py (the PTX bit-move
-#            decode of every byte and scale byte; the prefill launch), then moe_bench.py
-#            over V4.1's experts at 8,192 tokens: 128 × 128 tiles at the K step of 128, and at 64 with a 128-register
-#            cap (two 8-warp CTAs per SM: benches/gpu/triton_regs.py), each through tl.dot_scaled, the nibble decode and
-#            the bit moves, each checked against its reference there; then the 8,192-token prefill of flash-slice-v41
-#            at the defaults, with the bit moves at K step 64 + cap, and at 128;
+#            decode of every byte and scale byte; the prefill launch), then moe_bench.py over V4.1's experts at 8,192
+#            tokens, uniform and Zipf-skewed routing (--skew 1): the default (K 64, 128-register cap, bit moves) with
+#            programs per expert and per row block (moe.PREFILL_ROW_GRID), each checked against its reference there;
+#            then the 8,192-token prefill of
+#            flash-slice-v41 in interleaved PF cells (BK:maxnreg:decode:row grid);
 #   splits   (~3 min) kernel_bench.py linears at 1 and 8 rows with the K split forced to 1-12 slices (columns
 #            split<n>): what the split-K sum and the CTAs per SM cost each projection;
 #   flashmla (~5 min) FlashMLA's SM90 sparse FP8 decode kernel for V4 rows built from the staged sources
@@ -62,7 +62,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODE=${MODE:-tests}
-PF=${PF:-128:0:scaled,64:128:bits,128:0:bits}
+PF=${PF:-128:0:scaled:0,64:128:bits:0,64:128:bits:1,128:0:scaled:0,64:128:bits:0,64:128:bits:1}
 MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 splits flashmla topk side wide hf "
 for mode in ${MODE//,/ }; do  # every mode checked before any device time goes
   [[ "$MODES" == *" $mode "* ]] || { echo "MODE must be among:$MODES(comma-separated)"; exit 2; }
@@ -156,16 +156,19 @@ case "$mode" in
     timeout 150 $PT tests/test_gpu_mxfp4_bits.py tests/test_gpu_fast.py -k "bits or (triton_kernel_equals and \
       check_grouped and bf16) or prefill_launch" > "$OUT/tests19.txt" 2>&1 || rc=1
     tail -2 "$OUT/tests19.txt"
-    timeout 240 python3 benches/gpu/moe_bench.py --shape v41 --batches 8192 --reps 5 --tile-warps 8 \
-      --tiles 128:128,128:128:64:3:128 --decodes scaled,nibble,bits > "$OUT/moe_tiles.txt" 2>&1
-    grep "^| \|^(bf16\|Error" "$OUT/moe_tiles.txt" | tail -6
-    grep "^B=" "$OUT/moe_tiles.txt" | sed -E "s/'(bm|split|warps|stages)': [0-9]+, //g" | cut -c1-140
-    for v in ${PF//,/ }; do  # PF: BK:maxnreg:decode cells, comma-separated
+    for skew in 0 1; do  # uniform routing, then Zipf-popular experts (moe_bench.py --skew)
+      timeout 200 python3 benches/gpu/moe_bench.py --shape v41 --batches 8192 --reps 5 --tile-warps 8 --skew $skew \
+        --tiles 128:128:64:3:128 --decodes bits --row-grids 0,1 > "$OUT/moe_tiles_$skew.txt" 2>&1
+      echo "skew $skew:"; grep "^B=" "$OUT/moe_tiles_$skew.txt" | sed -E "s/'(bm|split|warps|stages)': [0-9]+, //g" \
+        | cut -c1-150
+    done
+    for v in ${PF//,/ }; do  # PF: BK:maxnreg:decode[:row grid] cells, comma-separated
       set -- ${v//:/ }
       timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 8192 --kv-cache-dtype fp8 \
         --set v41.kernels.moe.PREFILL_BK=$1 --set v41.kernels.moe.PREFILL_MAXNREG=$2 \
-        --set v41.kernels.moe.PREFILL_DECODE=$3 --out "$OUT/fs_pf" > "$OUT/fs_pf_$1_$2_$3.txt" 2>&1
-      echo "BK=$1 maxnreg=$2 decode=$3: $(grep "prefill" "$OUT/fs_pf_$1_$2_$3.txt" | tail -1)"
+        --set v41.kernels.moe.PREFILL_DECODE=$3 --set v41.kernels.moe.PREFILL_ROW_GRID=${4:-0} --out "$OUT/fs_pf" \
+        > "$OUT/fs_pf_${v//:/_}.txt" 2>&1
+      echo "BK=$1 maxnreg=$2 decode=$3 row grid=${4:-0}: $(grep "prefill" "$OUT/fs_pf_${v//:/_}.txt" | tail -1)"
     done ;;
   splits)
     timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --splits 1,2,3,4,6,8,12 \

@@ -53,10 +53,16 @@ def bf16_rate() -> float:
     return 2 * 8192 ** 3 / (median_ms(lambda: a @ a, 10) / 1e3)
 
 
-def routings(batch: int, experts: int, reps: int, gen: torch.Generator):
+def routings(batch: int, experts: int, reps: int, gen: torch.Generator, skew: float = 0.0):
+    """``reps`` routings of ``batch`` tokens to TOP_K distinct experts each: uniform, or with ``skew`` > 0 drawn
+    without replacement with expert weights ∝ rank^-skew (Zipf, ranks shuffled; Gumbel top-k)."""
     out = []
+    logw = -skew * torch.log(torch.arange(1, experts + 1, device="cuda", dtype=torch.float32))
+    logw = logw[torch.randperm(experts, generator=gen, device="cuda")]
     for _ in range(reps):
-        ids = torch.rand(batch, experts, generator=gen, device="cuda").topk(TOP_K, dim=1).indices
+        u = torch.rand(batch, experts, generator=gen, device="cuda")
+        score = u if skew == 0 else logw - torch.log(-torch.log(u.clamp_min(1e-20)))
+        ids = score.topk(TOP_K, dim=1).indices
         order, offsets = align_pairs(ids, experts)
         out.append((order // TOP_K, offsets, int((offsets[1:] > offsets[:-1]).sum())))
     return out
@@ -128,6 +134,9 @@ def main() -> None:
     ap.add_argument("--tile-warps", default="4,8", help="the warps each --tiles tiling is timed at")
     ap.add_argument("--decodes", default="scaled,nibble,bits", help="the MXFP4 decodes each --tiles tiling is timed "
                     "with (v41.kernels.moe.DECODES)")
+    ap.add_argument("--row-grids", default="0", help="each --tiles tiling with programs per expert (0) and / or per "
+                    "row block (1)")
+    ap.add_argument("--skew", type=float, default=0.0, help="Zipf exponent of the experts' popularity (0: uniform)")
     a = ap.parse_args()
     experts, hidden, inter = SHAPES[a.shape]
     torch.manual_seed(0)
@@ -139,7 +148,7 @@ def main() -> None:
     per_expert = {name: (w.data[0].numel() + w.scale[0].numel()) for name, w in weights.items()}
     rows = []
     for batch in [int(b) for b in a.batches.split(",")]:
-        routes = routings(batch, experts, a.reps, gen)
+        routes = routings(batch, experts, a.reps, gen, a.skew)
         touched = statistics.mean(r[2] for r in routes)
         for name, w in weights.items():
             gather = name == "w13"  # w13 reads token rows through the sorted pairs, w2 the sorted rows in order
@@ -152,12 +161,12 @@ def main() -> None:
                 for decode, bn, split, warps, stages in itertools.product(
                         ("nibble", "scaled"), (64, 128), splits, (4, 8), (3, 4)):
                     configs.append(dict(default, decode=decode, bn=bn, split=split, warps=warps, stages=stages))
-            for tile, warps, decode in itertools.product(a.tiles.split(",") if a.tiles else (),
-                                                         [int(v) for v in a.tile_warps.split(",")],
-                                                         a.decodes.split(",")):
+            for tile, warps, decode, row_grid in itertools.product(
+                    a.tiles.split(",") if a.tiles else (), [int(v) for v in a.tile_warps.split(",")],
+                    a.decodes.split(","), [bool(int(v)) for v in a.row_grids.split(",")]):
                 bm, bn, bk, stages, maxnreg = parse_tiling(tile)
                 configs.append(dict(default, bm=bm, bn=bn, bk=bk, split=1, warps=warps, stages=stages, decode=decode,
-                                    maxnreg=maxnreg or None))
+                                    maxnreg=maxnreg or None, row_grid=row_grid))
             flop = 2 * batch * TOP_K * w.shape[1] * w.shape[2]
             results = []
             for cfg in configs:

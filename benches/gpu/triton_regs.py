@@ -34,8 +34,8 @@ from moe_bench import parse_tiling
 from v41.kernels import moe, sparse_attention
 
 POINTERS = {"x_ptr": "*bf16", "rows_ptr": "*i64", "w_ptr": "*u8", "s_ptr": "*u8", "offs_ptr": "*i64",
-            "act_ptr": "*i64", "y_ptr": "*bf16"}
-UNALIGNED = ("offs_ptr", "act_ptr")  # indexed by expert: no 16-element alignment
+            "act_ptr": "*i64", "blk_ptr": "*i64", "y_ptr": "*bf16"}
+UNALIGNED = ("offs_ptr", "act_ptr", "blk_ptr")  # indexed by expert: no 16-element alignment
 
 
 def _ptxas(kernel) -> dict:
@@ -89,7 +89,7 @@ def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps:
     (``w13``), else in order (``w2``)."""
     fn = moe._grouped_kernel
     consts = dict(GATHER=gather, B0=1, SK=32, FMT=2, BM=bm, BN=bn, BK=bk, DOT=tl.bfloat16, IEEE=False,
-                  DECODE=moe.DECODES[decode], LHS_FMT="bf16", PDL=False)
+                  DECODE=moe.DECODES[decode], LHS_FMT="bf16", ROW_GRID=False, PDL=False)
     options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     kernel = _compile(fn, consts, POINTERS, UNALIGNED, **options)
     return dict(_ptxas(kernel), loop=mma_loop_instructions(kernel.asm["ptx"]))

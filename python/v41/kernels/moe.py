@@ -19,7 +19,7 @@ from torch import Tensor
 from . import moe_prefill, wstream
 from .dispatch import TRITON_DTYPES, dot_dtype, interpreting, triton, use_cuda, use_triton
 from .pdl import triton_kw
-from .moe_align import active_experts
+from .moe_align import active_experts, row_blocks
 from .packed import PackedWeight
 
 
@@ -89,13 +89,14 @@ if triton is not None:
     from .wtile import FMT_CODES, TILE_K, mxfp4_tile_bits, scale_k, tile_dot
 
     @triton.jit
-    def _grouped_kernel(x_ptr, rows_ptr, w_ptr, s_ptr, offs_ptr, act_ptr, y_ptr, N, K, K_SPLIT, stride_xm, stride_we,
+    def _grouped_kernel(x_ptr, rows_ptr, w_ptr, s_ptr, offs_ptr, act_ptr, blk_ptr, y_ptr, N, K, K_SPLIT, stride_xm,
+                        stride_we,
                         stride_wn, stride_se, stride_sn, stride_ys, stride_ym, GATHER: tl.constexpr,
                         B0: tl.constexpr, SK: tl.constexpr, FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                         BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, DECODE: tl.constexpr,
-                        LHS_FMT: tl.constexpr, PDL: tl.constexpr):
+                        LHS_FMT: tl.constexpr, ROW_GRID: tl.constexpr, PDL: tl.constexpr):
         prologue(PDL)
-        e = tl.load(act_ptr + tl.program_id(0))
+        e = tl.load(act_ptr + tl.program_id(0))  # ROW_GRID: the owner of row block program_id(0)
         if e < 0:
             return
         pid_n, pid_k = tl.program_id(1), tl.program_id(2)
@@ -103,6 +104,9 @@ if triton is not None:
         k_hi = tl.minimum(K, k_lo + K_SPLIT)
         start = tl.load(offs_ptr + e)
         end = tl.load(offs_ptr + e + 1)
+        if ROW_GRID:  # one block of the expert's rows (moe_align.row_blocks), not all of them
+            start += (tl.program_id(0) - tl.load(blk_ptr + e)) * BM
+            end = tl.minimum(end, start + BM)
         rn = pid_n * BN + tl.arange(0, BN)
         nmask = rn < N
         w_e = w_ptr + e.to(tl.int64) * stride_we
@@ -168,6 +172,7 @@ PREFILL_STAGES = 3
 PREFILL_MAXNREG = 128  # 0: the compiler's choice
 PREFILL_DECODE = "bits"  # wtile.mxfp4_tile_bits; "scaled": tl.dot_scaled; "nibble": wtile.tile_dot
 BITS_MAJORS = (9,)  # compute capabilities (major) whose prefill tiles take the bit moves: timed on Hopper only
+PREFILL_ROW_GRID = False  # programs per (row block, N tile) instead of per (expert, N tile); not yet timed
 DECODES = {"nibble": 0, "scaled": 1, "bits": 2}  # the kernel's DECODE
 _MAJOR: dict[int, int] = {}
 
@@ -193,7 +198,8 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     :data:`DECODES`: MXFP4 through ``tl.dot_scaled`` with bf16 / fp16 activations on a GPU, not under the
     interpreter, or for prefill tiles the PTX bit moves where :func:`bits_decode_runs`; else the nibble decode),
     ``warps``, ``stages``,
-    ``maxnreg`` (a register cap per thread for the compiler, None = its choice). Prefill chunks (more than 64 pairs
+    ``maxnreg`` (a register cap per thread for the compiler, None = its choice), ``row_grid`` (prefill: a program
+    per block of an expert's rows, :func:`grouped_linear_triton`). Prefill chunks (more than 64 pairs
     per expert, MXFP4 on a GPU) take the ``PREFILL_*`` settings. Chosen with ``benches/gpu/moe_bench.py --sweep``
     (decode) and ``--tiles`` (prefill: at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2
     / 6.8 ms for w13 / w2 against 17.6 / 9.1 ms with the 64 × 64 tiles of 4 warps before; 256-row tiles 11.5 / 6.8
@@ -207,9 +213,9 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     if per_expert > 64 and scaled:  # prefill chunks (float32 tiles this size would not fit in shared memory)
         if PREFILL_DECODE == "bits" and not bits_decode_runs(dtype, w.data.device):
             return dict(bm=128, bn=PREFILL_BN, bk=TILE_K, split=1, decode="scaled", warps=PREFILL_WARPS,
-                        stages=PREFILL_STAGES, maxnreg=None)
+                        stages=PREFILL_STAGES, maxnreg=None, row_grid=PREFILL_ROW_GRID)
         return dict(bm=128, bn=PREFILL_BN, bk=PREFILL_BK, split=1, decode=PREFILL_DECODE, warps=PREFILL_WARPS,
-                    stages=PREFILL_STAGES, maxnreg=PREFILL_MAXNREG or None)
+                    stages=PREFILL_STAGES, maxnreg=PREFILL_MAXNREG or None, row_grid=PREFILL_ROW_GRID)
     bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
     bn = 128 if bm == 16 else 64
     slots = min(n_exp, pairs)
@@ -225,8 +231,10 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
     :data:`.wtile.TILE_K`; default: its choice; ValueError for another ``bk``, for a ``decode`` not in
     :data:`DECODES`, or for one the operands do not take: "scaled" needs MXFP4 weights with bf16 / fp16 activations on
     a GPU, "bits" MXFP4 with bf16 where :func:`bits_decode_runs`). Programs (live expert, N tile, K
-    split): only the experts with rows get programs (a compact list made on the device); split partials are summed
-    in float32 in a fixed order."""
+    split): only the experts with rows get programs (a compact list made on the device), each walking its expert's
+    row blocks; with ``config["row_grid"]`` programs (row block, N tile, K split) instead, so an expert with many rows
+    spreads over as many programs (:func:`.moe_align.row_blocks`); split partials are summed in float32 in a fixed
+    order."""
     n_exp, n, k = w.shape
     p = x.shape[0] if rows is None else rows.shape[0]
     if p == 0:
@@ -249,13 +257,19 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
     k_split = triton.cdiv(n_kb, min(n_kb, c["split"])) * TILE_K
     split = triton.cdiv(k, k_split)
     y = torch.empty((split, p, n), dtype=x.dtype if split == 1 else torch.float32, device=x.device)
-    _grouped_kernel[(slots, triton.cdiv(n, c["bn"]), split)](
-        x, x if rows is None else rows, w.data, scale, offsets,
-        active_experts(offsets, slots) if active is None else active, y, n, k, k_split,
+    if c.get("row_grid"):
+        owner, first = row_blocks(offsets, c["bm"], triton.cdiv(p, c["bm"]) + slots)
+        progs = owner.shape[0]
+    else:
+        owner = active_experts(offsets, slots) if active is None else active
+        first, progs = offsets, slots
+    _grouped_kernel[(progs, triton.cdiv(n, c["bn"]), split)](
+        x, x if rows is None else rows, w.data, scale, offsets, owner, first, y, n, k, k_split,
         x.stride(0), w.data.stride(0), w.data.stride(1), scale.stride(0), scale.stride(1), y.stride(0),
         y.stride(1), GATHER=rows is not None, B0=w.block[0], SK=scale_k(w.fmt, w.block), FMT=FMT_CODES[w.fmt],
         BM=c["bm"], BN=c["bn"], BK=c["bk"], DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32,
         DECODE=DECODES[c["decode"]], LHS_FMT="fp16" if x.dtype == torch.float16 else "bf16",
+        ROW_GRID=bool(c.get("row_grid")),
         num_warps=c["warps"], num_stages=c["stages"], **triton_kw(x.device),
         **({"maxnreg": c["maxnreg"]} if c.get("maxnreg") and not interpreting() else {}))
     return y[0] if split == 1 else y.sum(0).to(x.dtype)

@@ -62,6 +62,18 @@ def active_experts(offsets: Tensor, n_slots: int) -> Tensor:
     return out[:n_slots]
 
 
+def row_blocks(offsets: Tensor, bm: int, n_blocks: int) -> tuple[Tensor, Tensor]:
+    """Blocks of ``bm`` sorted rows, each within one expert, on the device (no host synchronisation): ``owner``
+    [n_blocks] int64, the expert of block b (−1 past the last block), and ``first`` [E] int64, expert e's first block.
+    Expert e's rows ``[offsets[e], offsets[e+1])`` make ⌈count / bm⌉ blocks, so ``n_blocks`` = ⌈P / bm⌉ + E is
+    always enough."""
+    blocks = torch.div(offsets[1:] - offsets[:-1] + (bm - 1), bm, rounding_mode="floor")
+    ends = torch.cumsum(blocks, 0)
+    b = torch.arange(n_blocks, device=offsets.device)
+    owner = torch.where(b < ends[-1:], torch.bucketize(b, ends, right=True), torch.full_like(b, -1))
+    return owner, ends - blocks
+
+
 def inverse_order(order: Tensor) -> Tensor:
     """The inverse permutation: ``inv[order[i]] = i``."""
     inv = torch.empty_like(order)
