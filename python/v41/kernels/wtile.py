@@ -96,6 +96,18 @@ def tile_dot(a, w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, B0: tl.con
     return part * tile_scale(s_ptr, rn, k0, nmask, stride_sn, B0, SK, BK, FMT)[None, :]
 
 
+def _code_pair_ptx(out: str, pair: str, scale: str, shift: int) -> str:
+    """PTX for two codes' bf16 weights into ``out``: the nibble at bits ``6 − shift`` … ``9 − shift`` of each 16-bit
+    half of ``pair`` (shift 6: the low nibbles, 2: the high ones) moved to sign bit 15 and bits 8..6, then times 2^126
+    (``c``) and the halves' scales (``scale``)."""
+    return (f"shl.b32 t0, {pair}, {shift};\n"
+            f"shl.b32 t1, {pair}, {shift + 6};\n"
+            "and.b32 t1, t1, 0x80008000;\n"
+            "lop3.b32 t0, t0, 0x01C001C0, t1, 0xEA;\n"
+            "mul.rn.bf16x2 t0, t0, c;\n"
+            f"mul.rn.bf16x2 {out}, t0, {scale};\n")
+
+
 # MXFP4 → bf16 in bit moves (:func:`mxfp4_tile_bits`), four packed bytes a call: $4 = bytes b0..b3 (two E2M1 codes
 # each, low nibble = even input), $5 = their four E8M0 scale bytes; out $0, $1 = the low nibbles' values of b0, b1 /
 # b2, b3 as bf16 pairs, $2, $3 = the high nibbles'. A code's sign goes to bit 15 and its three exponent / mantissa
@@ -104,7 +116,7 @@ def tile_dot(a, w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, B0: tl.con
 # s << 7; s = 0 is the subnormal 0x0040) makes the weight: what rounding code · 2^(s − 127) to bf16 gives (subnormal
 # and overflowing results included). tests/test_mxfp4_ptx.py runs this text through an interpreter of its seven
 # instructions for every (byte, scale) pair.
-MXFP4_BF16_PTX = """{
+MXFP4_BF16_PTX = ("""{
 .reg .b32 r01, r23, f01, f23, t0, t1, c, m;
 mov.b32 c, 0x7E807E80;
 mov.b32 m, 0x00400040;
@@ -116,31 +128,8 @@ shl.b32 f01, f01, 7;
 shl.b32 f23, f23, 7;
 max.u16x2 f01, f01, m;
 max.u16x2 f23, f23, m;
-shl.b32 t0, r01, 6;
-shl.b32 t1, r01, 12;
-and.b32 t1, t1, 0x80008000;
-lop3.b32 t0, t0, 0x01C001C0, t1, 0xEA;
-mul.rn.bf16x2 t0, t0, c;
-mul.rn.bf16x2 $0, t0, f01;
-shl.b32 t0, r23, 6;
-shl.b32 t1, r23, 12;
-and.b32 t1, t1, 0x80008000;
-lop3.b32 t0, t0, 0x01C001C0, t1, 0xEA;
-mul.rn.bf16x2 t0, t0, c;
-mul.rn.bf16x2 $1, t0, f23;
-shl.b32 t0, r01, 2;
-shl.b32 t1, r01, 8;
-and.b32 t1, t1, 0x80008000;
-lop3.b32 t0, t0, 0x01C001C0, t1, 0xEA;
-mul.rn.bf16x2 t0, t0, c;
-mul.rn.bf16x2 $2, t0, f01;
-shl.b32 t0, r23, 2;
-shl.b32 t1, r23, 8;
-and.b32 t1, t1, 0x80008000;
-lop3.b32 t0, t0, 0x01C001C0, t1, 0xEA;
-mul.rn.bf16x2 t0, t0, c;
-mul.rn.bf16x2 $3, t0, f23;
-}"""
+""" + _code_pair_ptx("$0", "r01", "f01", 6) + _code_pair_ptx("$1", "r23", "f23", 6)
+                  + _code_pair_ptx("$2", "r01", "f01", 2) + _code_pair_ptx("$3", "r23", "f23", 2) + "}")
 _MXFP4_BF16_PTX = tl.constexpr(MXFP4_BF16_PTX)
 
 
