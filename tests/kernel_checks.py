@@ -117,20 +117,21 @@ def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
                         poison(device)
                         y = moe.grouped_linear_triton(xin, w, offsets, rows, cfg, pairs.active)
                         out.append((f"grouped/{tag}/bits/bk{bk}", rel(y.cpu(), r), tol(dtype)))
-    # programs per row block (config row_grid): expert 0 takes three blocks of 16 rows (16, 16, 8), experts 1 and 2
-    # about two each, expert 3 none
+    # programs per row block (config row_grid): expert 0 takes three blocks of 16 rows (16, 16, 8), experts 2 and 3
+    # about two each, expert 1 (between them) none; with and without a K split
     w = stack_experts([packed(torch.randn(n, k, generator=g) / k ** 0.5, "mxfp4") for _ in range(4)]).to(device)
-    ids = torch.stack([torch.zeros(40, dtype=torch.int64), torch.randint(1, 3, (40,), generator=g)], 1).to(device)
+    ids = torch.stack([torch.zeros(40, dtype=torch.int64), torch.randint(2, 4, (40,), generator=g)], 1).to(device)
     rb = moe_align.route_pairs(ids, 4)
     xr = torch.randn(40, k, generator=g).to(device, dtype)
-    for rows in (rb.order // 2, None):
+    for rows, split in ((rb.order // 2, 1), (None, 1), (rb.order // 2, 2)):
         xin = xr if rows is not None else torch.randn(80, k, generator=g).to(device, dtype)
-        cfg = dict(moe.grouped_config(80, w, dtype), bm=16, row_grid=True)
+        cfg = dict(moe.grouped_config(80, w, dtype), bm=16, split=split, row_grid=True)
         poison(device)
         y = moe.grouped_linear_triton(xin, w, rb.offsets, rows, cfg)
         r = moe.grouped_linear_ref(xin.double().cpu(), w.to("cpu"), rb.offsets.cpu(),
                                    None if rows is None else rows.cpu())
-        out.append((f"grouped/mxfp4/row_grid/{'gather' if rows is not None else 'rows'}", rel(y.cpu(), r), tol(dtype)))
+        tag = f"{'gather' if rows is not None else 'rows'}/split{split}"
+        out.append((f"grouped/mxfp4/row_grid/{tag}", rel(y.cpu(), r), tol(dtype)))
     yp = torch.randn(t * top, k, generator=g).to(device, dtype)
     extra = torch.randn(t, k, generator=g).to(device, dtype)
     inv = pairs.inv

@@ -124,12 +124,14 @@ def test_prefill_tiles_take_the_bit_moves_only_where_they_run(monkeypatch):
         moe.grouped_linear_triton(x, w, pairs.offsets, pairs.order // top, cfg)
 
 
-@pytest.mark.parametrize("counts,bm", [([40, 0, 17, 16, 1], 16), ([0, 0, 3], 16), ([130, 128, 0, 5], 128)])
+@pytest.mark.parametrize("counts,bm", [([40, 0, 17, 16, 1], 16), ([0, 0, 3], 16), ([130, 128, 0, 5], 128),
+                                       ([3, 0, 0], 16), ([1, 1, 1], 16), ([0, 256, 0], 128)])
 def test_row_blocks_tile_each_experts_rows_in_order(counts, bm):
     """moe_align.row_blocks: block b belongs to the expert whose ⌈count / bm⌉ blocks hold it, in expert order;
-    ``first[e]`` is that expert's first block; blocks past the last are −1 (the grid is ⌈P / bm⌉ + E)."""
+    ``first[e]`` is that expert's first block; blocks past the last are −1 (the launch's grid: ⌈P / bm⌉ + min(E, P),
+    always enough)."""
     offsets = torch.tensor([0] + counts).cumsum(0)
-    n_blocks = -(-sum(counts) // bm) + len(counts)
+    n_blocks = -(-sum(counts) // bm) + min(len(counts), sum(counts))
     owner, first = moe_align.row_blocks(offsets, bm, n_blocks)
     want, firsts = [], []
     for e, c in enumerate(counts):

@@ -162,13 +162,15 @@ case "$mode" in
       echo "skew $skew:"; grep "^B=" "$OUT/moe_tiles_$skew.txt" | sed -E "s/'(bm|split|warps|stages)': [0-9]+, //g" \
         | cut -c1-150
     done
+    i=0
     for v in ${PF//,/ }; do  # PF: BK:maxnreg:decode[:row grid] cells, comma-separated
       set -- ${v//:/ }
+      i=$((i + 1))
       timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 8192 --kv-cache-dtype fp8 \
         --set v41.kernels.moe.PREFILL_BK=$1 --set v41.kernels.moe.PREFILL_MAXNREG=$2 \
         --set v41.kernels.moe.PREFILL_DECODE=$3 --set v41.kernels.moe.PREFILL_ROW_GRID=${4:-0} --out "$OUT/fs_pf" \
-        > "$OUT/fs_pf_${v//:/_}.txt" 2>&1
-      echo "BK=$1 maxnreg=$2 decode=$3 row grid=${4:-0}: $(grep "prefill" "$OUT/fs_pf_${v//:/_}.txt" | tail -1)"
+        > "$OUT/fs_pf_${i}_${v//:/_}.txt" 2>&1
+      echo "BK=$1 maxnreg=$2 decode=$3 row grid=${4:-0}: $(grep "prefill" "$OUT/fs_pf_${i}_${v//:/_}.txt" | tail -1)"
     done ;;
   splits)
     timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --splits 1,2,3,4,6,8,12 \

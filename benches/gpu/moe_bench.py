@@ -6,7 +6,8 @@ each launch configuration checked against dequantize-then-matmul and timed with 
     python3 benches/gpu/moe_bench.py [--batches 1,8,64] [--sweep] [--reps 20]
     python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --tiles 64:64,128:128,128:128:64:3:128 --reps 5
 
-Every repetition routes afresh (uniform top-6 per token, a new draw each time) so the experts it reads are not
+Every repetition routes afresh (top-6 per token, uniform or with ``--skew`` Zipf-popular experts, a new draw each
+time) so the experts it reads are not
 the previous repetition's L2 contents; the launch is timed as a CUDA graph replay, as the decode step runs it.
 Floor = bytes of the experts touched (data + scales) over the copy bandwidth measured in the same call. Prints one
 table last: the default configuration and, with ``--sweep`` (decode: K split, N tile, warps, stages) or ``--tiles
@@ -57,8 +58,9 @@ def routings(batch: int, experts: int, reps: int, gen: torch.Generator, skew: fl
     """``reps`` routings of ``batch`` tokens to TOP_K distinct experts each: uniform, or with ``skew`` > 0 drawn
     without replacement with expert weights ∝ rank^-skew (Zipf, ranks shuffled; Gumbel top-k)."""
     out = []
-    logw = -skew * torch.log(torch.arange(1, experts + 1, device="cuda", dtype=torch.float32))
-    logw = logw[torch.randperm(experts, generator=gen, device="cuda")]
+    if skew:
+        logw = -skew * torch.log(torch.arange(1, experts + 1, device="cuda", dtype=torch.float32))
+        logw = logw[torch.randperm(experts, generator=gen, device="cuda")]
     for _ in range(reps):
         u = torch.rand(batch, experts, generator=gen, device="cuda")
         score = u if skew == 0 else logw - torch.log(-torch.log(u.clamp_min(1e-20)))
@@ -88,8 +90,12 @@ def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def check(x, w, route, cfg, gather: bool) -> float:
+    """Relative error of one launch (its output's memory poisoned with NaN first: rows a launch skips show)."""
     rows, offsets, _ = route
     rows = rows if gather else None
+    p = x.shape[0] if rows is None else rows.shape[0]
+    poison = torch.full((p, w.shape[1]), float("nan"), dtype=x.dtype, device=x.device)
+    del poison  # the caching allocator hands its block to the launch's output
     got = grouped_linear_triton(x, w, offsets, rows, cfg)
     return rel_err(got, expert_reference(x if rows is None else x[rows], w, offsets))
 

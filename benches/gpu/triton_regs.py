@@ -89,7 +89,7 @@ def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps:
     (``w13``), else in order (``w2``)."""
     fn = moe._grouped_kernel
     consts = dict(GATHER=gather, B0=1, SK=32, FMT=2, BM=bm, BN=bn, BK=bk, DOT=tl.bfloat16, IEEE=False,
-                  DECODE=moe.DECODES[decode], LHS_FMT="bf16", ROW_GRID=False, PDL=False)
+                  DECODE=moe.DECODES[decode], LHS_FMT="bf16", ROW_GRID=moe.PREFILL_ROW_GRID, PDL=False)
     options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     kernel = _compile(fn, consts, POINTERS, UNALIGNED, **options)
     return dict(_ptxas(kernel), loop=mma_loop_instructions(kernel.asm["ptx"]))

@@ -233,8 +233,8 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
     a GPU, "bits" MXFP4 with bf16 where :func:`bits_decode_runs`). Programs (live expert, N tile, K
     split): only the experts with rows get programs (a compact list made on the device), each walking its expert's
     row blocks; with ``config["row_grid"]`` programs (row block, N tile, K split) instead, so an expert with many rows
-    spreads over as many programs (:func:`.moe_align.row_blocks`); split partials are summed in float32 in a fixed
-    order."""
+    spreads over as many programs (:func:`.moe_align.row_blocks`; ``active`` is then not used); split partials are
+    summed in float32 in a fixed order."""
     n_exp, n, k = w.shape
     p = x.shape[0] if rows is None else rows.shape[0]
     if p == 0:
