@@ -90,8 +90,7 @@ if triton is not None:
 
     @triton.jit
     def _grouped_kernel(x_ptr, rows_ptr, w_ptr, s_ptr, offs_ptr, act_ptr, blk_ptr, y_ptr, N, K, K_SPLIT, stride_xm,
-                        stride_we,
-                        stride_wn, stride_se, stride_sn, stride_ys, stride_ym, GATHER: tl.constexpr,
+                        stride_we, stride_wn, stride_se, stride_sn, stride_ys, stride_ym, GATHER: tl.constexpr,
                         B0: tl.constexpr, SK: tl.constexpr, FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                         BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, DECODE: tl.constexpr,
                         LHS_FMT: tl.constexpr, ROW_GRID: tl.constexpr, PDL: tl.constexpr):
@@ -174,21 +173,13 @@ PREFILL_DECODE = "bits"  # wtile.mxfp4_tile_bits; "scaled": tl.dot_scaled; "nibb
 BITS_MAJORS = (9,)  # compute capabilities (major) whose prefill tiles take the bit moves: timed on Hopper only
 PREFILL_ROW_GRID = False  # programs per (row block, N tile) instead of per (expert, N tile); not yet timed
 DECODES = {"nibble": 0, "scaled": 1, "bits": 2}  # the kernel's DECODE
-_MAJOR: dict[int, int] = {}
-
-
-def _major(device: torch.device) -> int:
-    """The compute capability's major number of a CUDA device (cached)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _MAJOR:
-        _MAJOR[index] = torch.cuda.get_device_capability(index)[0]
-    return _MAJOR[index]
 
 
 def bits_decode_runs(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether :func:`.wtile.mxfp4_tile_bits` takes ``dtype`` activations on ``device``: bf16 on a CUDA GPU of
     :data:`BITS_MAJORS` (its PTX needs sm_90's bf16x2 multiply and u16x2 max), not under the interpreter."""
-    return dtype == torch.bfloat16 and device.type == "cuda" and not interpreting() and _major(device) in BITS_MAJORS
+    return (dtype == torch.bfloat16 and device.type == "cuda" and not interpreting()
+            and torch.cuda.get_device_capability(device)[0] in BITS_MAJORS)
 
 
 def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
@@ -197,10 +188,9 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     ``split`` (few rows per expert split K so the weight stream spreads over the GPU), ``decode`` (of
     :data:`DECODES`: MXFP4 through ``tl.dot_scaled`` with bf16 / fp16 activations on a GPU, not under the
     interpreter, or for prefill tiles the PTX bit moves where :func:`bits_decode_runs`; else the nibble decode),
-    ``warps``, ``stages``,
-    ``maxnreg`` (a register cap per thread for the compiler, None = its choice), ``row_grid`` (prefill: a program
-    per block of an expert's rows, :func:`grouped_linear_triton`). Prefill chunks (more than 64 pairs
-    per expert, MXFP4 on a GPU) take the ``PREFILL_*`` settings. Chosen with ``benches/gpu/moe_bench.py --sweep``
+    ``warps``, ``stages``, ``maxnreg`` (a register cap per thread for the compiler, None = its choice),
+    ``row_grid`` (prefill: a program per block of an expert's rows, :func:`grouped_linear_triton`). Prefill chunks
+    (more than 64 pairs per expert, MXFP4 on a GPU) take the ``PREFILL_*`` settings. Chosen with ``benches/gpu/moe_bench.py --sweep``
     (decode) and ``--tiles`` (prefill: at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2
     / 6.8 ms for w13 / w2 against 17.6 / 9.1 ms with the 64 × 64 tiles of 4 warps before; 256-row tiles 11.5 / 6.8
     ms; the weight tile as the dot's left operand 3× slower; 128 rows, not 256: a 256-row tile is mostly masked rows

@@ -17,8 +17,7 @@ launch is queued on (0 main, 1 side), and such scratch is kept per lane.
 Memory: what side work allocates is cached in the side stream's pool, which the main stream does not reuse (the
 indexer's scores of site ``cache_and_index``: up to ``EngineArgs.index_scratch_bytes``), so turning the side stream
 on raises the peak beside the KV cache — little at the steps of up to 8 tokens it takes by default
-(:data:`MAX_TOKENS`);
-programmatic dependent launch stays on with it (``pdl.WITH_SIDE_STREAM``, :mod:`.pdl`).
+(:data:`MAX_TOKENS`); programmatic dependent launch stays on with it (``pdl.WITH_SIDE_STREAM``, :mod:`.pdl`).
 """
 
 from __future__ import annotations
