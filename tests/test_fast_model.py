@@ -113,3 +113,12 @@ def test_fast_loader_refuses_bad_options(tmp_path):
         load_fast(path, torch.int32, "cpu")
     with pytest.raises(FileNotFoundError):
         load_fast(tmp_path / "nowhere", torch.float32, "cpu")
+
+
+def test_loaded_fast_model_registers_each_tensor_once(tmp_path):
+    """Derived tensors (V4's pooled gate bias) are views, not second registrations of a loaded parameter: every
+    name of ``named_parameters`` is a checkpoint tensor's (the transformers export of benches/gpu/flash_slice.py)."""
+    model = load_fast(make_tiny(tmp_path, "deepseek_v4"), torch.float32, "cpu")
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    assert len(names) == len(dict(model.named_parameters()))
+    assert not any(n.endswith("pool_ape") for n in names)

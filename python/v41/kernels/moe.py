@@ -171,7 +171,7 @@ PREFILL_STAGES = 3
 PREFILL_MAXNREG = 128  # 0: the compiler's choice
 PREFILL_DECODE = "bits"  # wtile.mxfp4_tile_bits; "scaled": tl.dot_scaled; "nibble": wtile.tile_dot
 BITS_MAJORS = (9,)  # compute capabilities (major) whose prefill tiles take the bit moves: timed on Hopper only
-PREFILL_ROW_GRID = False  # programs per (row block, N tile) instead of per (expert, N tile); not yet timed
+PREFILL_ROW_GRID = True  # programs per (row block, N tile): RESULTS 2026-12-05 (night), +18 % at 8,192 tokens
 DECODES = {"nibble": 0, "scaled": 1, "bits": 2}  # the kernel's DECODE
 
 

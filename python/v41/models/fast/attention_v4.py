@@ -73,7 +73,7 @@ class V4Attention(FastAttention):
         with the indexer compressor's as the channels are, ``[A_main | A_idx | B_main | B_idx]``."""
         if self.plan.ratio == 0:
             return
-        ape = self.compressor.ape
+        ape = self.compressor.ape.detach()  # a view, not a second registration of the parameter
         if self.csa:
             hd, di, ia = self.head_dim, self.indexer.head_dim, self.indexer.compressor.ape
             ape = torch.cat([ape[:, :hd], ia[:, :di], ape[:, hd:], ia[:, di:]], dim=1)
