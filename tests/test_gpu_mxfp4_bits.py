@@ -44,19 +44,21 @@ def test_every_byte_and_scale_decodes_to_the_spec_rounded_to_bf16():
 
 
 @pytest.mark.parametrize("row_grid", [False, True])
-def test_the_prefill_launch_equals_the_reference(row_grid, monkeypatch):
-    """More than 64 rows per expert (about two 128-row blocks each): grouped_config's prefill tiles (the bit moves on
-    sm_90, else tl.dot_scaled), programs per expert or per row block (moe.PREFILL_ROW_GRID), rows gathered through
-    token ids (w13) and in order (w2), output poisoned first."""
+@pytest.mark.parametrize("t", [400, 64])
+def test_the_prefill_launch_equals_the_reference(t, row_grid, monkeypatch):
+    """200 and 32 rows per expert (several row blocks each; one): grouped_config's prefill tiles (the bit moves on
+    sm_90 from moe.PREFILL_MIN_ROWS rows per expert, else tl.dot_scaled), programs per expert or per row block
+    (moe.PREFILL_ROW_GRID), rows gathered through token ids (w13) and in order (w2), output poisoned first."""
     monkeypatch.setattr(moe, "PREFILL_ROW_GRID", row_grid)
     g = torch.Generator().manual_seed(3)
-    e, n, k, t, top = 4, 192, 512, 400, 2
+    e, n, k, top = 4, 192, 512, 2
     w = stack_experts([packed(torch.randn(n, k, generator=g) / k ** 0.5, "mxfp4") for _ in range(e)]).to("cuda")
     ids = torch.randint(0, e, (t, top), generator=g).cuda()
     pairs = moe_align.route_pairs(ids, e)
     cfg = moe.grouped_config(t * top, w, torch.bfloat16)
-    assert cfg["bm"] == 128 and cfg["row_grid"] == row_grid
-    assert cfg["decode"] == ("bits" if moe.bits_decode_runs(torch.bfloat16, w.data.device) else "scaled")
+    bits = moe.bits_decode_runs(torch.bfloat16, w.data.device)
+    assert cfg["decode"] == ("bits" if bits else "scaled")
+    assert (cfg["bm"], cfg["row_grid"]) == (moe.PREFILL_BM, row_grid) if bits else cfg["bm"] in (32, 128)
     x = torch.randn(t, k, generator=g).to("cuda", torch.bfloat16)
     for rows, xin in ((pairs.order // top, x), (None, torch.randn(t * top, k, generator=g).to("cuda", torch.bfloat16))):
         poison("cuda")

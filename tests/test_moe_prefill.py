@@ -100,20 +100,27 @@ def test_a_large_stack_dequantizes_in_runs_of_experts_to_the_same_bits(fmt, bloc
 
 
 def test_prefill_tiles_take_the_bit_moves_only_where_they_run(monkeypatch):
-    """grouped_config: prefill-sized steps (more than 64 pairs per expert) of MXFP4 experts on a GPU take the PTX bit
-    moves at PREFILL_BK / PREFILL_MAXNREG where moe.bits_decode_runs (bf16 on sm_90), else tl.dot_scaled at a K
-    step of 128 without a register cap; decode-sized steps never take them; an unknown decode is refused."""
+    """grouped_config: steps of MXFP4 experts on a GPU with at least PREFILL_MIN_ROWS pairs per expert take the PTX
+    bit moves in PREFILL_BM-row blocks at PREFILL_BK / PREFILL_MAXNREG where moe.bits_decode_runs (bf16 on sm_90);
+    elsewhere more than 64 pairs per expert take tl.dot_scaled at a K step of 128 in 128-row blocks without a
+    register cap, and fewer the decode tiles; decode-sized steps never take the bit moves; an unknown decode is
+    refused."""
     from types import SimpleNamespace
 
     fake = SimpleNamespace(shape=(384, 4608, 5120), fmt="mxfp4",
                            data=SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0)))
     runs = {}
     monkeypatch.setattr(moe, "bits_decode_runs", lambda dtype, device: runs.setdefault("ok", dtype == torch.bfloat16))
-    cfg = moe.grouped_config(8192 * 6, fake, torch.bfloat16)
-    assert (cfg["decode"], cfg["bk"], cfg["maxnreg"]) == ("bits", moe.PREFILL_BK, moe.PREFILL_MAXNREG)
+    bits = ("bits", moe.PREFILL_BM, moe.PREFILL_BK, moe.PREFILL_MAXNREG)
+    for tokens in (8192, 2048):  # 128 and 32 pairs per expert
+        cfg = moe.grouped_config(tokens * 6, fake, torch.bfloat16)
+        assert (cfg["decode"], cfg["bm"], cfg["bk"], cfg["maxnreg"]) == bits
+    assert moe.grouped_config(1024 * 6, fake, torch.bfloat16)["decode"] == "scaled"  # 16 pairs per expert
     runs["ok"] = False  # fp16, or a GPU other than sm_90
     cfg = moe.grouped_config(8192 * 6, fake, torch.float16)
-    assert (cfg["decode"], cfg["bk"], cfg["maxnreg"]) == ("scaled", 128, None)
+    assert (cfg["decode"], cfg["bm"], cfg["bk"], cfg["maxnreg"]) == ("scaled", 128, 128, None)
+    cfg = moe.grouped_config(2048 * 6, fake, torch.float16)
+    assert (cfg["decode"], cfg["bm"], cfg["bk"]) == ("scaled", 32, 128)
     assert moe.grouped_config(64 * 6, fake, torch.bfloat16)["decode"] == "scaled"  # decode-sized: 1 pair per expert
     w, pairs, x, top = _case(2)
     cfg = dict(moe.grouped_config(x.shape[0] * top, w, x.dtype), decode="bit")

@@ -123,9 +123,11 @@ def test_the_ptx_decode_is_the_spec_rounded_to_bf16_for_every_byte_and_scale():
     assert np.array_equal(got, want_bits), np.argwhere(got != want_bits)[:5]
 
 
-def test_the_default_prefill_tiling_compiles_for_sm90_without_spills_two_ctas_per_sm():
+def test_the_default_prefill_tiling_compiles_for_sm90_with_several_ctas_per_sm():
     """moe.PREFILL_* (the bit moves, K step 64, 128-register cap) through Triton's compiler and ptxas for sm_90a, as
-    benches/gpu/triton_regs.py counts them: no spills, and two 8-warp CTAs fit an SM's 65,536 registers."""
+    benches/gpu/triton_regs.py counts them: at least two CTAs fit an SM's 65,536 registers, and at most a few stack
+    slots spill (the timed default, 64-row blocks over 4 warps capped at 128 registers: 72 bytes, four CTAs per SM;
+    a cap of 168 spills nothing at three, not timed: benches/RESULTS.md "2026-12-05 (night)")."""
     import sys
     from pathlib import Path
 
@@ -134,9 +136,9 @@ def test_the_default_prefill_tiling_compiles_for_sm90_without_spills_two_ctas_pe
 
     from v41.kernels import moe
 
-    assert moe.PREFILL_DECODE == "bits" and moe.PREFILL_WARPS == 8
+    assert moe.PREFILL_DECODE == "bits"
     for gather in (True, False):
-        r = compile_grouped(128, moe.PREFILL_BN, moe.PREFILL_BK, moe.PREFILL_STAGES, moe.PREFILL_MAXNREG,
+        r = compile_grouped(moe.PREFILL_BM, moe.PREFILL_BN, moe.PREFILL_BK, moe.PREFILL_STAGES, moe.PREFILL_MAXNREG,
                             moe.PREFILL_WARPS, moe.PREFILL_DECODE, gather)
-        assert r["spills"] == 0 and 65536 // (32 * moe.PREFILL_WARPS * r["registers"]) >= 2, r
+        assert r["spills"] <= 128 and 65536 // (32 * moe.PREFILL_WARPS * r["registers"]) >= 2, r
         assert 0 < r["loop"] and r["shared"] <= 228 * 1024 // 2, r

@@ -26,11 +26,11 @@
 #            the mHC mixes at prefill sizes (glue_bench.py --ops mhc: columns "64-token tiles" / "16-token tiles"
 #            set mhc.MIX_WIDE_T to 1 / 0);
 #   prefill2 (~8 min) the MoE kernel's GPU checks in bf16 and tests/test_gpu_mxfp4_bits.py (the PTX bit-move
-#            decode of every byte and scale byte; the prefill launch), then moe_bench.py over V4.1's experts at 8,192
-#            tokens, uniform and Zipf-skewed routing (--skew 1): the default (K 64, 128-register cap, bit moves) with
-#            programs per expert and per row block (moe.PREFILL_ROW_GRID), each checked against its reference there;
-#            then the 8,192-token prefill of
-#            flash-slice-v41 in interleaved PF cells (BK:maxnreg:decode:row grid);
+#            decode of every byte and scale byte; the prefill launch), then moe_bench.py over V4.1's experts at 2,048
+#            and 8,192 tokens, uniform and Zipf-skewed routing (--skew 1): the default prefill tiles (64-row blocks
+#            over 4 warps, K 64, bit moves, programs per row block) with the 128-register cap and with 168 (no
+#            spills, three CTAs per SM), each checked against its reference there; then the 2,048- and 8,192-token
+#            prefills of flash-slice-v41 in interleaved PF cells (BM:warps:BK:maxnreg:decode:row grid);
 #   splits   (~3 min) kernel_bench.py linears at 1 and 8 rows with the K split forced to 1-12 slices (columns
 #            split<n>): what the split-K sum and the CTAs per SM cost each projection;
 #   flashmla (~5 min) FlashMLA's SM90 sparse FP8 decode kernel for V4 rows built from the staged sources
@@ -62,7 +62,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODE=${MODE:-tests}
-PF=${PF:-128:0:scaled:0,64:128:bits:0,64:128:bits:1,128:0:scaled:0,64:128:bits:0,64:128:bits:1}
+PF=${PF:-64:4:64:128:bits:1,64:4:64:168:bits:1,64:4:64:128:bits:1,64:4:64:168:bits:1}
 MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 splits flashmla topk side wide hf "
 for mode in ${MODE//,/ }; do  # every mode checked before any device time goes
   [[ "$MODES" == *" $mode "* ]] || { echo "MODE must be among:$MODES(comma-separated)"; exit 2; }
@@ -157,20 +157,21 @@ case "$mode" in
       check_grouped and bf16) or prefill_launch" > "$OUT/tests19.txt" 2>&1 || rc=1
     tail -2 "$OUT/tests19.txt"
     for skew in 0 1; do  # uniform routing, then Zipf-popular experts (moe_bench.py --skew)
-      timeout 200 python3 benches/gpu/moe_bench.py --shape v41 --batches 8192 --reps 5 --tile-warps 8 --skew $skew \
-        --tiles 128:128:64:3:128 --decodes bits --row-grids 0,1 > "$OUT/moe_tiles_$skew.txt" 2>&1
-      echo "skew $skew:"; grep "^B=" "$OUT/moe_tiles_$skew.txt" | sed -E "s/'(bm|split|warps|stages)': [0-9]+, //g" \
+      timeout 200 python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --reps 5 --tile-warps 4 \
+        --skew $skew --tiles 64:128:64:3:128,64:128:64:3:168 --decodes bits --row-grids 1 > "$OUT/moe_tiles_$skew.txt" 2>&1
+      echo "skew $skew:"; grep "^B=" "$OUT/moe_tiles_$skew.txt" | sed -E "s/'(split|warps|stages)': [0-9]+, //g" \
         | cut -c1-150
     done
     i=0
-    for v in ${PF//,/ }; do  # PF: BK:maxnreg:decode[:row grid] cells, comma-separated
+    for v in ${PF//,/ }; do  # PF: BM:warps:BK:maxnreg:decode:row grid cells, comma-separated
       set -- ${v//:/ }
       i=$((i + 1))
-      timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 8192 --kv-cache-dtype fp8 \
-        --set v41.kernels.moe.PREFILL_BK=$1 --set v41.kernels.moe.PREFILL_MAXNREG=$2 \
-        --set v41.kernels.moe.PREFILL_DECODE=$3 --set v41.kernels.moe.PREFILL_ROW_GRID=${4:-0} --out "$OUT/fs_pf" \
-        > "$OUT/fs_pf_${i}_${v//:/_}.txt" 2>&1
-      echo "BK=$1 maxnreg=$2 decode=$3 row grid=${4:-0}: $(grep "prefill" "$OUT/fs_pf_${i}_${v//:/_}.txt" | tail -1)"
+      M=v41.kernels.moe
+      timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 2048,8192 --kv-cache-dtype fp8 \
+        --set $M.PREFILL_BM=$1 --set $M.PREFILL_WARPS=$2 --set $M.PREFILL_BK=$3 --set $M.PREFILL_MAXNREG=$4 \
+        --set $M.PREFILL_DECODE=$5 --set $M.PREFILL_ROW_GRID=$6 --out "$OUT/fs_pf" > "$OUT/fs_pf_${i}_${v//:/_}.txt" 2>&1
+      echo "BM=$1 warps=$2 BK=$3 maxnreg=$4 decode=$5 row grid=$6: $(grep "prefill" "$OUT/fs_pf_${i}_${v//:/_}.txt" \
+        | tail -2 | tr -s ' ' | tr '\n' ' ')"
     done ;;
   splits)
     timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --splits 1,2,3,4,6,8,12 \

@@ -25,7 +25,7 @@ import statistics
 
 import torch
 from triton.compiler.errors import CompilationError
-from triton.runtime.errors import OutOfResources
+from triton.runtime.errors import OutOfResources, PTXASError
 
 from event_timing import median_ms
 from v41.kernels.moe import grouped_config, grouped_linear_triton
@@ -179,7 +179,7 @@ def main() -> None:
                 try:
                     err = check(x, w, routes[0], cfg, gather)
                     ms = timed(x, w, routes, cfg, gather) if err < 1e-2 else float("nan")
-                except (OutOfResources, CompilationError, ValueError) as exc:  # a tiling that does not fit / exist
+                except (OutOfResources, CompilationError, PTXASError, ValueError) as exc:  # does not fit / exist
                     err, ms = float("inf"), float("nan")
                     print(f"B={batch} {name} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
                 print(f"B={batch:3d} {name:3s} {cfg} err {err:.1e} {ms:.3f} ms", flush=True)

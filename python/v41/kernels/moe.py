@@ -5,9 +5,9 @@ rows ``[offsets[e], offsets[e+1])``. :func:`grouped_linear` computes, for every 
 ``y[i] = x[rows[i]] · W[e]ᵀ`` over a packed ``[E, N, K]`` weight (MXFP4 experts dequantized in the kernel:
 W4A16; FP8 and dense too). One launch covers every expert: programs ``(expert, N tile)`` walk their expert's
 rows in ``BM`` blocks, so an expert's weights are read once per row block and unused experts cost nothing but
-an empty program. On a GPU with bf16/fp16 activations MXFP4 tiles go through ``tl.dot_scaled`` (Triton's own FP4
-upcast, 1.3–1.6× faster than the nibble decode: benches/RESULTS.md), or, for bf16 prefill tiles (more than 64 rows
-per expert; ``PREFILL_*`` below), through the inline-PTX bit moves of :func:`.wtile.mxfp4_tile_bits`; float32 and
+an empty program; prefill tiles launch a program per (row block, N tile) instead. On a GPU with bf16/fp16 activations MXFP4 tiles go through ``tl.dot_scaled`` (Triton's own FP4
+upcast, 1.3–1.6× faster than the nibble decode: benches/RESULTS.md), or, for bf16 prefill tiles on sm_90 (from 32
+rows per expert; ``PREFILL_*`` below), through the inline-PTX bit moves of :func:`.wtile.mxfp4_tile_bits`; float32 and
 the interpreter decode in code (:func:`.wtile.tile_dot`).
 """
 
@@ -154,22 +154,28 @@ if triton is not None:
         tl.store(out_ptr + t.to(tl.int64) * D + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# The prefill launch (A/B switches for flash_slice.py --set; 128 × 128 tiles over 8 warps). Compiled for sm_90a
-# (benches/gpu/triton_regs.py: ptxas -v on Triton 3.6's PTX, no GPU needed), a K step of 128 through tl.dot_scaled
-# takes 255 registers per thread: one CTA per SM. The default, a K step of 64 with a 128-register cap and the PTX bit
-# moves, compiles without spills (72 KB of shared memory: two CTAs per SM) in 299 PTX instructions per K step (598
-# per 128 inputs against 645 for tl.dot_scaled at 128). On an H100 at 8,192 tokens of V4.1's experts (moe_bench.py)
-# w13 took 11.6 against 13.6 ms, w2 6.7 against 7.3; the flash-slice-v41 8,192-token prefill 23,837 / 24,168 against
-# 23,595 / 23,523 tok/s in interleaved pairs (benches/RESULTS.md "2026-12-05 (evening)").
+# The prefill launch (A/B switches for flash_slice.py --set). Compiled for sm_90a (benches/gpu/triton_regs.py:
+# ptxas -v on Triton 3.6's PTX, no GPU needed), 128 × 128 tiles over 8 warps at a K step of 128 through tl.dot_scaled
+# take 255 registers per thread: one CTA per SM. With the PTX bit moves at a K step of 64 and a 128-register cap
+# they compile without spills (two CTAs per SM, 598 PTX instructions per 128 inputs against 645 for tl.dot_scaled);
+# on an H100 at 8,192 tokens of V4.1's experts (moe_bench.py) w13 took 11.6 against 13.6 ms, w2 6.7 against 7.3
+# (benches/RESULTS.md "2026-12-05 (evening)"). A program per row block rather than per expert (PREFILL_ROW_GRID)
+# took the flash-slice-v41 8,192-token prefill from 24,200 to 28,650 tok/s: the engine's routing is uneven. The
+# default since "2026-12-05 (night)": 64-row blocks over one warp group (4 warps, 72 bytes of stack spilled, four
+# CTAs per SM), from 32 pairs per expert: w13 / w2 at 2,048 tokens 4.37 / 2.48 ms against 7.86 / 4.19 for the
+# decode tiles that ran there before, at 4,096 6.38 / 3.63 against 10.54 / 6.08, at 8,192 10.64 / 5.92 against
+# 11.16 / 6.32 for the 128-row blocks; the 2,048-token prefill 13,377 -> 20,935 / 21,651 tok/s.
 # Where the bit moves do not apply (fp16 activations; a GPU other than sm_90, whose PTX lacks bf16x2 multiplies
-# before it and whose tl.dot_scaled may be native after it) prefill tiles keep the K step of 128 through
-# tl.dot_scaled, uncapped: the default before, 13.6 / 7.3 ms there.
+# before it and whose tl.dot_scaled may be native after it) prefill tiles keep 128 × 128 over 8 warps, the K step of
+# 128 through tl.dot_scaled, uncapped, from 64 pairs per expert: the default before, 13.6 / 7.3 ms there.
+PREFILL_BM = 64  # rows per block: one warp group's WGMMA M
 PREFILL_BN = 128  # weight rows per tile
-PREFILL_WARPS = 8
+PREFILL_WARPS = 4
 PREFILL_BK = 64  # 64 halves the tiles held in registers (wtile.TILE_K = 128: one CTA per SM)
 PREFILL_STAGES = 3
 PREFILL_MAXNREG = 128  # 0: the compiler's choice
 PREFILL_DECODE = "bits"  # wtile.mxfp4_tile_bits; "scaled": tl.dot_scaled; "nibble": wtile.tile_dot
+PREFILL_MIN_ROWS = 32  # pairs per expert from which the bit-move tiles run (timed at 32, 64 and 128)
 BITS_MAJORS = (9,)  # compute capabilities (major) whose prefill tiles take the bit moves: timed on Hopper only
 PREFILL_ROW_GRID = True  # programs per (row block, N tile): RESULTS 2026-12-05 (night), +18 % at 8,192 tokens
 DECODES = {"nibble": 0, "scaled": 1, "bits": 2}  # the kernel's DECODE
@@ -190,22 +196,26 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     interpreter, or for prefill tiles the PTX bit moves where :func:`bits_decode_runs`; else the nibble decode),
     ``warps``, ``stages``, ``maxnreg`` (a register cap per thread for the compiler, None = its choice),
     ``row_grid`` (prefill: a program per block of an expert's rows, :func:`grouped_linear_triton`). Prefill chunks
-    (more than 64 pairs per expert, MXFP4 on a GPU) take the ``PREFILL_*`` settings. Chosen with ``benches/gpu/moe_bench.py --sweep``
+    (from ``PREFILL_MIN_ROWS`` pairs per expert, MXFP4 with bf16 on sm_90) take the ``PREFILL_*`` settings; elsewhere
+    more than 64 pairs per expert take 128 × 128 tiles through ``tl.dot_scaled``. Chosen with ``benches/gpu/moe_bench.py --sweep``
     (decode) and ``--tiles`` (prefill: at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2
     / 6.8 ms for w13 / w2 against 17.6 / 9.1 ms with the 64 × 64 tiles of 4 warps before; 256-row tiles 11.5 / 6.8
     ms; the weight tile as the dot's left operand 3× slower; 128 rows, not 256: a 256-row tile is mostly masked rows
     at ~128 per expert and gave w2 nothing; benches/RESULTS.md "2026-12-04 (evening)"; then the K step of 64 with
-    the bit moves: 11.6 / 6.7 ms against 13.6 / 7.3 on an H100, "2026-12-05 (evening)")."""
+    the bit moves: 11.6 / 6.7 ms against 13.6 / 7.3 on an H100, "2026-12-05 (evening)"; then 64-row blocks over 4
+    warps, programs per row block, "2026-12-05 (night)": the comment above ``PREFILL_BM``)."""
     n_exp, n, k = w.shape
     per_expert = pairs / n_exp
     scaled = (w.fmt == "mxfp4" and dtype in (torch.bfloat16, torch.float16) and w.data.is_cuda
               and not interpreting())
-    if per_expert > 64 and scaled:  # prefill chunks (float32 tiles this size would not fit in shared memory)
-        if PREFILL_DECODE == "bits" and not bits_decode_runs(dtype, w.data.device):
-            return dict(bm=128, bn=PREFILL_BN, bk=TILE_K, split=1, decode="scaled", warps=PREFILL_WARPS,
-                        stages=PREFILL_STAGES, maxnreg=None, row_grid=PREFILL_ROW_GRID)
-        return dict(bm=128, bn=PREFILL_BN, bk=PREFILL_BK, split=1, decode=PREFILL_DECODE, warps=PREFILL_WARPS,
-                    stages=PREFILL_STAGES, maxnreg=PREFILL_MAXNREG or None, row_grid=PREFILL_ROW_GRID)
+    bits = PREFILL_DECODE == "bits" and bits_decode_runs(dtype, w.data.device)
+    if per_expert >= PREFILL_MIN_ROWS and scaled and (bits or PREFILL_DECODE != "bits"):
+        return dict(bm=PREFILL_BM, bn=PREFILL_BN, bk=PREFILL_BK, split=1, decode=PREFILL_DECODE,
+                    warps=PREFILL_WARPS, stages=PREFILL_STAGES, maxnreg=PREFILL_MAXNREG or None,
+                    row_grid=PREFILL_ROW_GRID)
+    if per_expert > 64 and scaled:  # fp16, other GPUs (float32 tiles this size would not fit in shared memory)
+        return dict(bm=128, bn=128, bk=TILE_K, split=1, decode="scaled", warps=8, stages=3, maxnreg=None,
+                    row_grid=PREFILL_ROW_GRID)
     bm = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64
     bn = 128 if bm == 16 else 64
     slots = min(n_exp, pairs)
