@@ -122,3 +122,7 @@ def test_loaded_fast_model_registers_each_tensor_once(tmp_path):
     names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
     assert len(names) == len(dict(model.named_parameters()))
     assert not any(n.endswith("pool_ape") for n in names)
+    model.to(torch.float64)  # the derived bias follows a move or cast of the model
+    pooled = [m for m in model.modules() if getattr(m, "pool_ape", None) is not None]
+    assert pooled and all(m.pool_ape.dtype == torch.float64 for m in pooled)
+    assert any(m.pool_ape.data_ptr() == m.compressor.ape.data_ptr() for m in pooled)  # an HCA layer's view

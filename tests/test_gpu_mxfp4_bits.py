@@ -1,6 +1,6 @@
 """The MoE prefill tiles' MXFP4 → bf16 decode in PTX bit moves (``kernels/wtile.py`` mxfp4_tile_bits) on the GPU:
 every (byte, scale byte) pair bit for bit against the spec's value rounded to bf16, and the prefill launch of
-``moe.grouped_linear_triton`` (more than 64 rows per expert) against its reference. tests/test_mxfp4_ptx.py checks
+``moe.grouped_linear_triton`` (200 and 32 rows per expert) against its reference. tests/test_mxfp4_ptx.py checks
 the same PTX text on the CPU."""
 
 from __future__ import annotations

@@ -111,16 +111,21 @@ def test_prefill_tiles_take_the_bit_moves_only_where_they_run(monkeypatch):
                            data=SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0)))
     runs = {}
     monkeypatch.setattr(moe, "bits_decode_runs", lambda dtype, device: runs.setdefault("ok", dtype == torch.bfloat16))
-    bits = ("bits", moe.PREFILL_BM, moe.PREFILL_BK, moe.PREFILL_MAXNREG)
+    keys = ("decode", "bm", "bk", "maxnreg", "warps", "row_grid")
+    bits = ("bits", moe.PREFILL_BM, moe.PREFILL_BK, moe.PREFILL_MAXNREG, moe.PREFILL_WARPS, moe.PREFILL_ROW_GRID)
     for tokens in (8192, 2048):  # 128 and 32 pairs per expert
         cfg = moe.grouped_config(tokens * 6, fake, torch.bfloat16)
-        assert (cfg["decode"], cfg["bm"], cfg["bk"], cfg["maxnreg"]) == bits
+        assert tuple(cfg[k] for k in keys) == bits
     assert moe.grouped_config(1024 * 6, fake, torch.bfloat16)["decode"] == "scaled"  # 16 pairs per expert
-    runs["ok"] = False  # fp16, or a GPU other than sm_90
-    cfg = moe.grouped_config(8192 * 6, fake, torch.float16)
-    assert (cfg["decode"], cfg["bm"], cfg["bk"], cfg["maxnreg"]) == ("scaled", 128, 128, None)
-    cfg = moe.grouped_config(2048 * 6, fake, torch.float16)
-    assert (cfg["decode"], cfg["bm"], cfg["bk"]) == ("scaled", 32, 128)
+    monkeypatch.setattr(moe, "PREFILL_DECODE", "scaled")  # the A/B knob: the same tiles through tl.dot_scaled
+    assert tuple(moe.grouped_config(2048 * 6, fake, torch.bfloat16)[k] for k in keys) == ("scaled", *bits[1:])
+    runs["ok"] = False  # fp16, or a GPU other than sm_90: the knob changes nothing there
+    for decode in ("scaled", "bits"):
+        monkeypatch.setattr(moe, "PREFILL_DECODE", decode)
+        cfg = moe.grouped_config(8192 * 6, fake, torch.float16)
+        assert (cfg["decode"], cfg["bm"], cfg["bk"], cfg["maxnreg"], cfg["warps"]) == ("scaled", 128, 128, None, 8)
+        cfg = moe.grouped_config(2048 * 6, fake, torch.float16)
+        assert (cfg["decode"], cfg["bm"], cfg["bk"]) == ("scaled", 32, 128)
     assert moe.grouped_config(64 * 6, fake, torch.bfloat16)["decode"] == "scaled"  # decode-sized: 1 pair per expert
     w, pairs, x, top = _case(2)
     cfg = dict(moe.grouped_config(x.shape[0] * top, w, x.dtype), decode="bit")

@@ -67,6 +67,10 @@ MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 
 for mode in ${MODE//,/ }; do  # every mode checked before any device time goes
   [[ "$MODES" == *" $mode "* ]] || { echo "MODE must be among:$MODES(comma-separated)"; exit 2; }
 done
+for v in ${PF//,/ }; do  # prefill2's cells, checked before any device time goes too
+  [[ $v =~ ^[0-9]+:[0-9]+:(64|128):[0-9]+:(bits|scaled|nibble):[01]$ ]] || {
+    echo "PF cell $v: expected BM:warps:BK:maxnreg:decode:row grid (BK 64 or 128; decode bits, scaled or nibble)"; exit 2; }
+done
 rm -f python/v41/_cuda.so
 timeout 100 python3 cuda/build.py > "$OUT/build.txt" 2>&1; tail -1 "$OUT/build.txt"
 [ -f python/v41/_cuda.so ] || { echo "v41._cuda did not build: $OUT/build.txt"; exit 1; }

@@ -5,10 +5,11 @@ rows ``[offsets[e], offsets[e+1])``. :func:`grouped_linear` computes, for every 
 ``y[i] = x[rows[i]] · W[e]ᵀ`` over a packed ``[E, N, K]`` weight (MXFP4 experts dequantized in the kernel:
 W4A16; FP8 and dense too). One launch covers every expert: programs ``(expert, N tile)`` walk their expert's
 rows in ``BM`` blocks, so an expert's weights are read once per row block and unused experts cost nothing but
-an empty program; prefill tiles launch a program per (row block, N tile) instead. On a GPU with bf16/fp16 activations MXFP4 tiles go through ``tl.dot_scaled`` (Triton's own FP4
-upcast, 1.3–1.6× faster than the nibble decode: benches/RESULTS.md), or, for bf16 prefill tiles on sm_90 (from 32
-rows per expert; ``PREFILL_*`` below), through the inline-PTX bit moves of :func:`.wtile.mxfp4_tile_bits`; float32 and
-the interpreter decode in code (:func:`.wtile.tile_dot`).
+an empty program; prefill tiles launch a program per (row block, N tile) instead. On a GPU with bf16/fp16
+activations MXFP4 tiles go through ``tl.dot_scaled`` (Triton's own FP4 upcast, 1.3–1.6× faster than the nibble
+decode: benches/RESULTS.md), or, for bf16 prefill tiles on sm_90 (from 32 rows per expert; ``PREFILL_*`` below),
+through the inline-PTX bit moves of :func:`.wtile.mxfp4_tile_bits`; float32 and the interpreter decode in code
+(:func:`.wtile.tile_dot`).
 """
 
 from __future__ import annotations
@@ -167,14 +168,15 @@ if triton is not None:
 # 11.16 / 6.32 for the 128-row blocks; the 2,048-token prefill 13,377 -> 20,935 / 21,651 tok/s.
 # Where the bit moves do not apply (fp16 activations; a GPU other than sm_90, whose PTX lacks bf16x2 multiplies
 # before it and whose tl.dot_scaled may be native after it) prefill tiles keep 128 × 128 over 8 warps, the K step of
-# 128 through tl.dot_scaled, uncapped, from 64 pairs per expert: the default before, 13.6 / 7.3 ms there.
+# 128 through tl.dot_scaled, uncapped, above 64 pairs per expert: the default before, 13.6 / 7.3 ms there with
+# programs per expert (per row block there: not timed).
 PREFILL_BM = 64  # rows per block: one warp group's WGMMA M
 PREFILL_BN = 128  # weight rows per tile
 PREFILL_WARPS = 4
-PREFILL_BK = 64  # 64 halves the tiles held in registers (wtile.TILE_K = 128: one CTA per SM)
+PREFILL_BK = 64  # 64 halves the tiles held in registers (wtile.TILE_K = 128 at 128 x 128 over 8 warps: one CTA/SM)
 PREFILL_STAGES = 3
 PREFILL_MAXNREG = 128  # 0: the compiler's choice
-PREFILL_DECODE = "bits"  # wtile.mxfp4_tile_bits; "scaled": tl.dot_scaled; "nibble": wtile.tile_dot
+PREFILL_DECODE = "bits"  # wtile.mxfp4_tile_bits; "scaled": tl.dot_scaled; "nibble": wtile.tile_dot (A/B, sm_90)
 PREFILL_MIN_ROWS = 32  # pairs per expert from which the bit-move tiles run (timed at 32, 64 and 128)
 BITS_MAJORS = (9,)  # compute capabilities (major) whose prefill tiles take the bit moves: timed on Hopper only
 PREFILL_ROW_GRID = True  # programs per (row block, N tile): RESULTS 2026-12-05 (night), +18 % at 8,192 tokens
@@ -196,11 +198,11 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     interpreter, or for prefill tiles the PTX bit moves where :func:`bits_decode_runs`; else the nibble decode),
     ``warps``, ``stages``, ``maxnreg`` (a register cap per thread for the compiler, None = its choice),
     ``row_grid`` (prefill: a program per block of an expert's rows, :func:`grouped_linear_triton`). Prefill chunks
-    (from ``PREFILL_MIN_ROWS`` pairs per expert, MXFP4 with bf16 on sm_90) take the ``PREFILL_*`` settings; elsewhere
-    more than 64 pairs per expert take 128 × 128 tiles through ``tl.dot_scaled``. Chosen with ``benches/gpu/moe_bench.py --sweep``
-    (decode) and ``--tiles`` (prefill: at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2
-    / 6.8 ms for w13 / w2 against 17.6 / 9.1 ms with the 64 × 64 tiles of 4 warps before; 256-row tiles 11.5 / 6.8
-    ms; the weight tile as the dot's left operand 3× slower; 128 rows, not 256: a 256-row tile is mostly masked rows
+    (from ``PREFILL_MIN_ROWS`` pairs per expert, MXFP4 with bf16 where :func:`bits_decode_runs`) take the
+    ``PREFILL_*`` settings, ``PREFILL_DECODE`` included; elsewhere more than 64 pairs per expert take 128 × 128 tiles
+    through ``tl.dot_scaled``. Chosen with ``benches/gpu/moe_bench.py --sweep`` (decode) and ``--tiles`` (prefill:
+    at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2 / 6.8 ms for w13 / w2 against 17.6
+    / 9.1 ms with the 64 × 64 tiles of 4 warps before; 256-row tiles 11.5 / 6.8 ms; the weight tile as the dot's left operand 3× slower; 128 rows, not 256: a 256-row tile is mostly masked rows
     at ~128 per expert and gave w2 nothing; benches/RESULTS.md "2026-12-04 (evening)"; then the K step of 64 with
     the bit moves: 11.6 / 6.7 ms against 13.6 / 7.3 on an H100, "2026-12-05 (evening)"; then 64-row blocks over 4
     warps, programs per row block, "2026-12-05 (night)": the comment above ``PREFILL_BM``)."""
@@ -208,8 +210,7 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     per_expert = pairs / n_exp
     scaled = (w.fmt == "mxfp4" and dtype in (torch.bfloat16, torch.float16) and w.data.is_cuda
               and not interpreting())
-    bits = PREFILL_DECODE == "bits" and bits_decode_runs(dtype, w.data.device)
-    if per_expert >= PREFILL_MIN_ROWS and scaled and (bits or PREFILL_DECODE != "bits"):
+    if per_expert >= PREFILL_MIN_ROWS and scaled and bits_decode_runs(dtype, w.data.device):
         return dict(bm=PREFILL_BM, bn=PREFILL_BN, bk=PREFILL_BK, split=1, decode=PREFILL_DECODE,
                     warps=PREFILL_WARPS, stages=PREFILL_STAGES, maxnreg=PREFILL_MAXNREG or None,
                     row_grid=PREFILL_ROW_GRID)

@@ -73,11 +73,19 @@ class V4Attention(FastAttention):
         with the indexer compressor's as the channels are, ``[A_main | A_idx | B_main | B_idx]``."""
         if self.plan.ratio == 0:
             return
-        ape = self.compressor.ape.detach()  # a view, not a second registration of the parameter
+        ape = self.compressor.ape.detach()  # HCA: a view, not a second registration of the parameter; CSA: a copy
         if self.csa:
             hd, di, ia = self.head_dim, self.indexer.head_dim, self.indexer.compressor.ape
             ape = torch.cat([ape[:, :hd], ia[:, :di], ape[:, hd:], ia[:, di:]], dim=1)
         self.pool_ape = ape
+
+    def _apply(self, fn, recurse=True):
+        """``nn.Module._apply`` (``.to``, ``.cuda``, dtype casts), then the pooled gate bias derived again from the
+        moved ``ape`` (a plain attribute, which ``_apply`` does not move)."""
+        super()._apply(fn, recurse)
+        if self.pool_ape is not None:
+            self.finish_loading()
+        return self
 
     def write_entries(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         if self.plan.ratio > 0:
