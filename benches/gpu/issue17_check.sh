@@ -28,8 +28,8 @@
 #   prefill2 (~8 min) the MoE kernel's GPU checks in bf16 and tests/test_gpu_mxfp4_bits.py (the PTX bit-move
 #            decode of every byte and scale byte; the prefill launch), then moe_bench.py over V4.1's experts at 2,048
 #            and 8,192 tokens, uniform and Zipf-skewed routing (--skew 1): the default prefill tiles (64-row blocks
-#            over 4 warps, K 64, bit moves, programs per row block) with the 128-register cap and with 168 (no
-#            spills, three CTAs per SM), each checked against its reference there; then the 2,048- and 8,192-token
+#            over 4 warps, K 64, bit moves, programs per row block) with the 128-register cap, with 168 (no
+#            spills, three CTAs per SM) and with 2 stages (16 bytes spilled), each checked against its reference there; then the 2,048- and 8,192-token
 #            prefills of flash-slice-v41 in interleaved PF cells (BM:warps:BK:maxnreg:decode:row grid);
 #   splits   (~3 min) kernel_bench.py linears at 1 and 8 rows with the K split forced to 1-12 slices (columns
 #            split<n>): what the split-K sum and the CTAs per SM cost each projection;
@@ -161,8 +161,8 @@ case "$mode" in
       check_grouped and bf16) or prefill_launch" > "$OUT/tests19.txt" 2>&1 || rc=1
     tail -2 "$OUT/tests19.txt"
     for skew in 0 1; do  # uniform routing, then Zipf-popular experts (moe_bench.py --skew)
-      timeout 200 python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --reps 5 --tile-warps 4 \
-        --skew $skew --tiles 64:128:64:3:128,64:128:64:3:168 --decodes bits --row-grids 1 > "$OUT/moe_tiles_$skew.txt" 2>&1
+      timeout 200 python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --reps 5 --tile-warps 4 --skew $skew \
+        --tiles 64:128:64:3:128,64:128:64:3:168,64:128:64:2:128 --decodes bits --row-grids 1 > "$OUT/moe_tiles_$skew.txt" 2>&1
       echo "skew $skew:"; grep "^B=" "$OUT/moe_tiles_$skew.txt" | sed -E "s/'(split|warps|stages)': [0-9]+, //g" \
         | cut -c1-150
     done
