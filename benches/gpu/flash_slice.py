@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import random
+import re
 import statistics
 import tempfile
 import time
@@ -216,11 +217,14 @@ def request_cache_bytes(layout, context: int) -> dict[str, int]:
 
 
 # -- transformers (V4) ------------------------------------------------------------------------------------------
-def hf_from_v41(path: Path, core):
-    """transformers' DeepseekV4ForCausalLM (bf16, eager) with v41's weights, dequantized, built in host memory: the
-    caller moves it to the GPU once v41's engine is gone (on an 80 GB H100 the two do not fit together). Built
+def hf_from_v41(path: Path, core, dtype: torch.dtype = torch.bfloat16):
+    """transformers' DeepseekV4ForCausalLM (``dtype``, eager) with v41's weights, dequantized, built in host memory:
+    the caller moves it to the GPU once v41's engine is gone (on an 80 GB H100 the two do not fit together). Built
     without transformers' random initialization (every weight is copied in; any parameter v41 does not export is
-    drawn from N(0, 0.02²) and named)."""
+    drawn from N(0, 0.02²) and named). In bf16 the tensors transformers keeps in float32 when it loads a bf16
+    checkpoint (the model's ``_keep_in_fp32_modules_strict``, matched as ``from_pretrained`` matches them: a search
+    in the tensor's name) are float32 here too. Built in float32 from a float32 fast model it reproduces the oracle
+    (tests/test_bench_transformers.py)."""
     import transformers
     from transformers.initialization import no_init_weights
     from v41.checkpoint_names import bare_to_hf
@@ -234,10 +238,15 @@ def hf_from_v41(path: Path, core):
               mlp_layer_types=["hash_moe" if p.hash_moe else "moe" for p in plan])
     cfg = transformers.DeepseekV4Config(**kw)
     cfg._attn_implementation = "eager"
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(dtype)
     with no_init_weights():
         hf = transformers.DeepseekV4ForCausalLM(cfg).eval()
     torch.set_default_dtype(torch.float32)
+    keep = list(hf._keep_in_fp32_modules_strict or ())  # the list from_pretrained keeps in float32 for bf16
+    fp32 = re.compile("|".join(map(re.escape, keep))) if keep else None
+    for name, t in [*hf.named_parameters(), *hf.named_buffers()]:
+        if fp32 is not None and t.is_floating_point() and fp32.search(name):
+            t.data = t.data.float()
     params = dict(hf.named_parameters())
     params.update(dict(hf.named_buffers()))
     written = set()
