@@ -242,11 +242,11 @@ def hf_from_v41(path: Path, core, dtype: torch.dtype = torch.bfloat16):
     with no_init_weights():
         hf = transformers.DeepseekV4ForCausalLM(cfg).eval()
     torch.set_default_dtype(torch.float32)
-    keep = list(hf._keep_in_fp32_modules_strict or ())  # the list from_pretrained keeps in float32 for bf16
-    fp32 = re.compile("|".join(map(re.escape, keep))) if keep else None
-    for name, t in [*hf.named_parameters(), *hf.named_buffers()]:
-        if fp32 is not None and t.is_floating_point() and fp32.search(name):
-            t.data = t.data.float()
+    if hf._keep_in_fp32_modules_strict:  # what from_pretrained keeps in float32 for bf16
+        fp32 = re.compile("|".join(map(re.escape, hf._keep_in_fp32_modules_strict)))
+        for name, t in [*hf.named_parameters(), *hf.named_buffers()]:
+            if t.is_floating_point() and fp32.search(name):
+                t.data = t.data.float()
     params = dict(hf.named_parameters())
     params.update(dict(hf.named_buffers()))
     written = set()

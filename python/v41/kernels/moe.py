@@ -202,8 +202,9 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     ``PREFILL_*`` settings, ``PREFILL_DECODE`` included; elsewhere more than 64 pairs per expert take 128 × 128 tiles
     through ``tl.dot_scaled``. Chosen with ``benches/gpu/moe_bench.py --sweep`` (decode) and ``--tiles`` (prefill:
     at 128 rows per expert of V4.1-Flash, 128 × 128 tiles over 8 warps took 13.2 / 6.8 ms for w13 / w2 against 17.6
-    / 9.1 ms with the 64 × 64 tiles of 4 warps before; 256-row tiles 11.5 / 6.8 ms; the weight tile as the dot's left operand 3× slower; 128 rows, not 256: a 256-row tile is mostly masked rows
-    at ~128 per expert and gave w2 nothing; benches/RESULTS.md "2026-12-04 (evening)"; then the K step of 64 with
+    / 9.1 ms with the 64 × 64 tiles of 4 warps before; 256-row tiles 11.5 / 6.8 ms; the weight tile as the dot's
+    left operand 3× slower; 128 rows, not 256: a 256-row tile is mostly masked rows at ~128 per expert and gave w2
+    nothing; benches/RESULTS.md "2026-12-04 (evening)"; then the K step of 64 with
     the bit moves: 11.6 / 6.7 ms against 13.6 / 7.3 on an H100, "2026-12-05 (evening)"; then 64-row blocks over 4
     warps, programs per row block, "2026-12-05 (night)": the comment above ``PREFILL_BM``)."""
     n_exp, n, k = w.shape

@@ -66,26 +66,19 @@ class V4Attention(FastAttention):
                 ic = self.indexer.compressor
                 wide.update({"idx.wkv": ic.wkv, "idx.wgate": ic.wgate, "weights_proj": self.indexer.weights_proj})
             self.add_wide_siblings(wide)
-        self.pool_ape: Tensor | None = None  # the gate bias in the pooled channels' order (finish_loading)
+        # the gate bias in the pooled channels' order (finish_loading): a buffer, so .to() and casts move it too
+        self.register_buffer("pool_ape", None, persistent=False)
 
     def finish_loading(self) -> None:
         """The gate bias of the pooled channels (:meth:`_compress`): the compressor's ``ape``, for CSA interleaved
         with the indexer compressor's as the channels are, ``[A_main | A_idx | B_main | B_idx]``."""
         if self.plan.ratio == 0:
             return
-        ape = self.compressor.ape.detach()  # HCA: a view, not a second registration of the parameter; CSA: a copy
+        ape = self.compressor.ape.detach()  # a tensor, not a second registration of the parameter
         if self.csa:
             hd, di, ia = self.head_dim, self.indexer.head_dim, self.indexer.compressor.ape
             ape = torch.cat([ape[:, :hd], ia[:, :di], ape[:, hd:], ia[:, di:]], dim=1)
         self.pool_ape = ape
-
-    def _apply(self, fn, recurse=True):
-        """``nn.Module._apply`` (``.to``, ``.cuda``, dtype casts), then the pooled gate bias derived again from the
-        moved ``ape`` (a plain attribute, which ``_apply`` does not move)."""
-        super()._apply(fn, recurse)
-        if self.pool_ape is not None:
-            self.finish_loading()
-        return self
 
     def write_entries(self, x: Tensor, proj: dict[str, Tensor], ctx: StepContext) -> None:
         if self.plan.ratio > 0:
