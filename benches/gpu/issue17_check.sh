@@ -21,7 +21,7 @@
 #            prefill GEMM four ways (moe_prefill_paths.py: W4A16, pipelined, bf16 and FP8 grouped GEMMs; CHUNKS=
 #            its --chunks cells, experts per chunk[:dequantization programs]);
 #   long     (~4 min) flash-slice-v41 decode at 32k, 128k and 1M tokens of context (recency prefill), its cache per
-#            kind;
+#            kind; LONG_REAL=1 prefills with the real indexer (~4 min more at 1M);
 #   moe      (~2 min) the MoE GEMM at 2,048- and 8,192-token prefill chunks over V4.1's experts (moe_bench.py);
 #            the mHC mixes at prefill sizes (glue_bench.py --ops mhc: columns "64-token tiles" / "16-token tiles"
 #            set mhc.MIX_WIDE_T to 1 / 0);
@@ -146,9 +146,10 @@ case "$mode" in
     tail -3 "$OUT/tests9.txt"
     timeout 300 python3 benches/gpu/moe_prefill_paths.py --chunks "${CHUNKS:-16,32,16:32}" > "$OUT/paths.txt" 2>&1
     tail -7 "$OUT/paths.txt" ;;
-  long)
-    timeout 280 python3 benches/gpu/flash_slice.py --slice v41 --cells 1x32768,1x131072,1x1048320 --prefill , \
-      --budget 8192 --kv-cache-dtype fp8 --recent-index-prefill --out "$OUT/fs_long" > "$OUT/fs_long.txt" 2>&1
+  long)  # LONG_REAL=1: the prefill runs the real indexer over every visible entry (no recency shortcut)
+    if [ "${LONG_REAL:-0}" = 1 ]; then RECENT=""; LT=560; else RECENT="--recent-index-prefill"; LT=280; fi
+    timeout $LT python3 benches/gpu/flash_slice.py --slice v41 --cells 1x32768,1x131072,1x1048320 --prefill , \
+      --budget 8192 --kv-cache-dtype fp8 $RECENT --out "$OUT/fs_long" > "$OUT/fs_long.txt" 2>&1
     tail -9 "$OUT/fs_long.txt" ;;
   moe)
     timeout 200 python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --reps 5 \
