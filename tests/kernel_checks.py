@@ -110,13 +110,21 @@ def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
                     poison(device)
                     y = moe.grouped_linear_triton(xin, w, offsets, rows, cfg, pairs.active)
                     out.append((f"grouped/{tag}/bk64/split{split}", rel(y.cpu(), r), tol(dtype)))
-                if fmt == "mxfp4" and dtype == torch.bfloat16 and device != "cpu":  # the PTX bit moves (GPU only)
-                    for bk, maxnreg in ((64, 128), (128, None)):
-                        cfg = dict(moe.grouped_config(t * top, w, dtype), bm=64, bn=64, bk=bk, split=1,
-                                   decode="bits", maxnreg=maxnreg)
+                if fmt == "mxfp4":  # the weight tile as the dot's left operand (yᵀ = W·xᵀ), both row grids
+                    for row_grid in (False, True):
+                        cfg = dict(moe.grouped_config(t * top, w, dtype), bm=16, bn=64, bk=64, split=1,
+                                   decode="nibble", swap=True, row_grid=row_grid)
                         poison(device)
                         y = moe.grouped_linear_triton(xin, w, offsets, rows, cfg, pairs.active)
-                        out.append((f"grouped/{tag}/bits/bk{bk}", rel(y.cpu(), r), tol(dtype)))
+                        out.append((f"grouped/{tag}/swap/grid{int(row_grid)}", rel(y.cpu(), r), tol(dtype)))
+                if fmt == "mxfp4" and dtype == torch.bfloat16 and device != "cpu":  # the PTX bit moves (GPU only)
+                    for bk, maxnreg, swap, warps in ((64, 128, False, 4), (128, None, False, 4), (64, 128, True, 8)):
+                        cfg = dict(moe.grouped_config(t * top, w, dtype), bm=64, bn=128 if swap else 64, bk=bk,
+                                   split=1, decode="bits", maxnreg=maxnreg, swap=swap, warps=warps)
+                        poison(device)
+                        y = moe.grouped_linear_triton(xin, w, offsets, rows, cfg, pairs.active)
+                        out.append((f"grouped/{tag}/bits/bk{bk}{'/swap' if swap else ''}", rel(y.cpu(), r),
+                                    tol(dtype)))
     # programs per row block (config row_grid): expert 0 takes three blocks of 16 rows (16, 16, 8), experts 2 and 3
     # about two each, expert 1 (between them) none; with and without a K split
     w = stack_experts([packed(torch.randn(n, k, generator=g) / k ** 0.5, "mxfp4") for _ in range(4)]).to(device)

@@ -134,6 +134,18 @@ def test_prefill_tiles_take_the_bit_moves_only_where_they_run(monkeypatch):
     cfg["decode"] = "bits"  # CPU tensors
     with pytest.raises(ValueError, match="does not take"):
         moe.grouped_linear_triton(x, w, pairs.offsets, pairs.order // top, cfg)
+    monkeypatch.setattr(moe, "PREFILL_SWAP", True)  # the operand swap: bit moves and nibbles only, MXFP4 only
+    runs["ok"] = True
+    assert moe.grouped_config(2048 * 6, fake, torch.bfloat16)["swap"]
+    monkeypatch.setattr(moe, "PREFILL_DECODE", "scaled")
+    assert not moe.grouped_config(2048 * 6, fake, torch.bfloat16)["swap"]
+    cfg = dict(moe.grouped_config(x.shape[0] * top, w, x.dtype), decode="scaled", swap=True)
+    with pytest.raises(ValueError, match="swap takes"):
+        moe.grouped_linear_triton(x, w, pairs.offsets, pairs.order // top, cfg)
+    w8 = stack_experts([packed(torch.randn(48, 128), "fp8") for _ in range(7)])
+    cfg = dict(moe.grouped_config(x.shape[0] * top, w8, x.dtype), decode="nibble", swap=True)
+    with pytest.raises(ValueError, match="swap takes"):
+        moe.grouped_linear_triton(x, w8, pairs.offsets, pairs.order // top, cfg)
 
 
 @pytest.mark.parametrize("counts,bm", [([40, 0, 17, 16, 1], 16), ([0, 0, 3], 16), ([130, 128, 0, 5], 128),

@@ -31,6 +31,9 @@
 #            over 4 warps, K 64, bit moves, programs per row block) with the 128-register cap, with 168 (no
 #            spills, three CTAs per SM) and with 2 stages (16 bytes spilled), each checked against its reference there; then the 2,048- and 8,192-token
 #            prefills of flash-slice-v41 in interleaved PF cells (BM:warps:BK:maxnreg:decode:row grid);
+#   swap     (~7 min) the MoE kernel's bf16 GPU checks, then moe_bench.py at 2,048 / 8,192 tokens over 8 warps
+#            with the bit-move weight tile as the MMA's N side (swap 0) or its left operand (1; moe.PREFILL_SWAP), then
+#            the flash-slice-v41 prefills in interleaved SW cells (swap:warps:BM);
 #   splits   (~3 min) kernel_bench.py linears at 1 and 8 rows with the K split forced to 1-12 slices (columns
 #            split<n>): what the split-K sum and the CTAs per SM cost each projection;
 #   flashmla (~5 min) FlashMLA's SM90 sparse FP8 decode kernel for V4 rows built from the staged sources
@@ -63,7 +66,7 @@ export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODE=${MODE:-tests}
 PF=${PF:-64:4:64:128:bits:1,64:4:64:168:bits:1,64:4:64:128:bits:1,64:4:64:168:bits:1}
-MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 splits flashmla topk side wide hf "
+MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 swap splits flashmla topk side wide hf "
 for mode in ${MODE//,/ }; do  # every mode checked before any device time goes
   [[ "$MODES" == *" $mode "* ]] || { echo "MODE must be among:$MODES(comma-separated)"; exit 2; }
 done
@@ -177,6 +180,23 @@ case "$mode" in
         --set $M.PREFILL_DECODE=$5 --set $M.PREFILL_ROW_GRID=$6 --out "$OUT/fs_pf" > "$OUT/fs_pf_${i}_${v//:/_}.txt" 2>&1
       echo "BM=$1 warps=$2 BK=$3 maxnreg=$4 decode=$5 row grid=$6: $(grep "prefill" "$OUT/fs_pf_${i}_${v//:/_}.txt" \
         | tail -2 | tr -s ' ' | tr '\n' ' ')"
+    done ;;
+  swap)  # the bit-move weight tile as the MMA's left operand (moe.PREFILL_SWAP), 8 warps: two warp groups of 64
+    timeout 150 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and check_grouped and bf16" > "$OUT/tests20.txt" \
+      2>&1 || rc=1
+    tail -2 "$OUT/tests20.txt"
+    timeout 240 python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --reps 5 --tile-warps 8 \
+      --tiles 64:128:64:3:128,32:128:64:3:128 --decodes bits --row-grids 1 --swaps 0,1 > "$OUT/moe_swap.txt" 2>&1
+    grep "^B=" "$OUT/moe_swap.txt" | sed -E "s/'(split|stages|decode|row_grid)': [^,]+, //g" | cut -c1-150
+    i=0
+    for v in ${SW:-0:4:64,1:8:64,0:4:64,1:8:64}; do  # swap:warps:BM cells, interleaved
+      set -- ${v//:/ }
+      i=$((i + 1))
+      M=v41.kernels.moe
+      timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 2048,8192 --kv-cache-dtype fp8 \
+        --set $M.PREFILL_SWAP=$1 --set $M.PREFILL_WARPS=$2 --set $M.PREFILL_BM=$3 --out "$OUT/fs_sw" \
+        > "$OUT/fs_sw_${i}_${v//:/_}.txt" 2>&1
+      echo "swap=$1 warps=$2 BM=$3: $(grep "prefill" "$OUT/fs_sw_${i}_${v//:/_}.txt" | tail -2 | tr -s ' ' | tr '\n' ' ')"
     done ;;
   splits)
     timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --splits 1,2,3,4,6,8,12 \

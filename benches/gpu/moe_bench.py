@@ -13,7 +13,7 @@ Floor = bytes of the experts touched (data + scales) over the copy bandwidth mea
 table last: the default configuration and, with ``--sweep`` (decode: K split, N tile, warps, stages) or ``--tiles
 BM:BN[:BK[:stages[:maxnreg]]],…`` (prefill: each row block × N tile, K step (128), pipeline stages (3) and register
 cap (none) at ``--tile-warps`` (4 and 8), through each of ``--decodes``: ``tl.dot_scaled``, the nibble decode, the
-PTX bit moves), the best of the
+PTX bit moves), with ``--row-grids`` and ``--swaps`` (the weight tile as the MMA's left operand), the best of the
 swept ones per cell; every cell also gives TFLOP/s, against the bf16 dense-GEMM rate measured in the same call.
 """
 
@@ -142,6 +142,8 @@ def main() -> None:
                     "with (v41.kernels.moe.DECODES)")
     ap.add_argument("--row-grids", default="0", help="each --tiles tiling with programs per expert (0) and / or per "
                     "row block (1)")
+    ap.add_argument("--swaps", default="0", help="each --tiles tiling with the weight tile on the MMA's N side (0) "
+                    "and / or as its left operand from registers (1: yᵀ = W·xᵀ; decodes bits and nibble)")
     ap.add_argument("--skew", type=float, default=0.0, help="Zipf exponent of the experts' popularity (0: uniform)")
     a = ap.parse_args()
     experts, hidden, inter = SHAPES[a.shape]
@@ -167,12 +169,13 @@ def main() -> None:
                 for decode, bn, split, warps, stages in itertools.product(
                         ("nibble", "scaled"), (64, 128), splits, (4, 8), (3, 4)):
                     configs.append(dict(default, decode=decode, bn=bn, split=split, warps=warps, stages=stages))
-            for tile, warps, decode, row_grid in itertools.product(
+            for tile, warps, decode, row_grid, swap in itertools.product(
                     a.tiles.split(",") if a.tiles else (), [int(v) for v in a.tile_warps.split(",")],
-                    a.decodes.split(","), [bool(int(v)) for v in a.row_grids.split(",")]):
+                    a.decodes.split(","), [bool(int(v)) for v in a.row_grids.split(",")],
+                    [bool(int(v)) for v in a.swaps.split(",")]):
                 bm, bn, bk, stages, maxnreg = parse_tiling(tile)
                 configs.append(dict(default, bm=bm, bn=bn, bk=bk, split=1, warps=warps, stages=stages, decode=decode,
-                                    maxnreg=maxnreg or None, row_grid=row_grid))
+                                    maxnreg=maxnreg or None, row_grid=row_grid, swap=swap))
             flop = 2 * batch * TOP_K * w.shape[1] * w.shape[2]
             results = []
             for cfg in configs:

@@ -2,7 +2,7 @@
 :func:`v41.kernels.moe.grouped_linear_triton` is compiled by Triton for an H100/H200 target and its PTX assembled
 by the ``ptxas`` Triton ships (``-v``), so occupancy can be counted before a device call times it.
 
-    python benches/gpu/triton_regs.py [--tiles 128:128,128:128:64:3:128] [--warps 4,8] [--gather]
+    python benches/gpu/triton_regs.py [--tiles 128:128,128:128:64:3:128] [--warps 4,8] [--gather] [--swaps 0,1]
     python benches/gpu/triton_regs.py --mqa 16:32:4:3,64:32:8:2     # sparse MQA's Triton tilings instead
 
 A tiling is ``BM:BN[:BK[:stages[:maxnreg]]]`` (moe_bench.py's ``--tiles``; defaults BK 128, 3 stages, no register
@@ -83,13 +83,14 @@ def mma_loop_instructions(ptx: str) -> int:
 
 
 def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps: int, decode: str,
-                    gather: bool = False) -> dict:
+                    gather: bool = False, swap: bool = False) -> dict:
     """One tiling of the grouped kernel for sm_90a → {registers, spill bytes, shared bytes, loop (PTX instructions
     of one K step)}; ``decode`` one of ``moe.DECODES``; ``gather``: rows read through the pairs' token ids
-    (``w13``), else in order (``w2``)."""
+    (``w13``), else in order (``w2``); ``swap``: the weight tile as the MMA's left operand (``moe`` config "swap")."""
     fn = moe._grouped_kernel
     consts = dict(GATHER=gather, B0=1, SK=32, FMT=2, BM=bm, BN=bn, BK=bk, DOT=tl.bfloat16, IEEE=False,
-                  DECODE=moe.DECODES[decode], LHS_FMT="bf16", ROW_GRID=moe.PREFILL_ROW_GRID, PDL=False)
+                  DECODE=moe.DECODES[decode], LHS_FMT="bf16", ROW_GRID=moe.PREFILL_ROW_GRID, SWAP=swap,
+                  PDL=False)
     options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     kernel = _compile(fn, consts, POINTERS, UNALIGNED, **options)
     return dict(_ptxas(kernel), loop=mma_loop_instructions(kernel.asm["ptx"]))
@@ -113,6 +114,7 @@ def main() -> None:
     ap.add_argument("--warps", default="8")
     ap.add_argument("--gather", action="store_true", help="the w13 launch (rows through token ids), else w2's")
     ap.add_argument("--decodes", default=",".join(moe.DECODES), help="MXFP4 decodes to compile (moe.DECODES)")
+    ap.add_argument("--swaps", default="0", help="0 and / or 1: the weight tile as the MMA's left operand (bits, nibble)")
     ap.add_argument("--mqa", default="", help="sparse-MQA tilings BH:BK:warps:stages to compile instead")
     a = ap.parse_args()
     if a.mqa:
@@ -124,16 +126,17 @@ def main() -> None:
             print(f"| {tile} | {r['registers']} | {r['spills']} | {r['shared'] / 1024:.1f} | {r['wgmma']} | "
                   f"{r['mma']} |", flush=True)
         return
-    print("| tiling BM:BN:BK:stages:maxnreg | warps | decode | registers | spill bytes | shared KB | CTAs per SM "
+    print("| tiling BM:BN:BK:stages:maxnreg | warps | decode | swap | registers | spill bytes | shared KB | CTAs per SM "
           "| K-loop PTX | per 128 inputs |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for tile, warps, decode in itertools.product(a.tiles.split(","), [int(w) for w in a.warps.split(",")],
-                                                 a.decodes.split(",")):
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for tile, warps, decode, swap in itertools.product(a.tiles.split(","), [int(w) for w in a.warps.split(",")],
+                                                       a.decodes.split(","), [bool(int(v)) for v in a.swaps.split(",")]):
         bm, bn, bk, stages, maxnreg = parse_tiling(tile)
-        r = compile_grouped(bm, bn, bk, stages, maxnreg, warps, decode, a.gather)
+        r = compile_grouped(bm, bn, bk, stages, maxnreg, warps, decode, a.gather, swap)
         ctas = min(65536 // (32 * warps * r["registers"]), 228 * 1024 // max(1, r["shared"]))
-        print(f"| {bm}:{bn}:{bk}:{stages}:{maxnreg or '-'} | {warps} | {decode} | {r['registers']} | {r['spills']} "
-              f"| {r['shared'] / 1024:.1f} | {ctas} | {r['loop']} | {r['loop'] * 128 // bk} |", flush=True)
+        print(f"| {bm}:{bn}:{bk}:{stages}:{maxnreg or '-'} | {warps} | {decode} | {int(swap)} | {r['registers']} "
+              f"| {r['spills']} | {r['shared'] / 1024:.1f} | {ctas} | {r['loop']} | {r['loop'] * 128 // bk} |",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -87,14 +87,14 @@ if triton is not None:
     import triton.language as tl
     from .pdl import prologue
 
-    from .wtile import FMT_CODES, TILE_K, mxfp4_tile_bits, scale_k, tile_dot
+    from .wtile import FMT_CODES, TILE_K, mxfp4_tile_bits, scale_k, tile_dot, w_tile
 
     @triton.jit
     def _grouped_kernel(x_ptr, rows_ptr, w_ptr, s_ptr, offs_ptr, act_ptr, blk_ptr, y_ptr, N, K, K_SPLIT, stride_xm,
                         stride_we, stride_wn, stride_se, stride_sn, stride_ys, stride_ym, GATHER: tl.constexpr,
                         B0: tl.constexpr, SK: tl.constexpr, FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                         BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, DECODE: tl.constexpr,
-                        LHS_FMT: tl.constexpr, ROW_GRID: tl.constexpr, PDL: tl.constexpr):
+                        LHS_FMT: tl.constexpr, ROW_GRID: tl.constexpr, SWAP: tl.constexpr, PDL: tl.constexpr):
         prologue(PDL)
         e = tl.load(act_ptr + tl.program_id(0))  # ROW_GRID: the owner of row block program_id(0)
         if e < 0:
@@ -118,12 +118,24 @@ if triton is not None:
                 src = tl.load(rows_ptr + rm, mask=mmask, other=0)
             else:
                 src = rm
-            acc = tl.zeros([BM, BN], dtype=tl.float32)
+            if SWAP:  # yᵀ = W·xᵀ: the decoded weight tile is WGMMA's A operand, straight from registers
+                acc = tl.zeros([BN, BM], dtype=tl.float32)
+            else:
+                acc = tl.zeros([BM, BN], dtype=tl.float32)
             for k0 in range(k_lo, k_hi, BK):
                 rk = k0 + tl.arange(0, BK)
                 a = tl.load(x_ptr + src[:, None] * stride_xm + rk[None, :],
                             mask=mmask[:, None] & (rk < k_hi)[None, :], other=0.0).to(DOT)
-                if DECODE == 1:  # MXFP4 through Triton's scaled dot: its own FP4 → bf16 upcast
+                if SWAP:  # MXFP4 only (w_tile scales the tile itself): bit moves, or the float32 nibble decode
+                    if DECODE == 2:
+                        w = mxfp4_tile_bits(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, BK)
+                    else:
+                        w = w_tile(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT)
+                    if IEEE:
+                        acc = tl.dot(w, tl.trans(a), acc, input_precision="ieee")
+                    else:
+                        acc = tl.dot(w, tl.trans(a), acc)
+                elif DECODE == 1:  # MXFP4 through Triton's scaled dot: its own FP4 → bf16 upcast
                     rb = k0 // 2 + tl.arange(0, BK // 2)
                     wb = tl.load(w_e + rn[:, None] * stride_wn + rb[None, :],
                                  mask=nmask[:, None] & (rb < K // 2)[None, :], other=0)
@@ -136,8 +148,12 @@ if triton is not None:
                     acc = tl.dot(a, tl.trans(w), acc)
                 else:
                     acc += tile_dot(a, w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT, IEEE)
-            tl.store(y_ptr + pid_k * stride_ys + rm[:, None] * stride_ym + rn[None, :],
-                     acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+            if SWAP:
+                tl.store(y_ptr + pid_k * stride_ys + rm[None, :] * stride_ym + rn[:, None],
+                         acc.to(y_ptr.dtype.element_ty), mask=mmask[None, :] & nmask[:, None])
+            else:
+                tl.store(y_ptr + pid_k * stride_ys + rm[:, None] * stride_ym + rn[None, :],
+                         acc.to(y_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
     @triton.jit
     def _combine_kernel(y_ptr, inv_ptr, extra_ptr, out_ptr, D, K: tl.constexpr, HAS_EXTRA: tl.constexpr,
@@ -180,6 +196,10 @@ PREFILL_DECODE = "bits"  # wtile.mxfp4_tile_bits; "scaled": tl.dot_scaled; "nibb
 PREFILL_MIN_ROWS = 32  # pairs per expert from which the bit-move tiles run (timed at 32, 64 and 128)
 BITS_MAJORS = (9,)  # compute capabilities (major) whose prefill tiles take the bit moves: timed on Hopper only
 PREFILL_ROW_GRID = True  # programs per (row block, N tile): RESULTS 2026-12-05 (night), +18 % at 8,192 tokens
+# The bit-move tile as the MMA's left operand (yᵀ = W·xᵀ): Triton then issues WGMMA with the decoded weights as its
+# register A operand, where the default stores each decoded 128 × 64 tile to shared memory for WGMMA's B operand and
+# waits on a barrier (TTGIR of both, triton_regs.py --swaps 0,1). An A/B switch until timed.
+PREFILL_SWAP = False
 DECODES = {"nibble": 0, "scaled": 1, "bits": 2}  # the kernel's DECODE
 
 
@@ -214,7 +234,7 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     if per_expert >= PREFILL_MIN_ROWS and scaled and bits_decode_runs(dtype, w.data.device):
         return dict(bm=PREFILL_BM, bn=PREFILL_BN, bk=PREFILL_BK, split=1, decode=PREFILL_DECODE,
                     warps=PREFILL_WARPS, stages=PREFILL_STAGES, maxnreg=PREFILL_MAXNREG or None,
-                    row_grid=PREFILL_ROW_GRID)
+                    row_grid=PREFILL_ROW_GRID, swap=PREFILL_SWAP and PREFILL_DECODE != "scaled")
     if per_expert > 64 and scaled:  # fp16, other GPUs (float32 tiles this size would not fit in shared memory)
         return dict(bm=128, bn=128, bk=TILE_K, split=1, decode="scaled", warps=8, stages=3, maxnreg=None,
                     row_grid=PREFILL_ROW_GRID)
@@ -246,6 +266,8 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
         raise ValueError(f"bk = {c['bk']}: the K step must be 64 or {TILE_K}")
     if c["decode"] not in DECODES:
         raise ValueError(f"decode {c['decode']!r}: expected one of {tuple(DECODES)}")
+    if c.get("swap") and (w.fmt != "mxfp4" or c["decode"] == "scaled"):
+        raise ValueError(f"swap takes MXFP4 weights through the bits or nibble decode, not {w.fmt} / {c['decode']!r}")
     if c["decode"] != "nibble":
         runs = (bits_decode_runs(x.dtype, x.device) if c["decode"] == "bits" else
                 x.dtype in (torch.bfloat16, torch.float16) and x.is_cuda and not interpreting())
@@ -271,7 +293,7 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
         y.stride(1), GATHER=rows is not None, B0=w.block[0], SK=scale_k(w.fmt, w.block), FMT=FMT_CODES[w.fmt],
         BM=c["bm"], BN=c["bn"], BK=c["bk"], DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32,
         DECODE=DECODES[c["decode"]], LHS_FMT="fp16" if x.dtype == torch.float16 else "bf16",
-        ROW_GRID=bool(c.get("row_grid")),
+        ROW_GRID=bool(c.get("row_grid")), SWAP=bool(c.get("swap")),
         num_warps=c["warps"], num_stages=c["stages"], **triton_kw(x.device),
         **({"maxnreg": c["maxnreg"]} if c.get("maxnreg") and not interpreting() else {}))
     return y[0] if split == 1 else y.sum(0).to(x.dtype)
