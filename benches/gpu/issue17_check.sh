@@ -189,7 +189,7 @@ case "$mode" in
       --tiles 64:128:64:3:128,32:128:64:3:128 --decodes bits --row-grids 1 --swaps 0,1 > "$OUT/moe_swap.txt" 2>&1
     grep "^B=" "$OUT/moe_swap.txt" | sed -E "s/'(split|stages|decode|row_grid)': [^,]+, //g" | cut -c1-150
     i=0
-    for v in ${SW:-0:4:64,1:8:64,0:4:64,1:8:64}; do  # swap:warps:BM cells, interleaved
+    for v in ${SW:-0:4:64,1:8:64,1:8:32,0:4:64}; do  # swap:warps:BM cells, interleaved
       set -- ${v//:/ }
       i=$((i + 1))
       M=v41.kernels.moe
