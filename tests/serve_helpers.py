@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,13 +57,16 @@ def serve(ckpt: Path, log_path: Path, *flags: str, timeout_s: float = 90.0,
     """Run ``v41-serve --model ckpt --device cpu --port <free> *flags`` (``v41-serve ckpt ...`` with
     ``positional``) until the block ends; yields once it listens (it printed its ``try:`` line). Fails the test
     with the log when it exits or does not listen within ``timeout_s``. The server and its engine core are
-    SIGKILLed at the end if still alive."""
+    SIGKILLed at the end if still alive, and its IPC socket folder removed."""
     import pytest
 
     port = free_port()
     model = [str(ckpt)] if positional else ["--model", str(ckpt)]
     cmd = [sys.executable, "-m", "v41.serve.cli", *model, "--device", "cpu", "--port", str(port), *flags]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # The server's IPC socket folder (serve/engine_client.py) goes under a folder of this test's, removed at the end:
+    # a SIGKILLed server cannot remove its own. Short, for the 107-byte limit of a Unix socket path.
+    tmp = tempfile.mkdtemp(prefix="v41t-")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": tmp}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     engine_pid = None
@@ -81,3 +86,4 @@ def serve(ckpt: Path, log_path: Path, *flags: str, timeout_s: float = 90.0,
             pass
         if engine_pid is not None:
             _kill_group(engine_pid)
+        shutil.rmtree(tmp, ignore_errors=True)
