@@ -1,8 +1,11 @@
 """Host time of the incremental detokenizer per generated token (``v41.engine.detokenizer``): the embedded tiny
 model's tokenizer streams the ids of a text one push per token, with no stop string, one, and three, as an engine
-step does for each running request. Prints µs per token (the mean over ``--tokens`` pushes, best of ``--runs``).
+step does for each running request; then ``--invalid`` lone continuation bytes (a run of bytes that completes no
+character). Each through the ByteLevel path (``engine/byte_level_text.py``, the tokenizer as it is) and through the
+``DecodeStream`` path (the same tokenizer with its decoder wrapped in a ``Sequence``, which that path takes). Prints
+µs per token (the mean over ``--tokens`` pushes, best of ``--runs``).
 
-    python benches/detokenizer.py [--tokens 20000] [--runs 3] [--text README.md]
+    python benches/detokenizer.py [--tokens 20000] [--runs 3] [--text README.md] [--invalid 2000]
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import argparse
 import time
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
 
 from v41.engine.detokenizer import IncrementalDetokenizer
 from v41.engine.llm import model_or_embedded
@@ -35,11 +38,18 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=20000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--text", default=str(Path(__file__).resolve().parents[1] / "README.md"))
+    ap.add_argument("--invalid", type=int, default=2000, help="length of the run of lone continuation bytes")
     a = ap.parse_args()
     tok = Tokenizer.from_file(str(Path(model_or_embedded(None)) / "tokenizer.json"))
+    generic = Tokenizer.from_str(tok.to_str())
+    generic.decoder = decoders.Sequence([generic.decoder])
     ids = tok.encode(Path(a.text).read_text(encoding="utf-8")).ids
-    print(", ".join(f"{name}: {min(us_per_token(tok, ids, stops, a.tokens) for _ in range(a.runs)):.2f} µs/token"
-                    for name, stops in STOPS.items()))
+    lone = tok.token_to_id("\u0122")  # GPT-2's symbol of byte 0x80
+    for label, t in (("ByteLevel", tok), ("DecodeStream", generic)):
+        cells = [f"{name}: {min(us_per_token(t, ids, stops, a.tokens) for _ in range(a.runs)):.2f}"
+                 for name, stops in STOPS.items()]
+        run = min(us_per_token(t, ids[:5] + [lone] * a.invalid, [], a.invalid) for _ in range(a.runs))
+        print(f"{label}: " + ", ".join(cells) + f", {a.invalid:,} invalid bytes: {run:.2f} µs/token")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """Incremental detokenization with stop strings (one instance per completion).
 
-Decoding is ``tokenizers``' own streaming decoder, :class:`tokenizers.decoders.DecodeStream` (one call into Rust
-per token), primed with the last ``INITIAL_CONTEXT_TOKENS`` prompt tokens as left context. It keeps vLLM's
+A tokenizer whose decoder is ``ByteLevel`` (DeepSeek's, the embedded model's) decodes through
+:class:`~v41.engine.byte_level_text.ByteLevelText`: each id's bytes into an incremental UTF-8 decoder, O(1) per id,
+invalid bytes included (each becomes U+FFFD as soon as it is known invalid). Any other tokenizer decodes through
+``tokenizers``' own streaming decoder, :class:`tokenizers.decoders.DecodeStream` (one call into Rust
+per token), primed with the last ``INITIAL_CONTEXT_TOKENS`` prompt tokens as left context, as follows. It keeps vLLM's
 prefix-offset window: the text of a new token is ``decode(ids[prefix:]) - decode(ids[prefix:read])``, and the
 window moves forward each time the decoded text ends on a whole character. While the text ends in U+FFFD (a
 multi-byte character whose bytes are split across tokens) the stream returns nothing; the complete characters
@@ -25,13 +28,13 @@ Stop strings are matched on the complete decoded text, across token boundaries (
 
 Invariant: the concatenation of every delta returned by ``push`` and ``flush`` equals
 :attr:`IncrementalDetokenizer.text`, and it is the same whatever the grouping of the ids into pushes.
-Limitation: a genuine U+FFFD at the very end of the output is indistinguishable from a split character
-and is dropped at ``flush``. Cost per token: one ``DecodeStream.step`` (two decodes of a short window, in Rust),
-two more decodes from Python while a character is split, plus O(sum len(stop)^2); the text already released is
-kept as a list of parts, so a token never copies the whole output (:meth:`text_since`). benches/RESULTS.md
-"2026-12-05 (CPU)" has the figures against the Python window. Not handled: bytes that complete no character keep
-every later id held back, and each token re-decodes the whole run (quadratic in such an output; RESULTS, same
-section).
+Cost per token: a dictionary lookup and an incremental UTF-8 decode (ByteLevel), or one ``DecodeStream.step`` (two
+decodes of a short window, in Rust) and two more decodes from Python while a character is split; plus O(sum
+len(stop)^2). The text already released is kept as a list of parts, so a token never copies the whole output
+(:meth:`text_since`). benches/RESULTS.md "2026-12-05 (CPU)" and "2026-12-05 (byte-level text)" have the figures.
+Limitations of the ``DecodeStream`` path only: a genuine U+FFFD at the very end of the output is indistinguishable
+from a split character and is dropped at ``flush``; bytes that complete no character keep every later id held back,
+and each token re-decodes the whole run (quadratic in such an output).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from collections.abc import Iterable, Sequence
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
+
+from .byte_level_text import ByteLevelText, is_byte_level
 
 INITIAL_CONTEXT_TOKENS = 5  # prompt tokens decoded as left context (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET)
 _REPLACEMENT = "\ufffd"
@@ -73,6 +78,7 @@ class IncrementalDetokenizer:
         self._stop_prefix_chars = frozenset("".join(s[:-1] for s in self._stops))
         self._include_stop = include_stop_str_in_output
         self._context = list(prompt_ids[-INITIAL_CONTEXT_TOKENS:]) if INITIAL_CONTEXT_TOKENS else []
+        self._bytes = ByteLevelText(tokenizer, skip_special_tokens, self._context) if is_byte_level(tokenizer) else None
         self._stream = DecodeStream(ids=self._context, skip_special_tokens=skip_special_tokens)
         self._held = 0  # ids at the end of token_ids whose text the stream has not returned (_step)
         self._held_released = 0  # chars of their text handed out before the stream returned it (_held_text)
@@ -171,7 +177,10 @@ class IncrementalDetokenizer:
     def _next_text(self, token_id: int) -> str:
         """The text that ``token_id`` (the last of :attr:`token_ids`) adds: what the stream returns, past what was
         handed out early; while the stream holds text back (a character split across tokens), the complete
-        characters before the split one (:meth:`_held_text`); "" for a skipped special token."""
+        characters before the split one (:meth:`_held_text`); "" for a skipped special token. ByteLevel: the
+        characters the id completes."""
+        if self._bytes is not None:
+            return self._bytes.push(token_id)
         new = self._step(token_id)
         if new is None:
             self._held += 1
