@@ -7,7 +7,7 @@ subpart" practice). The text of a stream of ids is therefore a function of their
 incremental UTF-8 decoder with ``errors="replace"`` produces it byte run by byte run: each complete character (or
 replacement of an invalid sequence) as soon as it is determined, an incomplete trailing sequence held back. So a run
 of invalid bytes costs one step per id, where ``DecodeStream`` holds every id after it back and re-decodes the whole
-run each step (docs/serving-api.md; the general path in :mod:`v41.engine.detokenizer`).
+run each step (the general path, :mod:`v41.engine.detokenizer`).
 
 ``tests/test_detokenizer.py`` checks this against ``Tokenizer.decode`` (the library, not this module) on every id of
 the embedded tokenizer and on random id sequences with invalid and split bytes.
