@@ -31,9 +31,10 @@
 #            over 4 warps, K 64, bit moves, programs per row block) with the 128-register cap, with 168 (no
 #            spills, three CTAs per SM) and with 2 stages (16 bytes spilled), each checked against its reference there; then the 2,048- and 8,192-token
 #            prefills of flash-slice-v41 in interleaved PF cells (BM:warps:BK:maxnreg:decode:row grid);
-#   swap     (~7 min) the MoE kernel's bf16 GPU checks, then moe_bench.py at 2,048 / 8,192 tokens over 8 warps
-#            with the bit-move weight tile as the MMA's N side (swap 0) or its left operand (1; moe.PREFILL_SWAP), then
-#            the flash-slice-v41 prefills in interleaved SW cells (swap:warps:BM);
+#   swap     (~8 min) the MoE kernel's bf16 GPU checks, then moe_bench.py at 1,024 / 2,048 / 8,192 tokens (16, 32,
+#            128 pairs per expert) over 8 warps, 64-, 32- and 16-token blocks, with the bit-move weight tile as the
+#            MMA's N side (swap 0) or its left operand (1; moe.PREFILL_SWAP; 1,024 tokens take the decode tiles by
+#            default), then the flash-slice-v41 prefills in interleaved SW cells (swap:warps:BM);
 #   splits   (~3 min) kernel_bench.py linears at 1 and 8 rows with the K split forced to 1-12 slices (columns
 #            split<n>): what the split-K sum and the CTAs per SM cost each projection;
 #   flashmla (~5 min) FlashMLA's SM90 sparse FP8 decode kernel for V4 rows built from the staged sources
@@ -185,8 +186,9 @@ case "$mode" in
     timeout 150 $PT tests/test_gpu_fast.py -k "triton_kernel_equals and check_grouped and bf16" > "$OUT/tests20.txt" \
       2>&1 || rc=1
     tail -2 "$OUT/tests20.txt"
-    timeout 240 python3 benches/gpu/moe_bench.py --shape v41 --batches 2048,8192 --reps 5 --tile-warps 8 \
-      --tiles 64:128:64:3:128,32:128:64:3:128 --decodes bits --row-grids 1 --swaps 0,1 > "$OUT/moe_swap.txt" 2>&1
+    timeout 260 python3 benches/gpu/moe_bench.py --shape v41 --batches 1024,2048,8192 --reps 5 --tile-warps 8 \
+      --tiles 64:128:64:3:128,32:128:64:3:128,16:128:64:3:128 --decodes bits --row-grids 1 --swaps 0,1 \
+      > "$OUT/moe_swap.txt" 2>&1
     grep "^B=" "$OUT/moe_swap.txt" | sed -E "s/'(split|stages|decode|row_grid)': [^,]+, //g" | cut -c1-150
     i=0
     for v in ${SW:-0:4:64,1:8:64,1:8:32,0:4:64}; do  # swap:warps:BM cells, interleaved
