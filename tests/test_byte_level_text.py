@@ -58,6 +58,17 @@ def test_random_streams_after_a_context_have_the_librarys_text():
         assert text.pending == (held > 0)
 
 
+def test_a_surrogates_first_two_bytes_are_replaced_when_they_arrive():
+    """ED A0..BF can begin no character (Rust's decoder replaces both bytes at once; Python's would hold them until a
+    third byte): "A", ED, A0 hands out U+FFFD twice on A0, as Tokenizer.decode reads them, and flush drops nothing."""
+    ed, a0, cont = (TOK.token_to_id(next(s for s, v in _SYMBOL_BYTE.items() if v == b)) for b in (0xED, 0xA0, 0x80))
+    d = IncrementalDetokenizer(TOK, [])
+    assert [d.push([i])[0] for i in (TOK.token_to_id("A"), ed, a0, cont)] == ["A", "", FFFD * 2, FFFD]
+    assert d.flush() == "" and d.text == TOK.decode([TOK.token_to_id("A"), ed, a0, cont])
+    primed = ByteLevelText(TOK, True, [ed, a0])  # a context ending in them: theirs, not the output's
+    assert not primed.pending and primed.push(cont) == FFFD
+
+
 def test_a_run_of_invalid_bytes_streams_one_replacement_per_id():
     """5,000 lone continuation bytes: each push hands out its U+FFFD at once (the DecodeStream path holds every one
     back and re-decodes the whole run each token)."""

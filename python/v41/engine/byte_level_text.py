@@ -9,13 +9,15 @@ replacement of an invalid sequence) as soon as it is determined, an incomplete t
 of invalid bytes costs one step per id, where ``DecodeStream`` holds every id after it back and re-decodes the whole
 run each step (the general path, :mod:`v41.engine.detokenizer`).
 
-``tests/test_detokenizer.py`` checks this against ``Tokenizer.decode`` (the library, not this module) on every id of
-the embedded tokenizer and on random id sequences with invalid and split bytes.
+``tests/test_byte_level_text.py`` checks this against ``Tokenizer.decode`` (the library, not this module) on every id
+of the embedded tokenizer and on random id sequences with invalid and split bytes, and the detokenizer through it
+against the ``DecodeStream`` path.
 """
 
 from __future__ import annotations
 
 import codecs
+import weakref
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import ByteLevel
@@ -37,6 +39,19 @@ def _byte_table() -> dict[str, int]:
 _SYMBOL_BYTE = _byte_table()
 
 
+# Per tokenizer (weakly held): its special ids and two id → bytes caches (special tokens skipped / kept), shared by the
+# requests' decoders (a tokenizer with hundreds of added tokens would otherwise cost each request their scan).
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _table(tokenizer: Tokenizer) -> tuple[frozenset[int], dict[int, bytes], dict[int, bytes]]:
+    table = _TABLES.get(tokenizer)
+    if table is None:
+        special = frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
+        table = _TABLES[tokenizer] = (special, {}, {})
+    return table
+
+
 def is_byte_level(tokenizer: Tokenizer) -> bool:
     """Whether :class:`ByteLevelText` decodes ``tokenizer`` as ``Tokenizer.decode`` does: its decoder is exactly a
     ``ByteLevel`` decoder (not a ``Sequence`` with other steps)."""
@@ -50,19 +65,18 @@ class ByteLevelText:
     ``Tokenizer.decode``); ``context_ids``: ids decoded first, never returned (the prompt's last ids). A character
     that the first pushed ids complete belongs to the context and is not returned either (nor are the replacement
     characters of an invalid sequence the context ends in). Ids with no token add
-    nothing. The bytes after the last complete character are held back (``pending``): an unfinished character, or
-    an invalid sequence that Python's decoder cannot yet tell from one (a surrogate's first two bytes); they are
-    never returned unless later bytes complete or break them.
+    nothing. The bytes of an unfinished character at the end are held back (``pending``) until later bytes complete
+    or break it.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool, context_ids: list[int]) -> None:
         self._tokenizer = tokenizer
         self._skip_special = skip_special_tokens
-        self._special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
-        self._bytes: dict[int, bytes] = {}
+        self._special, skipped, kept = _table(tokenizer)
+        self._bytes = skipped if skip_special_tokens else kept
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         for i in context_ids:
-            self._utf8.decode(self.token_bytes(i))
+            self._decode(self.token_bytes(i))
         # A context that ends inside a character: the characters its held bytes become (the completed one, or the
         # replacements of an invalid run: as many as those bytes decode to alone) are the context's.
         self._drop = len(codecs.decode(self._utf8.getstate()[0], "utf-8", "replace"))
@@ -88,9 +102,20 @@ class ByteLevelText:
             self._bytes[token_id] = b
         return b
 
+    def _decode(self, data: bytes) -> str:
+        """The characters ``data`` completes. Python's decoder holds a surrogate's first two bytes (ED A0..BF) as if
+        they could still begin a character, where Rust's decoder has already replaced them: bytes held that decode
+        alone to more than one character (a character's prefix decodes alone to one U+FFFD) are final, and go now."""
+        text = self._utf8.decode(data)
+        held = self._utf8.getstate()[0]
+        if len(held) > 1 and len(alone := codecs.decode(held, "utf-8", "replace")) > 1:
+            text += alone
+            self._utf8.reset()
+        return text
+
     def push(self, token_id: int) -> str:
         """The characters ``token_id`` completes (possibly ""), U+FFFD for each invalid sequence."""
-        text = self._utf8.decode(self.token_bytes(token_id))
+        text = self._decode(self.token_bytes(token_id))
         if self._drop and text:
             k = min(self._drop, len(text))
             text, self._drop = text[k:], self._drop - k

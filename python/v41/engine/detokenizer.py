@@ -31,7 +31,7 @@ Invariant: the concatenation of every delta returned by ``push`` and ``flush`` e
 Cost per token: a dictionary lookup and an incremental UTF-8 decode (ByteLevel), or one ``DecodeStream.step`` (two
 decodes of a short window, in Rust) and two more decodes from Python while a character is split; plus O(sum
 len(stop)^2). The text already released is kept as a list of parts, so a token never copies the whole output
-(:meth:`text_since`). benches/RESULTS.md "2026-12-05 (CPU)" and "2026-12-05 (byte-level text)" have the figures.
+(:meth:`text_since`). benches/RESULTS.md "2026-12-05 (CPU)" and "2026-12-05 (late, CPU only)" have the figures.
 Limitations of the ``DecodeStream`` path only: a genuine U+FFFD at the very end of the output is indistinguishable
 from a split character and is dropped at ``flush``; bytes that complete no character keep every later id held back,
 and each token re-decodes the whole run (quadratic in such an output).
@@ -79,13 +79,13 @@ class IncrementalDetokenizer:
         self._include_stop = include_stop_str_in_output
         self._context = list(prompt_ids[-INITIAL_CONTEXT_TOKENS:]) if INITIAL_CONTEXT_TOKENS else []
         self._bytes = ByteLevelText(tokenizer, skip_special_tokens, self._context) if is_byte_level(tokenizer) else None
-        self._stream = DecodeStream(ids=self._context, skip_special_tokens=skip_special_tokens)
+        self._stream = None if self._bytes else DecodeStream(ids=self._context, skip_special_tokens=skip_special_tokens)
         self._held = 0  # ids at the end of token_ids whose text the stream has not returned (_step)
         self._held_released = 0  # chars of their text handed out before the stream returned it (_held_text)
         # A context whose text ends in U+FFFD (a prompt cut mid-character, or a genuine U+FFFD) leaves the stream's
         # prefix empty: its first text then repeats the context's, whose length is skipped there (as before, the
         # character that the first ids complete belongs to the prompt).
-        context_text = self._decode(self._context)
+        context_text = "" if self._bytes else self._decode(self._context)
         self._skip = len(context_text) if context_text.endswith(_REPLACEMENT) else 0
         # The decoded output text is "".join(_parts) + _pending: _parts the deltas handed out (_ends[i]: the text's
         # length after part i), _pending the text past them (held back; may run past a stop until truncated). No
