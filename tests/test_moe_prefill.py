@@ -104,7 +104,7 @@ def test_prefill_tiles_take_the_bit_moves_only_where_they_run(monkeypatch):
     bit moves in PREFILL_BM-row blocks at PREFILL_BK / PREFILL_MAXNREG where moe.bits_decode_runs (bf16 on sm_90);
     elsewhere more than 64 pairs per expert take tl.dot_scaled at a K step of 128 in 128-row blocks without a
     register cap, and fewer the decode tiles; decode-sized steps never take the bit moves; an unknown decode is
-    refused."""
+    refused; the operand swap (PREFILL_SWAP) reaches the prefill tiles, never with tl.dot_scaled or FP8 weights."""
     from types import SimpleNamespace
 
     fake = SimpleNamespace(shape=(384, 4608, 5120), fmt="mxfp4",

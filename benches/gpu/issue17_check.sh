@@ -34,7 +34,8 @@
 #   swap     (~8 min) the MoE kernel's bf16 GPU checks, then moe_bench.py at 1,024 / 2,048 / 8,192 tokens (16, 32,
 #            128 pairs per expert) over 8 warps, 64-, 32- and 16-token blocks, with the bit-move weight tile as the
 #            MMA's N side (swap 0) or its left operand (1; moe.PREFILL_SWAP; 1,024 tokens take the decode tiles by
-#            default), then the flash-slice-v41 prefills in interleaved SW cells (swap:warps:BM);
+#            default), then the flash-slice-v41 prefills in SW cells (swap:warps:BM; the default tiles, the swap at 8
+#            warps, 8 warps alone, the swap in 32-token blocks);
 #   splits   (~3 min) kernel_bench.py linears at 1 and 8 rows with the K split forced to 1-12 slices (columns
 #            split<n>): what the split-K sum and the CTAs per SM cost each projection;
 #   flashmla (~5 min) FlashMLA's SM90 sparse FP8 decode kernel for V4 rows built from the staged sources
@@ -67,6 +68,7 @@ export PYTHONPATH=$PWD/python:$PWD/tests:$PWD/benches/gpu
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 MODE=${MODE:-tests}
 PF=${PF:-64:4:64:128:bits:1,64:4:64:168:bits:1,64:4:64:128:bits:1,64:4:64:168:bits:1}
+SW=${SW:-0:4:64,1:8:64,0:8:64,1:8:32}
 MODES=" tests tests2 engine slices final profiles table paths long moe prefill2 swap splits flashmla topk side wide hf "
 for mode in ${MODE//,/ }; do  # every mode checked before any device time goes
   [[ "$MODES" == *" $mode "* ]] || { echo "MODE must be among:$MODES(comma-separated)"; exit 2; }
@@ -74,6 +76,9 @@ done
 for v in ${PF//,/ }; do  # prefill2's cells, checked before any device time goes too
   [[ $v =~ ^[0-9]+:[0-9]+:(64|128):[0-9]+:(bits|scaled|nibble):[01]$ ]] || {
     echo "PF cell $v: expected BM:warps:BK:maxnreg:decode:row grid (BK 64 or 128; decode bits, scaled or nibble)"; exit 2; }
+done
+for v in ${SW//,/ }; do  # swap's cells too
+  [[ $v =~ ^[01]:(4|8):(16|32|64|128)$ ]] || { echo "SW cell $v: expected swap:warps:BM (swap 0 or 1, warps 4 or 8)"; exit 2; }
 done
 rm -f python/v41/_cuda.so
 timeout 100 python3 cuda/build.py > "$OUT/build.txt" 2>&1; tail -1 "$OUT/build.txt"
@@ -191,13 +196,13 @@ case "$mode" in
       > "$OUT/moe_swap.txt" 2>&1
     grep "^B=" "$OUT/moe_swap.txt" | sed -E "s/'(split|stages|decode|row_grid)': [^,]+, //g" | cut -c1-150
     i=0
-    for v in ${SW:-0:4:64,1:8:64,1:8:32,0:4:64}; do  # swap:warps:BM cells, interleaved
+    for v in ${SW//,/ }; do  # swap:warps:BM cells: the default, then the swap and the warps apart
       set -- ${v//:/ }
       i=$((i + 1))
       M=v41.kernels.moe
       timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 2048,8192 --kv-cache-dtype fp8 \
         --set $M.PREFILL_SWAP=$1 --set $M.PREFILL_WARPS=$2 --set $M.PREFILL_BM=$3 --out "$OUT/fs_sw" \
-        > "$OUT/fs_sw_${i}_${v//:/_}.txt" 2>&1
+        > "$OUT/fs_sw_${i}_${v//:/_}.txt" 2>&1 || { rc=1; tail -3 "$OUT/fs_sw_${i}_${v//:/_}.txt"; }
       echo "swap=$1 warps=$2 BM=$3: $(grep "prefill" "$OUT/fs_sw_${i}_${v//:/_}.txt" | tail -2 | tr -s ' ' | tr '\n' ' ')"
     done ;;
   splits)

@@ -126,7 +126,8 @@ if triton is not None:
                 rk = k0 + tl.arange(0, BK)
                 a = tl.load(x_ptr + src[:, None] * stride_xm + rk[None, :],
                             mask=mmask[:, None] & (rk < k_hi)[None, :], other=0.0).to(DOT)
-                if SWAP:  # MXFP4 only (w_tile scales the tile itself): bit moves, or the float32 nibble decode
+                if SWAP:  # MXFP4 only (no tile_scale here: V4's 128 × 128 FP8 blocks would stay unscaled)
+                    tl.static_assert(DECODE != 1, "the swap takes the bit moves or the nibble decode")
                     if DECODE == 2:
                         w = mxfp4_tile_bits(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, BK)
                     else:
@@ -198,7 +199,9 @@ BITS_MAJORS = (9,)  # compute capabilities (major) whose prefill tiles take the 
 PREFILL_ROW_GRID = True  # programs per (row block, N tile): RESULTS 2026-12-05 (night), +18 % at 8,192 tokens
 # The bit-move tile as the MMA's left operand (yᵀ = W·xᵀ): Triton then issues WGMMA with the decoded weights as its
 # register A operand, where the default stores each decoded 128 × 64 tile to shared memory for WGMMA's B operand and
-# waits on a barrier (TTGIR of both, triton_regs.py --swaps 0,1). An A/B switch until timed.
+# waits on a barrier (the compiled kernel's TTGIR; triton_regs.py --swaps 0,1 counts registers and spills). It wants
+# PREFILL_WARPS = 8 (two warp groups of 64 weight rows; at 4 warps the 128-register cap spills ~400 bytes). An A/B
+# switch until timed (benches/RESULTS.md "2026-12-05 (late, CPU only)", issue17_check.sh MODE=swap).
 PREFILL_SWAP = False
 DECODES = {"nibble": 0, "scaled": 1, "bits": 2}  # the kernel's DECODE
 
@@ -217,7 +220,8 @@ def grouped_config(pairs: int, w: PackedWeight, dtype: torch.dtype) -> dict:
     :data:`DECODES`: MXFP4 through ``tl.dot_scaled`` with bf16 / fp16 activations on a GPU, not under the
     interpreter, or for prefill tiles the PTX bit moves where :func:`bits_decode_runs`; else the nibble decode),
     ``warps``, ``stages``, ``maxnreg`` (a register cap per thread for the compiler, None = its choice),
-    ``row_grid`` (prefill: a program per block of an expert's rows, :func:`grouped_linear_triton`). Prefill chunks
+    ``row_grid`` (prefill: a program per block of an expert's rows, :func:`grouped_linear_triton`), ``swap`` (the
+    weight tile as the dot's left operand: ``PREFILL_SWAP``, prefill tiles outside ``tl.dot_scaled``). Prefill chunks
     (from ``PREFILL_MIN_ROWS`` pairs per expert, MXFP4 with bf16 where :func:`bits_decode_runs`) take the
     ``PREFILL_*`` settings, ``PREFILL_DECODE`` included; elsewhere more than 64 pairs per expert take 128 × 128 tiles
     through ``tl.dot_scaled``. Chosen with ``benches/gpu/moe_bench.py --sweep`` (decode) and ``--tiles`` (prefill:
@@ -252,7 +256,8 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
     """The Triton launch of :func:`grouped_linear` (``config``: :func:`grouped_config`'s keys, ``bk`` 64 or
     :data:`.wtile.TILE_K`; default: its choice; ValueError for another ``bk``, for a ``decode`` not in
     :data:`DECODES`, or for one the operands do not take: "scaled" needs MXFP4 weights with bf16 / fp16 activations on
-    a GPU, "bits" MXFP4 with bf16 where :func:`bits_decode_runs`). Programs (live expert, N tile, K
+    a GPU, "bits" MXFP4 with bf16 where :func:`bits_decode_runs`; and for ``swap`` with other than MXFP4 weights or
+    with the scaled decode). Programs (live expert, N tile, K
     split): only the experts with rows get programs (a compact list made on the device), each walking its expert's
     row blocks; with ``config["row_grid"]`` programs (row block, N tile, K split) instead, so an expert with many rows
     spreads over as many programs (:func:`.moe_align.row_blocks`; ``active`` is then not used); split partials are
