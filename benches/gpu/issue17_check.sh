@@ -34,7 +34,8 @@
 #   swap     (~8 min) the MoE kernel's bf16 GPU checks, then moe_bench.py at 1,024 / 2,048 / 8,192 tokens (16, 32,
 #            128 pairs per expert) over 8 warps, 64-, 32- and 16-token blocks, with the bit-move weight tile as the
 #            MMA's N side (swap 0) or its left operand (1; moe.PREFILL_SWAP; 1,024 tokens take the decode tiles by
-#            default), then the flash-slice-v41 prefills in SW cells (swap:warps:BM; the default tiles, the swap at 8
+#            default), 128-token blocks over 4 warps and the 168-register cap at 4,096 / 8,192 tokens, then the
+#            flash-slice-v41 prefills in SW cells (swap:warps:BM; the default tiles, the swap at 8
 #            warps, 8 warps alone, the swap in 32-token blocks);
 #   splits   (~3 min) kernel_bench.py linears at 1 and 8 rows with the K split forced to 1-12 slices (columns
 #            split<n>): what the split-K sum and the CTAs per SM cost each projection;
@@ -195,6 +196,11 @@ case "$mode" in
       --tiles 64:128:64:3:128,32:128:64:3:128,16:128:64:3:128 --decodes bits --row-grids 1 --swaps 0,1 \
       > "$OUT/moe_swap.txt" 2>&1
     grep "^B=" "$OUT/moe_swap.txt" | sed -E "s/'(split|stages|decode|row_grid)': [^,]+, //g" | cut -c1-150
+    # 128-token blocks over one warp group, uncapped (252 registers, two CTAs an SM): ~47 % fewer warp-instructions
+    # per MAC than the default by triton_regs.py's SASS count, at ~128 pairs per expert
+    timeout 90 python3 benches/gpu/moe_bench.py --shape v41 --batches 4096,8192 --reps 5 --tile-warps 4 \
+      --tiles 128:128:64:3,64:128:64:3:168 --decodes bits --row-grids 1 > "$OUT/moe_bm128.txt" 2>&1
+    grep "^B=" "$OUT/moe_bm128.txt" | sed -E "s/'(split|stages|decode|row_grid)': [^,]+, //g" | cut -c1-150
     i=0
     for v in ${SW//,/ }; do  # swap:warps:BM cells: the default, then the swap and the warps apart
       set -- ${v//:/ }

@@ -11,7 +11,9 @@ moves), for MXFP4 weights and bf16 activations, with the rows in order (``w2``) 
 pairs' token ids (``w13``). Integer arguments are compiled as multiples of 16, as the launches' shapes specialize
 them. CTAs per SM = min(65,536 registers / (threads · registers), 228 KB / shared memory). "K-loop PTX" counts the
 PTX instructions of the innermost loop holding the MMAs (one K step; per thread): the decode's cost next to the
-MMAs'. ``--mqa BH:BK:warps:stages,...``: the tilings of
+MMAs'. "K-loop SASS" counts that loop's SASS instructions (Triton's ``nvdisasm`` on the cubin), and "× warps" the CTA's
+warp-instructions per K step: four warp schedulers an SM issue one a cycle each, to set against the step's MMA
+cycles (~2,048 bf16 MACs a cycle an SM on Hopper). ``--mqa BH:BK:warps:stages,...``: the tilings of
 :func:`v41.kernels.sparse_attention._sparse_triton` (heads per program, keys per tile) at V4.1's d = 512 over two
 bf16 sources, with the count of WGMMA and ``mma.sync`` instructions in the PTX.
 """
@@ -82,6 +84,27 @@ def mma_loop_instructions(ptx: str) -> int:
     return min(sizes, default=0)
 
 
+def sass_loop_instructions(kernel) -> int:
+    """SASS instructions (per thread) of the innermost loop holding a ``HGMMA`` / ``HMMA``, from the cubin that
+    Triton's ``nvdisasm`` disassembles (no GPU needed); 0 if none. Closer to issue cycles than the PTX count: four
+    warp schedulers an SM each issue one instruction a cycle."""
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        lines = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout.splitlines()
+    labels = {ln.strip().rstrip(":"): i for i, ln in enumerate(lines) if re.match(r"^\.L_x_\d+:$", ln.strip())}
+    sizes = []
+    for i, ln in enumerate(lines):
+        m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", ln)
+        if m and labels.get(m.group(1), i) < i:
+            body = [x for x in lines[labels[m.group(1)]:i + 1] if re.search(r"/\*[0-9a-f]{4,}\*/", x)]
+            if any("HGMMA" in x or "HMMA" in x for x in body):
+                sizes.append(len(body))
+    return min(sizes, default=0)
+
+
 def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps: int, decode: str,
                     gather: bool = False, swap: bool = False) -> dict:
     """One tiling of the grouped kernel for sm_90a → {registers, spill bytes, shared bytes, loop (PTX instructions
@@ -93,7 +116,7 @@ def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps:
                   PDL=False)
     options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     kernel = _compile(fn, consts, POINTERS, UNALIGNED, **options)
-    return dict(_ptxas(kernel), loop=mma_loop_instructions(kernel.asm["ptx"]))
+    return dict(_ptxas(kernel), loop=mma_loop_instructions(kernel.asm["ptx"]), sass=sass_loop_instructions(kernel))
 
 
 def compile_sparse_mqa(bh: int, bk: int, warps: int, stages: int) -> dict:
@@ -127,8 +150,8 @@ def main() -> None:
                   f"{r['mma']} |", flush=True)
         return
     print("| tiling BM:BN:BK:stages:maxnreg | warps | decode | swap | registers | spill bytes | shared KB | CTAs per SM "
-          "| K-loop PTX | per 128 inputs |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| K-loop PTX | per 128 inputs | K-loop SASS | × warps |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for tile, warps, decode, swap in itertools.product(a.tiles.split(","), [int(w) for w in a.warps.split(",")],
                                                        a.decodes.split(","), [bool(int(v)) for v in a.swaps.split(",")]):
         if swap and decode == "scaled":  # not a launch (moe.grouped_linear_triton refuses it)
@@ -137,8 +160,8 @@ def main() -> None:
         r = compile_grouped(bm, bn, bk, stages, maxnreg, warps, decode, a.gather, swap)
         ctas = min(65536 // (32 * warps * r["registers"]), 228 * 1024 // max(1, r["shared"]))
         print(f"| {bm}:{bn}:{bk}:{stages}:{maxnreg or '-'} | {warps} | {decode} | {int(swap)} | {r['registers']} "
-              f"| {r['spills']} | {r['shared'] / 1024:.1f} | {ctas} | {r['loop']} | {r['loop'] * 128 // bk} |",
-              flush=True)
+              f"| {r['spills']} | {r['shared'] / 1024:.1f} | {ctas} | {r['loop']} | {r['loop'] * 128 // bk} "
+              f"| {r['sass']} | {r['sass'] * warps} |", flush=True)
 
 
 if __name__ == "__main__":
