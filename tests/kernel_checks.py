@@ -9,6 +9,8 @@ never passes. Each check returns ``(name, relative error, tolerance)``.
 
 from __future__ import annotations
 
+import itertools
+
 import json
 import os
 import sys
@@ -140,6 +142,18 @@ def check_grouped(device: str, dtype: torch.dtype, g: torch.Generator):
                                    None if rows is None else rows.cpu())
         tag = f"{'gather' if rows is not None else 'rows'}/split{split}"
         out.append((f"grouped/mxfp4/row_grid/{tag}", rel(y.cpu(), r), tol(dtype)))
+    # K = 160 is no whole number of 64- or 128-input steps: the last step's inputs are masked (EVEN_K off), with a
+    # K split of two slices too, and through the bit moves on a GPU
+    k_odd = 160
+    w = stack_experts([packed(torch.randn(n, k_odd, generator=g) / k_odd ** 0.5, "mxfp4") for _ in range(4)]).to(device)
+    xo = torch.randn(40, k_odd, generator=g).to(device, dtype)
+    r = moe.grouped_linear_ref(xo.double().cpu(), w.to("cpu"), rb.offsets.cpu(), (rb.order // 2).cpu())
+    decodes = ("nibble", "bits") if dtype == torch.bfloat16 and device != "cpu" else ("nibble",)
+    for bk, split, decode in itertools.product((64, 128), (1, 2), decodes):
+        cfg = dict(moe.grouped_config(80, w, dtype), bm=16, bn=64, bk=bk, split=split, decode=decode, row_grid=True)
+        poison(device)
+        y = moe.grouped_linear_triton(xo, w, rb.offsets, rb.order // 2, cfg)
+        out.append((f"grouped/mxfp4/k{k_odd}/bk{bk}/split{split}/{decode}", rel(y.cpu(), r), tol(dtype)))
     yp = torch.randn(t * top, k, generator=g).to(device, dtype)
     extra = torch.randn(t, k, generator=g).to(device, dtype)
     inv = pairs.inv

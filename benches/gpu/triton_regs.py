@@ -112,7 +112,7 @@ def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps:
     (``w13``), else in order (``w2``); ``swap``: the weight tile as the MMA's left operand (``moe`` config "swap")."""
     fn = moe._grouped_kernel
     consts = dict(GATHER=gather, B0=1, SK=32, FMT=2, BM=bm, BN=bn, BK=bk, DOT=tl.bfloat16, IEEE=False,
-                  DECODE=moe.DECODES[decode], LHS_FMT="bf16", ROW_GRID=moe.PREFILL_ROW_GRID, SWAP=swap,
+                  DECODE=moe.DECODES[decode], LHS_FMT="bf16", ROW_GRID=moe.PREFILL_ROW_GRID, SWAP=swap, EVEN_K=True,
                   PDL=False)
     options = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     kernel = _compile(fn, consts, POINTERS, UNALIGNED, **options)

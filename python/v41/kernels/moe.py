@@ -94,7 +94,8 @@ if triton is not None:
                         stride_we, stride_wn, stride_se, stride_sn, stride_ys, stride_ym, GATHER: tl.constexpr,
                         B0: tl.constexpr, SK: tl.constexpr, FMT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                         BK: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, DECODE: tl.constexpr,
-                        LHS_FMT: tl.constexpr, ROW_GRID: tl.constexpr, SWAP: tl.constexpr, PDL: tl.constexpr):
+                        LHS_FMT: tl.constexpr, ROW_GRID: tl.constexpr, SWAP: tl.constexpr, EVEN_K: tl.constexpr,
+                        PDL: tl.constexpr):
         prologue(PDL)
         e = tl.load(act_ptr + tl.program_id(0))  # ROW_GRID: the owner of row block program_id(0)
         if e < 0:
@@ -124,12 +125,15 @@ if triton is not None:
                 acc = tl.zeros([BM, BN], dtype=tl.float32)
             for k0 in range(k_lo, k_hi, BK):
                 rk = k0 + tl.arange(0, BK)
-                a = tl.load(x_ptr + src[:, None] * stride_xm + rk[None, :],
-                            mask=mmask[:, None] & (rk < k_hi)[None, :], other=0.0).to(DOT)
+                if EVEN_K:  # K and its split slices are whole steps: only the rows are masked
+                    a = tl.load(x_ptr + src[:, None] * stride_xm + rk[None, :], mask=mmask[:, None], other=0.0).to(DOT)
+                else:
+                    a = tl.load(x_ptr + src[:, None] * stride_xm + rk[None, :],
+                                mask=mmask[:, None] & (rk < k_hi)[None, :], other=0.0).to(DOT)
                 if SWAP:  # MXFP4 only (no tile_scale here: V4's 128 × 128 FP8 blocks would stay unscaled)
                     tl.static_assert(DECODE != 1, "the swap takes the bit moves or the nibble decode")
                     if DECODE == 2:
-                        w = mxfp4_tile_bits(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, BK)
+                        w = mxfp4_tile_bits(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, BK, EVEN_K)
                     else:
                         w = w_tile(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT)
                     if IEEE:
@@ -145,7 +149,7 @@ if triton is not None:
                                  mask=nmask[:, None] & (rs < K // 32)[None, :], other=127)
                     acc = tl.dot_scaled(a, None, LHS_FMT, tl.trans(wb), sb, "e2m1", acc)
                 elif DECODE == 2:  # MXFP4 → bf16 in inline-PTX bit moves
-                    w = mxfp4_tile_bits(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, BK)
+                    w = mxfp4_tile_bits(w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, BK, EVEN_K)
                     acc = tl.dot(a, tl.trans(w), acc)
                 else:
                     acc += tile_dot(a, w_e, s_e, rn, k0, nmask, stride_wn, stride_sn, K, B0, SK, BK, FMT, DOT, IEEE)
@@ -298,7 +302,7 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
         y.stride(1), GATHER=rows is not None, B0=w.block[0], SK=scale_k(w.fmt, w.block), FMT=FMT_CODES[w.fmt],
         BM=c["bm"], BN=c["bn"], BK=c["bk"], DOT=dot_dtype(x.dtype), IEEE=x.dtype == torch.float32,
         DECODE=DECODES[c["decode"]], LHS_FMT="fp16" if x.dtype == torch.float16 else "bf16",
-        ROW_GRID=bool(c.get("row_grid")), SWAP=bool(c.get("swap")),
+        ROW_GRID=bool(c.get("row_grid")), SWAP=bool(c.get("swap")), EVEN_K=k % c["bk"] == 0,
         num_warps=c["warps"], num_stages=c["stages"], **triton_kw(x.device),
         **({"maxnreg": c["maxnreg"]} if c.get("maxnreg") and not interpreting() else {}))
     return y[0] if split == 1 else y.sum(0).to(x.dtype)

@@ -134,17 +134,23 @@ _MXFP4_BF16_PTX = tl.constexpr(MXFP4_BF16_PTX)
 
 
 @triton.jit
-def mxfp4_tile_bits(w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, BK: tl.constexpr):
+def mxfp4_tile_bits(w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, BK: tl.constexpr,
+                    EVEN_K: tl.constexpr = False):
     """Rows ``rn`` [BN] × inputs ``k0 .. k0 + BK`` of an MXFP4 weight (``w_ptr`` / ``s_ptr`` at the expert) as bf16
     [BN, BK], decoded by :data:`MXFP4_BF16_PTX` (inline PTX for sm_90+: not under the interpreter); bit for bit
     :func:`w_tile`'s bf16 tile and the spec's value rounded to bf16, except at scale byte 255 (NaN in the OCP spec,
     in no checkpoint), which reads as 2^128 here and in :func:`w_tile` (±inf; NaN for code 0). Elements past ``K`` or
     outside ``nmask`` are 0."""
     rb = k0 // 2 + tl.arange(0, BK // 2)
-    b = tl.load(w_ptr + rn[:, None] * stride_wn + rb[None, :], mask=nmask[:, None] & (rb < K // 2)[None, :], other=0)
     rs = k0 // 32 + tl.arange(0, BK // 32)
-    sb = tl.load(s_ptr + rn[:, None] * stride_sn + rs[None, :], mask=nmask[:, None] & (rs < K // 32)[None, :],
-                 other=127)
+    if EVEN_K:  # the step lies inside K: only the rows are masked
+        b = tl.load(w_ptr + rn[:, None] * stride_wn + rb[None, :], mask=nmask[:, None], other=0)
+        sb = tl.load(s_ptr + rn[:, None] * stride_sn + rs[None, :], mask=nmask[:, None], other=127)
+    else:
+        b = tl.load(w_ptr + rn[:, None] * stride_wn + rb[None, :], mask=nmask[:, None] & (rb < K // 2)[None, :],
+                    other=0)
+        sb = tl.load(s_ptr + rn[:, None] * stride_sn + rs[None, :], mask=nmask[:, None] & (rs < K // 32)[None, :],
+                     other=127)
     sb = tl.reshape(tl.broadcast_to(sb[:, :, None], (rn.shape[0], BK // 32, 16)), (rn.shape[0], BK // 2))
     lo, hi = tl.inline_asm_elementwise(_MXFP4_BF16_PTX, "=r,=r,=r,=r,r,r", [b, sb], dtype=(tl.bfloat16, tl.bfloat16),
                                        is_pure=True, pack=4)
