@@ -128,7 +128,8 @@ def compile_sparse_mqa(bh: int, bk: int, warps: int, stages: int) -> dict:
     kernel = _compile(sparse_attention._sparse_kernel, consts, pointers, ("scale",), num_warps=warps,
                       num_stages=stages)
     ptx = kernel.asm["ptx"]
-    return dict(_ptxas(kernel), wgmma=ptx.count("wgmma.mma_async"), mma=ptx.count("mma.sync"))
+    return dict(_ptxas(kernel), wgmma=ptx.count("wgmma.mma_async"), mma=ptx.count("mma.sync"),
+                sass=sass_loop_instructions(kernel))
 
 
 def main() -> None:
@@ -141,13 +142,13 @@ def main() -> None:
     ap.add_argument("--mqa", default="", help="sparse-MQA tilings BH:BK:warps:stages to compile instead")
     a = ap.parse_args()
     if a.mqa:
-        print("| tiling BH:BK:warps:stages | registers | spill bytes | shared KB | wgmma | mma.sync |")
-        print("|---|---|---|---|---|---|")
+        print("| tiling BH:BK:warps:stages | registers | spill bytes | shared KB | wgmma | mma.sync | key-loop SASS × warps |")
+        print("|---|---|---|---|---|---|---|")
         for tile in a.mqa.split(","):
             bh, bk, warps, stages = (int(v) for v in tile.split(":"))
             r = compile_sparse_mqa(bh, bk, warps, stages)
             print(f"| {tile} | {r['registers']} | {r['spills']} | {r['shared'] / 1024:.1f} | {r['wgmma']} | "
-                  f"{r['mma']} |", flush=True)
+                  f"{r['mma']} | {r['sass'] * warps} |", flush=True)
         return
     print("| tiling BM:BN:BK:stages:maxnreg | warps | decode | swap | registers | spill bytes | shared KB | CTAs per SM "
           "| K-loop PTX | per 128 inputs | K-loop SASS | × warps |")
