@@ -31,7 +31,7 @@
 #            over 4 warps, K 64, bit moves, programs per row block) with the 128-register cap, with 168 (no
 #            spills, three CTAs per SM) and with 2 stages (16 bytes spilled), each checked against its reference there; then the 2,048- and 8,192-token
 #            prefills of flash-slice-v41 in interleaved PF cells (BM:warps:BK:maxnreg:decode:row grid);
-#   swap     (~8 min) the MoE kernel's bf16 GPU checks, then moe_bench.py at 1,024 / 2,048 / 8,192 tokens (16, 32,
+#   swap     (~9 min) the MoE kernel's bf16 GPU checks, then moe_bench.py at 1,024 / 2,048 / 8,192 tokens (16, 32,
 #            128 pairs per expert) over 8 warps, 64-, 32- and 16-token blocks, with the bit-move weight tile as the
 #            MMA's N side (swap 0) or its left operand (1; moe.PREFILL_SWAP; 1,024 tokens take the decode tiles by
 #            default), 128-token blocks over 4 warps and the 168-register cap at 4,096 / 8,192 tokens, then the
@@ -196,7 +196,7 @@ case "$mode" in
       --tiles 64:128:64:3:128,32:128:64:3:128,16:128:64:3:128 --decodes bits --row-grids 1 --swaps 0,1 \
       > "$OUT/moe_swap.txt" 2>&1
     grep "^B=" "$OUT/moe_swap.txt" | sed -E "s/'(split|stages|decode|row_grid)': [^,]+, //g" | cut -c1-150
-    # 128-token blocks over one warp group, uncapped (252 registers, two CTAs an SM): ~47 % fewer warp-instructions
+    # 128-token blocks over one warp group, uncapped (254 registers, two CTAs an SM): ~47 % fewer warp-instructions
     # per MAC than the default by triton_regs.py's SASS count, at ~128 pairs per expert
     timeout 90 python3 benches/gpu/moe_bench.py --shape v41 --batches 4096,8192 --reps 5 --tile-warps 4 \
       --tiles 128:128:64:3,64:128:64:3:168 --decodes bits --row-grids 1 > "$OUT/moe_bm128.txt" 2>&1

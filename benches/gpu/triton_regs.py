@@ -15,7 +15,7 @@ MMAs'. "K-loop SASS" counts that loop's SASS instructions (Triton's ``nvdisasm``
 warp-instructions per K step: four warp schedulers an SM issue one a cycle each, to set against the step's MMA
 cycles (~2,048 bf16 MACs a cycle an SM on Hopper). ``--mqa BH:BK:warps:stages,...``: the tilings of
 :func:`v41.kernels.sparse_attention._sparse_triton` (heads per program, keys per tile) at V4.1's d = 512 over two
-bf16 sources, with the count of WGMMA and ``mma.sync`` instructions in the PTX.
+bf16 sources, with the count of WGMMA and ``mma.sync`` instructions in the PTX and a key loop's SASS × warps.
 """
 
 from __future__ import annotations
@@ -85,9 +85,11 @@ def mma_loop_instructions(ptx: str) -> int:
 
 
 def sass_loop_instructions(kernel) -> int:
-    """SASS instructions (per thread) of the innermost loop holding a ``HGMMA`` / ``HMMA``, from the cubin that
-    Triton's ``nvdisasm`` disassembles (no GPU needed); 0 if none. Closer to issue cycles than the PTX count: four
-    warp schedulers an SM each issue one instruction a cycle."""
+    """The static SASS instruction count of the smallest loop holding a ``HGMMA`` / ``HMMA`` (each instruction is
+    issued once per warp), from the cubin that Triton's ``nvdisasm`` disassembles (no GPU needed); 0 if none. For a
+    branch-free body, as the MoE K loops are, it is the warp's issue count per iteration, closer to issue cycles than
+    the PTX count (four warp schedulers an SM, one instruction a cycle each); a body with branches (sparse MQA's key
+    loops) gives an upper bound."""
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
@@ -108,8 +110,10 @@ def sass_loop_instructions(kernel) -> int:
 def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps: int, decode: str,
                     gather: bool = False, swap: bool = False) -> dict:
     """One tiling of the grouped kernel for sm_90a → {registers, spill bytes, shared bytes, loop (PTX instructions
-    of one K step)}; ``decode`` one of ``moe.DECODES``; ``gather``: rows read through the pairs' token ids
-    (``w13``), else in order (``w2``); ``swap``: the weight tile as the MMA's left operand (``moe`` config "swap")."""
+    of one K step), sass (its SASS, :func:`sass_loop_instructions`)}, compiled with ``EVEN_K`` (whole K steps, as
+    every V4 / V4.1 expert launch); ``decode`` one of ``moe.DECODES``; ``gather``: rows read through the pairs' token
+    ids (``w13``), else in order (``w2``); ``swap``: the weight tile as the MMA's left operand (``moe`` config
+    "swap")."""
     fn = moe._grouped_kernel
     consts = dict(GATHER=gather, B0=1, SK=32, FMT=2, BM=bm, BN=bn, BK=bk, DOT=tl.bfloat16, IEEE=False,
                   DECODE=moe.DECODES[decode], LHS_FMT="bf16", ROW_GRID=moe.PREFILL_ROW_GRID, SWAP=swap, EVEN_K=True,
@@ -121,7 +125,8 @@ def compile_grouped(bm: int, bn: int, bk: int, stages: int, maxnreg: int, warps:
 
 def compile_sparse_mqa(bh: int, bk: int, warps: int, stages: int) -> dict:
     """One tiling of the sparse-MQA Triton kernel at d = 512, two bf16 sources → {registers, spill bytes, shared
-    bytes, wgmma, mma.sync (instruction counts in the PTX)}."""
+    bytes, wgmma, mma.sync (instruction counts in the PTX), sass (a key loop's SASS: an upper bound, the loop
+    branches)}."""
     consts = dict(TWO=True, D=512, BH=bh, BK=bk, DOT=tl.bfloat16, IEEE=False, FMT0=0, FMT1=0, ROPE0=0, ROPE1=0)
     pointers = {"q_ptr": "*bf16", "o_ptr": "*bf16", "sink_ptr": "*fp32", "c0_ptr": "*bf16", "s0_ptr": "*i64",
                 "c1_ptr": "*bf16", "s1_ptr": "*i64", "scale": "fp32"}
@@ -142,7 +147,8 @@ def main() -> None:
     ap.add_argument("--mqa", default="", help="sparse-MQA tilings BH:BK:warps:stages to compile instead")
     a = ap.parse_args()
     if a.mqa:
-        print("| tiling BH:BK:warps:stages | registers | spill bytes | shared KB | wgmma | mma.sync | key-loop SASS × warps |")
+        print("| tiling BH:BK:warps:stages | registers | spill bytes | shared KB | wgmma | mma.sync "
+              "| key-loop SASS × warps |")
         print("|---|---|---|---|---|---|---|")
         for tile in a.mqa.split(","):
             bh, bk, warps, stages = (int(v) for v in tile.split(":"))

@@ -287,7 +287,7 @@ def grouped_linear_triton(x: Tensor, w: PackedWeight, offsets: Tensor, rows: Ten
     scale = w.scale if w.scale is not None else w.data
     slots = min(n_exp, p)
     n_kb = triton.cdiv(k, TILE_K)
-    k_split = triton.cdiv(n_kb, min(n_kb, c["split"])) * TILE_K
+    k_split = triton.cdiv(n_kb, min(n_kb, c["split"])) * TILE_K  # whole K steps (bk divides TILE_K): EVEN_K below
     split = triton.cdiv(k, k_split)
     y = torch.empty((split, p, n), dtype=x.dtype if split == 1 else torch.float32, device=x.device)
     if c.get("row_grid"):
