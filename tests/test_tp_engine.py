@@ -29,7 +29,9 @@ LOGPROB_TOL = 1e-4
 
 @pytest.fixture(scope="module", params=["deepseek_v41", "deepseek_v4"])
 def ckpt(request, tmp_path_factory):
-    return make_tiny(tmp_path_factory.mktemp(request.param), request.param)
+    # "deepseek_v4_0", never "deepseek_v41": the tests below tell the architectures apart by the folder's name, and
+    # mktemp numbers a bare "deepseek_v4" into "deepseek_v40", "deepseek_v41", ...
+    return make_tiny(tmp_path_factory.mktemp(f"{request.param}_"), request.param)
 
 
 @pytest.fixture(scope="module")
