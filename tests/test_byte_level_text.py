@@ -9,12 +9,12 @@ import random
 import pytest
 from tokenizers import Tokenizer, decoders
 
-from v41.engine.byte_level_text import _SYMBOL_BYTE, ByteLevelText, is_byte_level
+from v41.engine.byte_level_text import BYTE_SYMBOL, SYMBOL_BYTE, ByteLevelText, is_byte_level
 from v41.engine.detokenizer import IncrementalDetokenizer
 from v41.testing.tokenizer_files import load_tiny_tokenizer
 
 TOK = load_tiny_tokenizer()
-BYTE_IDS = [TOK.token_to_id(symbol) for symbol in _SYMBOL_BYTE]  # one id per byte value
+BYTE_IDS = [TOK.token_to_id(symbol) for symbol in SYMBOL_BYTE]  # one id per byte value
 FFFD = "\ufffd"
 
 
@@ -33,7 +33,9 @@ def _random_ids(rng: random.Random, n: int) -> list[int]:
 
 
 def test_the_table_covers_every_byte_and_the_embedded_tokenizer_is_byte_level():
-    assert sorted(_SYMBOL_BYTE.values()) == list(range(256)) and None not in BYTE_IDS
+    assert sorted(SYMBOL_BYTE.values()) == list(range(256)) and None not in BYTE_IDS
+    for b in range(256):  # the inverse table names the library's byte tokens
+        assert TOK.decode([TOK.token_to_id(BYTE_SYMBOL[b])]) == bytes([b]).decode("utf-8", "replace"), b
     assert is_byte_level(TOK) and not is_byte_level(_generic_twin())
 
 
@@ -61,7 +63,7 @@ def test_random_streams_after_a_context_have_the_librarys_text():
 def test_a_surrogates_first_two_bytes_are_replaced_when_they_arrive():
     """ED A0..BF can begin no character (Rust's decoder replaces both bytes at once; Python's would hold them until a
     third byte): "A", ED, A0 hands out U+FFFD twice on A0, as Tokenizer.decode reads them, and flush drops nothing."""
-    ed, a0, cont = (TOK.token_to_id(next(s for s, v in _SYMBOL_BYTE.items() if v == b)) for b in (0xED, 0xA0, 0x80))
+    ed, a0, cont = (TOK.token_to_id(BYTE_SYMBOL[b]) for b in (0xED, 0xA0, 0x80))
     d = IncrementalDetokenizer(TOK, [])
     assert [d.push([i])[0] for i in (TOK.token_to_id("A"), ed, a0, cont)] == ["A", "", FFFD * 2, FFFD]
     assert d.flush() == "" and d.text == TOK.decode([TOK.token_to_id("A"), ed, a0, cont])
@@ -73,7 +75,7 @@ def test_a_run_of_invalid_bytes_streams_one_replacement_per_id():
     """5,000 lone continuation bytes: each push hands out its U+FFFD at once (the DecodeStream path holds every one
     back and re-decodes the whole run each token)."""
     d = IncrementalDetokenizer(TOK, [])
-    lone = TOK.token_to_id(next(s for s, b in _SYMBOL_BYTE.items() if b == 0x80))
+    lone = TOK.token_to_id(BYTE_SYMBOL[0x80])
     assert all(d.push([lone]) == (FFFD, None) for _ in range(5000))
     assert d.flush() == "" and d.text == FFFD * 5000
     generic = IncrementalDetokenizer(_generic_twin(), [])

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from v41.engine.byte_level_text import BYTE_SYMBOL, SYMBOL_BYTE
 from v41.engine.detokenizer import IncrementalDetokenizer
 from v41.testing.tokenizer_files import load_tiny_tokenizer
 
@@ -20,25 +21,9 @@ KF11_CONTINUATION = "DEFGHIJKLM"
 KF11_STOP = "DEFGHIJ"
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> symbol table used by the ByteLevel pre-tokenizer."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-_BYTE_SYMBOL = _bytes_to_unicode()
-
-
 def byte_ids(text: str) -> list[int]:
     """One token per UTF-8 byte: splits every multi-byte character across tokens."""
-    return [TOK.token_to_id(_BYTE_SYMBOL[b]) for b in text.encode("utf-8")]
+    return [TOK.token_to_id(BYTE_SYMBOL[b]) for b in text.encode("utf-8")]
 
 
 def char_ids(text: str) -> list[int]:
@@ -308,13 +293,10 @@ def _lead_byte_token(prefix: str) -> int:
     """A token whose bytes are ``prefix`` then the first byte of a multi-byte character (a ByteLevel merge)."""
     for i in range(TOK.get_vocab_size()):
         tok = TOK.id_to_token(i)
-        raw = bytes(_SYMBOL_BYTE[c] for c in tok) if tok and all(c in _SYMBOL_BYTE for c in tok) else b""
+        raw = bytes(SYMBOL_BYTE[c] for c in tok) if tok and all(c in SYMBOL_BYTE for c in tok) else b""
         if raw[:-1] == prefix.encode() and raw and raw[-1] >= 0xC2:
             return i
     raise LookupError(prefix)
-
-
-_SYMBOL_BYTE = {s: b for b, s in _BYTE_SYMBOL.items()}
 
 
 @pytest.mark.parametrize("stop, include, want_text, want_stop", [

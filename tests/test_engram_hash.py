@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from v41.engine.byte_level_text import BYTE_SYMBOL
 from v41.models import engram_hash as eh
 
 # V4.1-Flash text_config values (spec §1.1)
@@ -301,24 +302,9 @@ def test_hash_input_validation(flash_hasher):
 # --------------------------------------------------------------------------------------------------
 
 
-def _bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
-_B2U = _bytes_to_unicode()
-
-
 def _bl(text_or_bytes) -> str:
     data = text_or_bytes.encode("utf-8") if isinstance(text_or_bytes, str) else text_or_bytes
-    return "".join(_B2U[b] for b in data)
+    return "".join(BYTE_SYMBOL[b] for b in data)
 
 
 # (decoded text or raw bytes, expected compressed id)

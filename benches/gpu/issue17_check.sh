@@ -29,8 +29,9 @@
 #            decode of every byte and scale byte; the prefill launch), then moe_bench.py over V4.1's experts at 2,048
 #            and 8,192 tokens, uniform and Zipf-skewed routing (--skew 1): the default prefill tiles (64-row blocks
 #            over 4 warps, K 64, bit moves, programs per row block) with the 128-register cap, with 168 (no
-#            spills, three CTAs per SM) and with 2 stages (16 bytes spilled), each checked against its reference there; then the 2,048- and 8,192-token
-#            prefills of flash-slice-v41 in interleaved PF cells (BM:warps:BK:maxnreg:decode:row grid);
+#            spills, three CTAs per SM) and with 2 stages (16 bytes spilled), each checked against its reference
+#            there; then the 2,048- and 8,192-token prefills of flash-slice-v41 in interleaved PF cells
+#            (BM:warps:BK:maxnreg:decode:row grid);
 #   swap     (~9 min) the MoE kernel's bf16 GPU checks, then moe_bench.py at 1,024 / 2,048 / 8,192 tokens (16, 32,
 #            128 pairs per expert) over 8 warps, 64-, 32- and 16-token blocks, with the bit-move weight tile as the
 #            MMA's N side (swap 0) or its left operand (1; moe.PREFILL_SWAP; 1,024 tokens take the decode tiles by
@@ -79,7 +80,8 @@ for v in ${PF//,/ }; do  # prefill2's cells, checked before any device time goes
     echo "PF cell $v: expected BM:warps:BK:maxnreg:decode:row grid (BK 64 or 128; decode bits, scaled or nibble)"; exit 2; }
 done
 for v in ${SW//,/ }; do  # swap's cells too
-  [[ $v =~ ^[01]:(4|8):(16|32|64|128)$ ]] || { echo "SW cell $v: expected swap:warps:BM (swap 0 or 1, warps 4 or 8)"; exit 2; }
+  [[ $v =~ ^[01]:(4|8):(16|32|64|128)$ ]] || {
+    echo "SW cell $v: expected swap:warps:BM (swap 0 or 1, warps 4 or 8)"; exit 2; }
 done
 rm -f python/v41/_cuda.so
 timeout 100 python3 cuda/build.py > "$OUT/build.txt" 2>&1; tail -1 "$OUT/build.txt"
@@ -206,10 +208,11 @@ case "$mode" in
       set -- ${v//:/ }
       i=$((i + 1))
       M=v41.kernels.moe
+      f="$OUT/fs_sw_${i}_${v//:/_}.txt"
       timeout 100 python3 benches/gpu/flash_slice.py --slice v41 --cells , --prefill 2048,8192 --kv-cache-dtype fp8 \
         --set $M.PREFILL_SWAP=$1 --set $M.PREFILL_WARPS=$2 --set $M.PREFILL_BM=$3 --out "$OUT/fs_sw" \
-        > "$OUT/fs_sw_${i}_${v//:/_}.txt" 2>&1 || { rc=1; tail -3 "$OUT/fs_sw_${i}_${v//:/_}.txt"; }
-      echo "swap=$1 warps=$2 BM=$3: $(grep "prefill" "$OUT/fs_sw_${i}_${v//:/_}.txt" | tail -2 | tr -s ' ' | tr '\n' ' ')"
+        > "$f" 2>&1 || { rc=1; tail -3 "$f"; }
+      echo "swap=$1 warps=$2 BM=$3: $(grep "prefill" "$f" | tail -2 | tr -s ' ' | tr '\n' ' ')"
     done ;;
   splits)
     timeout 200 python3 benches/gpu/kernel_bench.py --ops linears --batches 1,8 --reps 16 --splits 1,2,3,4,6,8,12 \

@@ -143,7 +143,8 @@ def main() -> None:
     ap.add_argument("--warps", default="8")
     ap.add_argument("--gather", action="store_true", help="the w13 launch (rows through token ids), else w2's")
     ap.add_argument("--decodes", default=",".join(moe.DECODES), help="MXFP4 decodes to compile (moe.DECODES)")
-    ap.add_argument("--swaps", default="0", help="0 and / or 1: the weight tile as the MMA's left operand (bits, nibble)")
+    ap.add_argument("--swaps", default="0",
+                    help="0 and / or 1: the weight tile as the MMA's left operand (bits, nibble)")
     ap.add_argument("--mqa", default="", help="sparse-MQA tilings BH:BK:warps:stages to compile instead")
     a = ap.parse_args()
     if a.mqa:
@@ -156,11 +157,12 @@ def main() -> None:
             print(f"| {tile} | {r['registers']} | {r['spills']} | {r['shared'] / 1024:.1f} | {r['wgmma']} | "
                   f"{r['mma']} | {r['sass'] * warps} |", flush=True)
         return
-    print("| tiling BM:BN:BK:stages:maxnreg | warps | decode | swap | registers | spill bytes | shared KB | CTAs per SM "
-          "| K-loop PTX | per 128 inputs | K-loop SASS | × warps |")
+    print("| tiling BM:BN:BK:stages:maxnreg | warps | decode | swap | registers | spill bytes | shared KB "
+          "| CTAs per SM | K-loop PTX | per 128 inputs | K-loop SASS | × warps |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    swaps = [bool(int(v)) for v in a.swaps.split(",")]
     for tile, warps, decode, swap in itertools.product(a.tiles.split(","), [int(w) for w in a.warps.split(",")],
-                                                       a.decodes.split(","), [bool(int(v)) for v in a.swaps.split(",")]):
+                                                       a.decodes.split(","), swaps):
         if swap and decode == "scaled":  # not a launch (moe.grouped_linear_triton refuses it)
             continue
         bm, bn, bk, stages, maxnreg = parse_tiling(tile)

@@ -36,11 +36,12 @@ def _byte_table() -> dict[str, int]:
     return table
 
 
-_SYMBOL_BYTE = _byte_table()
+SYMBOL_BYTE = _byte_table()  # symbol → byte
+BYTE_SYMBOL = {b: s for s, b in SYMBOL_BYTE.items()}  # byte → symbol (what the pre-tokenizer writes)
 
 
-# Per tokenizer (weakly held): its special ids and two id → bytes caches (special tokens skipped / kept), shared by the
-# requests' decoders (a tokenizer with hundreds of added tokens would otherwise cost each request their scan).
+# Per tokenizer (weakly held): its special ids and two id → bytes caches (special tokens skipped / kept), shared by
+# the requests' decoders (a tokenizer with hundreds of added tokens would otherwise cost each request their scan).
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -61,12 +62,11 @@ def is_byte_level(tokenizer: Tokenizer) -> bool:
 class ByteLevelText:
     """The text that ids add, one id at a time: ``push(id)`` returns the characters that id completes.
 
-    ``tokenizer``: one for which :func:`is_byte_level` holds; ``skip_special_tokens``: special added tokens add nothing (as in
-    ``Tokenizer.decode``); ``context_ids``: ids decoded first, never returned (the prompt's last ids). A character
-    that the first pushed ids complete belongs to the context and is not returned either (nor are the replacement
-    characters of an invalid sequence the context ends in). Ids with no token add
-    nothing. The bytes of an unfinished character at the end are held back (``pending``) until later bytes complete
-    or break it.
+    ``tokenizer``: one for which :func:`is_byte_level` holds; ``skip_special_tokens``: special added tokens add
+    nothing (as in ``Tokenizer.decode``); ``context_ids``: ids decoded first, never returned (the prompt's last ids).
+    A character that the first pushed ids complete belongs to the context and is not returned either (nor are the
+    replacement characters of an invalid sequence the context ends in). Ids with no token add nothing. The bytes of
+    an unfinished character at the end are held back (``pending``) until later bytes complete or break it.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool, context_ids: list[int]) -> None:
@@ -96,7 +96,7 @@ class ByteLevelText:
                 b = b""
             else:
                 try:
-                    b = bytes(_SYMBOL_BYTE[c] for c in token)
+                    b = bytes(SYMBOL_BYTE[c] for c in token)
                 except KeyError:  # a symbol outside the table: the token's own UTF-8 (the Rust decoder's rule)
                     b = token.encode("utf-8")
             self._bytes[token_id] = b

@@ -140,7 +140,8 @@ def mxfp4_tile_bits(w_ptr, s_ptr, rn, k0, nmask, stride_wn, stride_sn, K, BK: tl
     [BN, BK], decoded by :data:`MXFP4_BF16_PTX` (inline PTX for sm_90+: not under the interpreter); bit for bit
     :func:`w_tile`'s bf16 tile and the spec's value rounded to bf16, except at scale byte 255 (NaN in the OCP spec,
     in no checkpoint), which reads as 2^128 here and in :func:`w_tile` (±inf; NaN for code 0). Elements past ``K`` or
-    outside ``nmask`` are 0; ``EVEN_K``: the caller promises ``k0 + BK ≤ K`` (a whole step), and only rows are masked."""
+    outside ``nmask`` are 0; ``EVEN_K``: the caller promises ``k0 + BK ≤ K`` (a whole step), and only rows are
+    masked."""
     rb = k0 // 2 + tl.arange(0, BK // 2)
     rs = k0 // 32 + tl.arange(0, BK // 32)
     if EVEN_K:  # the step lies inside K: only the rows are masked
